@@ -1,0 +1,43 @@
+"""torch-autotune: hardware-aware configuration tuning for PyTorch training.
+
+Importing this package is free: it reads no hardware, starts no NVML session and does not
+import torch. Detection happens when ``detect()`` is called.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from torch_autotune.detect import LiveMachine, RecordedMachine, detect, load_snapshot
+from torch_autotune.errors import AutotuneError, InputFileError, SnapshotFileError
+from torch_autotune.hardware import (
+    Accelerator,
+    Architecture,
+    Backend,
+    DetectionWarning,
+    HardwareSnapshot,
+    Host,
+    MigSlice,
+    Software,
+    Vendor,
+)
+
+__all__ = [
+    "Accelerator",
+    "Architecture",
+    "AutotuneError",
+    "Backend",
+    "DetectionWarning",
+    "HardwareSnapshot",
+    "Host",
+    "InputFileError",
+    "LiveMachine",
+    "MigSlice",
+    "RecordedMachine",
+    "SnapshotFileError",
+    "Software",
+    "Vendor",
+    "__version__",
+    "detect",
+    "load_snapshot",
+]

@@ -1,0 +1,34 @@
+"""The one exception tree of torch-autotune, and the exit code each error maps to.
+
+The library raises; only the command-line entry point turns an error into a message and an
+exit code. Messages say what happened, why, and what fixes it.
+
+Exit codes (documented in the README):
+    0  success
+    1  an unexpected internal error (a bug: please report it with the traceback)
+    2  usage error: unknown option, bad argument (click's own code)
+    3  an input file is missing, unreadable, or not valid (snapshot, profile)
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_BAD_INPUT = 3
+
+
+class AutotuneError(Exception):
+    """Base class of every error torch-autotune raises on purpose."""
+
+    exit_code: int = EXIT_INTERNAL
+
+
+class InputFileError(AutotuneError):
+    """A file given to torch-autotune is missing, unreadable, or does not hold what it should."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class SnapshotFileError(InputFileError):
+    """A hardware snapshot file cannot be used."""
