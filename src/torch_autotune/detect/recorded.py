@@ -1,0 +1,78 @@
+"""Snapshots from files: reason about a machine you are not on.
+
+``RecordedMachine`` is the back end ``detect()`` uses when given a snapshot file
+(``autotune detect --snapshot m.json``); tests use it to stand in for real hardware.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from torch_autotune.errors import SnapshotFileError
+from torch_autotune.hardware import SNAPSHOT_SCHEMA_VERSION, HardwareSnapshot
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    more = error.error_count() - 1
+    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{location}: {first['msg']}{tail}"
+
+
+def parse_snapshot(text: str, source: str = "snapshot") -> HardwareSnapshot:
+    """Validate snapshot JSON; every failure is one SnapshotFileError naming the problem."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SnapshotFileError(
+            f"{source} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+            "write a new one with 'autotune detect --json > FILE'"
+        ) from None
+    if not isinstance(raw, dict):
+        kind = type(raw).__name__
+        raise SnapshotFileError(f"{source} holds a JSON {kind}, not a snapshot object")
+    version = raw.get("schema_version")
+    if isinstance(version, int) and version > SNAPSHOT_SCHEMA_VERSION:
+        raise SnapshotFileError(
+            f"{source} uses snapshot schema {version}, newer than this torch-autotune reads "
+            f"({SNAPSHOT_SCHEMA_VERSION}); upgrade with 'pip install -U torch-autotune'"
+        )
+    try:
+        return HardwareSnapshot.model_validate(raw)
+    except ValidationError as exc:
+        raise SnapshotFileError(
+            f"{source} is not a valid hardware snapshot: {_describe(exc)}"
+        ) from None
+
+
+def load_snapshot(path: str | Path) -> HardwareSnapshot:
+    """Read a snapshot file written by ``autotune detect --json``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SnapshotFileError(
+            f"{path} does not exist; write one with 'autotune detect --json > {path}'"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SnapshotFileError(f"{path} cannot be read: {exc}") from None
+    return parse_snapshot(text, source=str(path))
+
+
+class RecordedMachine:
+    """A machine known only from its snapshot."""
+
+    def __init__(self, snapshot: HardwareSnapshot) -> None:
+        self._snapshot = snapshot
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> RecordedMachine:
+        return cls(load_snapshot(path))
+
+    def snapshot(self, *, deep: bool = False) -> HardwareSnapshot:
+        """The recorded snapshot; ``deep`` changes nothing, the machine is not here to ask."""
+        return self._snapshot
