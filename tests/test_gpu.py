@@ -1,0 +1,32 @@
+"""GPU tier: fast (NVML) and deep (torch) detection agree on a real GPU.
+
+Skipped where no NVIDIA driver is loaded; run it wherever a GPU is available.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from torch_autotune import detect
+
+pytestmark = pytest.mark.gpu
+
+
+def test_nvml_and_torch_agree_on_every_gpu() -> None:
+    fast = detect()
+    deep = detect(deep=True)
+    assert fast.accelerators, "a GPU machine shows at least one accelerator"
+    assert len(fast.accelerators) == len(deep.accelerators)
+    import torch
+
+    for index, accelerator in enumerate(fast.accelerators):
+        props = torch.cuda.get_device_properties(index)
+        assert accelerator.name == props.name
+        assert accelerator.compute_capability == (props.major, props.minor)
+        assert accelerator.sm_count == props.multi_processor_count
+        assert accelerator.memory_total_bytes is not None
+        # NVML's total includes memory the driver reserves; torch's does not.
+        assert abs(accelerator.memory_total_bytes - props.total_memory) < 0.03 * props.total_memory
+    assert fast.software.torch_cuda_arch_list is not None
+    real_arch_list = deep.software.torch_cuda_arch_list or ()
+    assert set(fast.software.torch_cuda_arch_list) <= set(real_arch_list) | {"sm_37"}

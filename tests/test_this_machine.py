@@ -1,0 +1,92 @@
+"""System tier: the installed `autotune` command on this real machine, in a subprocess.
+
+These check what unit tests cannot: that the console script is installed, that a fast detection
+on a real machine imports no torch, and that what it reports matches the machine.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torch_autotune.detect.cgroup import read_cgroup_limits
+from torch_autotune.hardware import HardwareSnapshot
+
+pytestmark = pytest.mark.system
+
+
+def autotune(*args: str) -> subprocess.CompletedProcess[str]:
+    executable = shutil.which("autotune")
+    command = [executable] if executable else [sys.executable, "-m", "torch_autotune"]
+    return subprocess.run(
+        [*command, *args], check=False, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def snapshot() -> HardwareSnapshot:
+    done = autotune("detect", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return HardwareSnapshot.model_validate_json(done.stdout)
+
+
+def test_console_script_is_installed() -> None:
+    assert shutil.which("autotune") is not None, "pip install -e . installs the 'autotune' command"
+
+
+def test_json_round_trips(snapshot: HardwareSnapshot) -> None:
+    again = HardwareSnapshot.model_validate_json(snapshot.model_dump_json())
+    assert again == snapshot
+    assert json.loads(snapshot.model_dump_json())["schema_version"] == 1
+
+
+def test_reports_the_cpus_this_process_may_use(snapshot: HardwareSnapshot) -> None:
+    host = snapshot.host
+    if hasattr(os, "sched_getaffinity"):
+        assert host.cpu_affinity_count == len(os.sched_getaffinity(0))
+    assert host.cpu_cores_logical == os.cpu_count()
+    if sys.platform.startswith("linux"):
+        assert host.cpu_quota_cores == read_cgroup_limits(Path("/")).cpu_quota_cores
+    assert 1 <= host.cpus_usable <= (host.cpu_affinity_count or host.cpu_cores_logical or 1)
+
+
+def test_reports_the_ram_and_the_installed_torch(snapshot: HardwareSnapshot) -> None:
+    assert snapshot.host.memory_total_bytes == psutil.virtual_memory().total
+    assert snapshot.software.torch_version == importlib.metadata.version("torch")
+    assert snapshot.software.python_version == ".".join(map(str, sys.version_info[:3]))
+
+
+@pytest.mark.skipif(
+    Path("/proc/driver/nvidia/version").exists(), reason="this machine has an NVIDIA driver"
+)
+def test_reports_no_gpu_where_there_is_none(snapshot: HardwareSnapshot) -> None:
+    assert [a for a in snapshot.accelerators if a.vendor.value == "nvidia"] == []
+
+
+def test_fast_detection_does_not_import_torch() -> None:
+    code = (
+        "import sys; from torch_autotune import detect; s = detect(); "
+        "print('torch' in sys.modules, s.detection_depth)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["False", "fast"], done.stderr
+
+
+def test_human_summary_and_deep_detection_run_cleanly() -> None:
+    summary = autotune("detect")
+    deep = autotune("detect", "--deep", "--json")
+    assert summary.returncode == 0, summary.stderr
+    assert "Host" in summary.stdout
+    assert deep.returncode == 0, deep.stderr
+    assert HardwareSnapshot.model_validate_json(deep.stdout).detection_depth == "deep"
