@@ -66,7 +66,7 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
 
     from torch_autotune.render import render_snapshot
 
-    render_snapshot(snapshot, Console(file=click.get_text_stream("stdout"), highlight=False))
+    render_snapshot(snapshot, Console(highlight=False))  # writes to sys.stdout at print time
 
 
 def main() -> None:
