@@ -8,6 +8,7 @@ Exit codes (documented in the README):
     1  an unexpected internal error (a bug: please report it with the traceback)
     2  usage error: unknown option, bad argument (click's own code)
     3  an input file is missing, unreadable, or not valid (snapshot, profile)
+    4  the profile store cannot be read or written (location, permissions, disk)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_BAD_INPUT = 3
+EXIT_STORE = 4
 
 
 class AutotuneError(Exception):
@@ -32,3 +34,13 @@ class InputFileError(AutotuneError):
 
 class SnapshotFileError(InputFileError):
     """A hardware snapshot file cannot be used."""
+
+
+class ProfileFileError(InputFileError):
+    """A profile file cannot be used: bad YAML/JSON, unknown keys, broken invariants."""
+
+
+class StoreError(AutotuneError):
+    """The profile store cannot be read or written."""
+
+    exit_code = EXIT_STORE

@@ -1,0 +1,119 @@
+"""Which device the profile trains on: the back end and the wheel/architecture gate.
+
+Rules catalog D1 (back end), E1-E7 (a GPU whose architecture the installed torch ships no
+kernels for gets no GPU profile; the reason names the torch build that would run it) and the
+mixed-GPU rule (a box with different GPUs gets a profile that holds on the weakest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torch_autotune.hardware import Accelerator, Backend, Vendor
+from torch_autotune.rules.context import Context, Finding
+
+
+def _covered(cc: tuple[int, int], arch_list: tuple[str, ...]) -> bool:
+    """Whether a wheel's kernels run on compute capability ``cc``.
+
+    A cubin for sm_XY runs on every GPU of major X with minor >= Y (NVIDIA's binary
+    compatibility within a major version, torch's ``_check_cubins``); PTX (compute_XY) is
+    compiled by the driver for any newer GPU.
+    """
+    major, minor = cc
+    for entry in arch_list:
+        kind, _, number = entry.partition("_")
+        if not number.isdigit():
+            continue
+        built = (int(number[:-1]), int(number[-1]))
+        if kind == "sm" and built[0] == major and built[1] <= minor:
+            return True
+        if kind == "compute" and built <= cc:
+            return True
+    return False
+
+
+def _wheel_advice(cc: tuple[int, int], torch_version: str | None) -> str:
+    """Which torch build runs a GPU of this compute capability (catalog E2-E5)."""
+    if cc >= (10, 0):
+        return "install torch 2.7 or newer built for CUDA 12.8 or newer (the cu128 wheels)"
+    if cc < (7, 0):
+        return (
+            "install the cu126 build of torch "
+            "(pip install torch --index-url https://download.pytorch.org/whl/cu126)"
+        )
+    if cc < (7, 5):
+        return "install the cu126 build of torch: newer CUDA builds dropped Volta"
+    return f"install an official CUDA build of torch (this is {torch_version})"
+
+
+def _nvidia_gate(ctx: Context, gpus: list[Accelerator]) -> str | None:
+    """Why the installed torch cannot run these NVIDIA GPUs, or None when it can."""
+    software = ctx.snapshot.software
+    arch_list = software.torch_cuda_arch_list
+    if arch_list is None:
+        return None  # unknown: nothing to refuse on; detect --deep reads the real list
+    for gpu in gpus:
+        cc = gpu.compute_capability
+        if cc is None or _covered(cc, arch_list):
+            continue
+        shipped = " ".join(arch_list) or "none"
+        return (
+            f"{gpu.name} is sm_{cc[0]}{cc[1]}, but torch {software.torch_version} ships kernels "
+            f"for {shipped}: every GPU kernel would fail with 'no kernel image is available'. "
+            f"{_wheel_advice(cc, software.torch_version).capitalize()}"
+        )
+    return None
+
+
+def choose_device(ctx: Context) -> Iterator[Finding]:
+    """D1, E1-E7: train on the GPUs the installed torch can drive, else on the CPU."""
+    snapshot = ctx.snapshot
+    build = snapshot.software.torch_build
+    cuda_gpus = [a for a in snapshot.accelerators if a.backend is Backend.CUDA]
+    rocm_gpus = [a for a in snapshot.accelerators if a.backend is Backend.ROCM]
+    mps_gpus = [a for a in snapshot.accelerators if a.backend is Backend.MPS]
+
+    if build == "absent":
+        yield Finding("device", "cpu", "D1", "torch is not installed: install it before training")
+        return
+    if cuda_gpus and build == "cuda":
+        refusal = _nvidia_gate(ctx, cuda_gpus)
+        if refusal is not None:
+            yield Finding("device", "cpu", "E1", f"No GPU profile: {refusal}.")
+            return
+        names = sorted({a.name for a in cuda_gpus})
+        reason = f"{len(cuda_gpus)} NVIDIA GPU(s) ({', '.join(names)}) and a CUDA build of torch"
+        if len(names) > 1:
+            reason += (
+                "; the GPUs differ, so every setting below is chosen to hold on the weakest of them"
+            )
+        yield Finding("device", "cuda", "D1", reason)
+        return
+    if rocm_gpus and build == "rocm":
+        names = sorted({a.name for a in rocm_gpus})
+        yield Finding(
+            "device",
+            "cuda",
+            "D1",
+            f"{len(rocm_gpus)} AMD GPU(s) ({', '.join(names)}) and a ROCm build of torch, which "
+            "drives them through the 'cuda' device; NVIDIA compute-capability rules do not apply",
+        )
+        return
+    if mps_gpus and snapshot.host.os_name == "darwin":
+        yield Finding("device", "mps", "D1", f"{mps_gpus[0].name}: Apple GPU through MPS")
+        return
+    gpus = cuda_gpus or rocm_gpus
+    if gpus:
+        vendor = "NVIDIA" if gpus[0].vendor is Vendor.NVIDIA else "AMD"
+        wanted = "CUDA" if vendor == "NVIDIA" else "ROCm"
+        yield Finding(
+            "device",
+            "cpu",
+            "E1",
+            f"No GPU profile: this machine has {vendor} GPUs but torch "
+            f"{snapshot.software.torch_version} is a {build.upper()} build; install the "
+            f"{wanted} build of torch to use them",
+        )
+        return
+    yield Finding("device", "cpu", "D1", "no GPU this process can use: training on the CPU")

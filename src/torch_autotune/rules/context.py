@@ -1,0 +1,120 @@
+"""What every rule sees, and what every rule returns.
+
+A rule is a plain function ``rule(ctx: Context) -> Iterable[Finding]``: no hardware, no I/O,
+no torch. ``Context`` holds the snapshot, the probe's measurements (if any), the user's
+preferences, and the settings decided by the rules before it (``ctx.get``), so a rule can build
+on an earlier decision (channels_last needs the precision rule's AMP) without re-deriving it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, PositiveInt
+
+from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
+from torch_autotune.profile import Mode, Preferences, Source, torch_release
+
+__all__ = ["Context", "Finding", "Measurements", "Preferences"]
+
+
+class Measurements(BaseModel):
+    """What the probe ran on this machine (filled by the probe; None before it exists)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_size: PositiveInt | None = None
+    num_workers: int | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One decision a rule makes: set ``setting`` to ``value`` because ``reason``."""
+
+    setting: str
+    value: Any
+    rule: str
+    reason: str
+    source: Source = Source.INFERRED
+
+
+@dataclass
+class Context:
+    """The inputs of every rule, plus the settings decided so far."""
+
+    snapshot: HardwareSnapshot
+    preferences: Preferences = field(default_factory=Preferences)
+    measurements: Measurements | None = None
+    decided: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, setting: str) -> Any:
+        """The value an earlier rule decided for ``setting`` (KeyError if none did)."""
+        return self.decided[setting]
+
+    @property
+    def mode(self) -> Mode:
+        return self.preferences.mode
+
+    @property
+    def torch(self) -> tuple[int, int] | None:
+        """Installed torch as (major, minor), None when absent or unparsable."""
+        return torch_release(self.snapshot.software.torch_version)
+
+    def torch_at_least(self, major: int, minor: int) -> bool:
+        return self.torch is not None and self.torch >= (major, minor)
+
+    @property
+    def device(self) -> str:
+        """The device the backend rule chose ('cuda', 'mps' or 'cpu')."""
+        return str(self.decided.get("device", "cpu"))
+
+    @property
+    def gpus(self) -> list[Accelerator]:
+        """The accelerators the profile trains on (all of the chosen back end)."""
+        if self.device == "cuda":
+            wanted = {Backend.CUDA, Backend.ROCM}
+        elif self.device == "mps":
+            wanted = {Backend.MPS}
+        else:
+            return []
+        return [a for a in self.snapshot.accelerators if a.backend in wanted]
+
+    @property
+    def nvidia(self) -> bool:
+        """Training on NVIDIA GPUs (CUDA, not ROCm)."""
+        gpus = self.gpus
+        return bool(gpus) and all(a.vendor is Vendor.NVIDIA for a in gpus)
+
+    @property
+    def rocm(self) -> bool:
+        gpus = self.gpus
+        return bool(gpus) and all(a.backend is Backend.ROCM for a in gpus)
+
+    @property
+    def weakest_cc(self) -> tuple[int, int] | None:
+        """Lowest compute capability among the GPUs: a mixed box gets what all of them run."""
+        ccs = [a.compute_capability for a in self.gpus]
+        if not ccs or any(cc is None for cc in ccs):
+            return None
+        return min(cc for cc in ccs if cc is not None)
+
+    @property
+    def all_tensor_cores(self) -> bool:
+        return bool(self.gpus) and all(a.tensor_cores is True for a in self.gpus)
+
+    @property
+    def fewest_sms(self) -> int | None:
+        counts = [a.sm_count for a in self.gpus if a.sm_count is not None]
+        return min(counts) if counts else None
+
+    @property
+    def processes(self) -> int:
+        """Training processes on this node: one per GPU unless the user said otherwise."""
+        if self.preferences.processes_per_node is not None:
+            return self.preferences.processes_per_node
+        return max(1, len(self.gpus)) if self.device == "cuda" else 1
+
+    @property
+    def cpus_per_process(self) -> int:
+        return max(1, self.snapshot.host.cpus_usable // self.processes)

@@ -1,0 +1,113 @@
+"""Bad profile files: one clear line, a documented exit code, and nothing on disk changed."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from torch_autotune.cli import cli
+from torch_autotune.errors import EXIT_BAD_INPUT, ProfileFileError
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.profile import Profile
+from torch_autotune.profile_io import dump_profile, load_profile
+from torch_autotune.rules.engine import build_profile
+
+SNAPSHOT_DIR = Path(__file__).parent / "fixtures" / "snapshots"
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    snapshot = HardwareSnapshot.model_validate_json((SNAPSHOT_DIR / "tesla-t4.json").read_text())
+    return build_profile(snapshot, now=datetime(2026, 11, 1, tzinfo=timezone.utc), host_id="t")
+
+
+@pytest.fixture
+def good_yaml(profile: Profile) -> str:
+    return dump_profile(profile, "yaml")
+
+
+def validate(path: Path) -> Result:
+    return CliRunner().invoke(cli, ["validate", str(path)], prog_name="autotune")
+
+
+def _cases(good: str) -> dict[str, tuple[str, str]]:
+    return {
+        "corrupt": ("settings: [unclosed\n  - x: {\n", "is not valid YAML (line"),
+        "truncated": (good[: len(good) // 2].rsplit("\n", 3)[0] + "\n  extra: [", "not valid YAML"),
+        "empty": ("", "is empty, not a profile"),
+        "list": ("- 1\n- 2\n", "is a list, not a profile"),
+        "unknown-key-typo": (
+            good.replace("  num_workers:", "  num_worker:", 1),
+            "unknown key 'settings.dataloader.num_worker'; did you mean 'num_workers'?",
+        ),
+        "future-schema": (
+            good.replace("schema_version: 1", "schema_version: 7", 1),
+            "pip install -U torch-autotune",
+        ),
+        "python-object-tag": (
+            "!!python/object/apply:os.system ['echo pwned']\n",
+            "refused a YAML tag that would construct an object",
+        ),
+        "broken-invariant": (
+            good.replace("dtype: float16", "dtype: bfloat16", 1),
+            "bfloat16 needs compute capability 8.0",
+        ),
+        "bad-json": ('{"schema_version": 1,', "is not valid JSON"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "corrupt",
+        "truncated",
+        "empty",
+        "list",
+        "unknown-key-typo",
+        "future-schema",
+        "python-object-tag",
+        "broken-invariant",
+        "bad-json",
+    ],
+)
+def test_bad_profile_file_gives_one_line_exit_3_and_changes_nothing(
+    tmp_path: Path, good_yaml: str, case: str
+) -> None:
+    content, expected = _cases(good_yaml)[case]
+    path = tmp_path / "profile.yaml"
+    path.write_text(content)
+    result = validate(path)
+    assert result.exit_code == EXIT_BAD_INPUT
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("autotune: error: ")
+    assert expected in lines[0]
+    assert "Traceback" not in result.output
+    assert path.read_text() == content
+    with pytest.raises(ProfileFileError):
+        load_profile(path)
+
+
+def test_the_object_tag_is_never_executed(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    path = tmp_path / "profile.yaml"
+    path.write_text(f"!!python/object/apply:os.system ['touch {marker}']\n")
+    validate(path)
+    assert not marker.exists()
+
+
+def test_valid_profile_validates(tmp_path: Path, good_yaml: str) -> None:
+    path = tmp_path / "profile.yaml"
+    path.write_text(good_yaml)
+    result = validate(path)
+    assert result.exit_code == 0
+    assert "valid profile" in result.output
+
+
+def test_json_and_yaml_hold_the_same_profile(profile: Profile, tmp_path: Path) -> None:
+    (tmp_path / "p.json").write_text(dump_profile(profile, "json"))
+    (tmp_path / "p.yaml").write_text(dump_profile(profile, "yaml"))
+    assert load_profile(tmp_path / "p.json") == load_profile(tmp_path / "p.yaml") == profile
