@@ -18,15 +18,24 @@ def test_public_names_are_pinned() -> None:
         "HardwareSnapshot",
         "Host",
         "InputFileError",
+        "LateEnvironmentWarning",
         "LiveMachine",
         "MigSlice",
+        "Mode",
+        "Preferences",
+        "Profile",
+        "ProfileFileError",
         "RecordedMachine",
         "SnapshotFileError",
         "Software",
+        "StaleProfileWarning",
+        "StoreError",
         "Vendor",
         "__version__",
         "detect",
+        "load_profile",
         "load_snapshot",
+        "recommend",
     ]
     for name in torch_autotune.__all__:
         assert hasattr(torch_autotune, name), name
@@ -41,7 +50,7 @@ def test_errors_share_one_root_and_carry_exit_codes() -> None:
 def test_importing_reads_no_hardware_and_imports_neither_torch_nor_nvml() -> None:
     code = (
         "import sys, torch_autotune, torch_autotune.cli, torch_autotune.render; "
-        "print(sorted(m for m in ('torch', 'pynvml', 'psutil') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'pynvml', 'psutil', 'yaml') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

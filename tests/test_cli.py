@@ -91,3 +91,83 @@ def test_bad_snapshot_is_one_line_and_exit_code_3(
 
 def test_unknown_option_is_a_usage_error() -> None:
     assert run("detect", "--jsn").exit_code == EXIT_USAGE
+
+
+# --- profiles ------------------------------------------------------------------------------------
+
+
+def test_recommend_explains_every_setting(snapshot_path: Path) -> None:
+    result = run("recommend", "--snapshot", str(snapshot_path / "tesla-t4.json"))
+    assert result.exit_code == 0
+    assert re.search(r"precision\.dtype = float16\s+\[A2\]", result.output)
+    assert "matmul.tf32 = off" in result.output
+    assert "rules only, not measured" in result.output
+
+
+def test_recommend_json_is_a_valid_profile(snapshot_path: Path) -> None:
+    from torch_autotune.profile_io import parse_profile
+
+    result = run(
+        "recommend", "--snapshot", str(snapshot_path / "h100-80gb-hbm3.json"), "--json",
+        "--mode", "reproducible", "--model-kind", "conv",
+    )  # fmt: skip
+    assert result.exit_code == 0
+    profile = parse_profile(result.stdout)
+    assert profile.settings.backends.deterministic_algorithms is True
+    assert profile.provenance.preferences.model_kind == "conv"
+
+
+def test_save_then_show_and_export_use_the_stored_profile(
+    snapshot_path: Path, tmp_path: Path
+) -> None:
+    machine = str(snapshot_path / "l4.json")
+    saved = run("recommend", "--snapshot", machine, "--save", "--store", str(tmp_path))
+    assert saved.exit_code == 0
+    assert "saved to" in saved.stderr
+    shown = run("show", "--snapshot", machine, "--store", str(tmp_path))
+    assert shown.exit_code == 0
+    assert "NVIDIA L4" in shown.output
+    out = tmp_path / "l4.yaml"
+    exported = run("export", "--snapshot", machine, "--store", str(tmp_path), "-o", str(out))
+    assert exported.exit_code == 0
+    assert run("validate", str(out)).exit_code == 0
+
+
+def test_show_without_a_stored_profile_says_rules_only(snapshot_path: Path, tmp_path: Path) -> None:
+    result = run("show", "--snapshot", str(snapshot_path / "l4.json"), "--store", str(tmp_path))
+    assert result.exit_code == 0
+    assert "no profile stored for this machine" in result.stderr
+
+
+def test_export_to_json_on_stdout(snapshot_path: Path, tmp_path: Path) -> None:
+    result = run(
+        "export", "--snapshot", str(snapshot_path / "rtx-3090.json"), "--store", str(tmp_path),
+        "--format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 0
+    assert result.stdout.startswith("{")
+
+
+def test_export_does_not_touch_an_existing_file_when_it_fails(
+    snapshot_path: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "profile.yaml"
+    target.write_text("my notes\n")
+    result = run("export", "--snapshot", str(tmp_path / "missing.json"), "-o", str(target))
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert target.read_text() == "my notes\n"
+
+
+def test_diff_lists_the_settings_that_differ(snapshot_path: Path, tmp_path: Path) -> None:
+    for name in ("tesla-t4", "h100-80gb-hbm3"):
+        machine = str(snapshot_path / f"{name}.json")
+        out = tmp_path / f"{name}.yaml"
+        assert (
+            run("export", "--snapshot", machine, "--store", str(tmp_path), "-o", str(out)).exit_code
+            == 0
+        )
+    result = run("diff", str(tmp_path / "tesla-t4.yaml"), str(tmp_path / "h100-80gb-hbm3.yaml"))
+    assert result.exit_code == 0
+    assert re.search(r"precision\.dtype\s+float16\s+bfloat16", result.output)
+    same = run("diff", str(tmp_path / "tesla-t4.yaml"), str(tmp_path / "tesla-t4.yaml"))
+    assert "same settings" in same.output

@@ -8,8 +8,16 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from torch_autotune.api import StaleProfileWarning, recommend
+from torch_autotune.apply import LateEnvironmentWarning
 from torch_autotune.detect import LiveMachine, RecordedMachine, detect, load_snapshot
-from torch_autotune.errors import AutotuneError, InputFileError, SnapshotFileError
+from torch_autotune.errors import (
+    AutotuneError,
+    InputFileError,
+    ProfileFileError,
+    SnapshotFileError,
+    StoreError,
+)
 from torch_autotune.hardware import (
     Accelerator,
     Architecture,
@@ -21,6 +29,8 @@ from torch_autotune.hardware import (
     Software,
     Vendor,
 )
+from torch_autotune.profile import Mode, Preferences, Profile
+from torch_autotune.profile_io import load_profile
 
 __all__ = [
     "Accelerator",
@@ -31,13 +41,22 @@ __all__ = [
     "HardwareSnapshot",
     "Host",
     "InputFileError",
+    "LateEnvironmentWarning",
     "LiveMachine",
     "MigSlice",
+    "Mode",
+    "Preferences",
+    "Profile",
+    "ProfileFileError",
     "RecordedMachine",
     "SnapshotFileError",
     "Software",
+    "StaleProfileWarning",
+    "StoreError",
     "Vendor",
     "__version__",
     "detect",
+    "load_profile",
     "load_snapshot",
+    "recommend",
 ]

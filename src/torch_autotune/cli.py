@@ -33,7 +33,8 @@ def cli() -> None:
 
     \b
     Exit codes: 0 success, 1 internal error (a bug), 2 usage error,
-    3 an input file is missing or invalid.
+    3 an input file is missing or invalid, 4 the profile store cannot be
+    read or written.
     """
 
 
@@ -67,6 +68,214 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
     from torch_autotune.render import render_snapshot
 
     render_snapshot(snapshot, Console(highlight=False))  # writes to sys.stdout at print time
+
+
+_snapshot_option = click.option(
+    "--snapshot",
+    "snapshot_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Reason about the machine recorded in FILE (from 'autotune detect --json').",
+)
+_store_option = click.option(
+    "--store",
+    "store",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="TORCH_AUTOTUNE_HOME",
+    help="Profile store directory [env TORCH_AUTOTUNE_HOME; default: the user config dir].",
+)
+_mode_option = click.option(
+    "--mode",
+    type=click.Choice(["speed", "balanced", "reproducible"]),
+    default=None,
+    help="speed (default): fastest; balanced: no torch.compile start-up cost; "
+    "reproducible: deterministic kernels, TF32 off, seeded workers.",
+)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)  # writes to sys.stdout at print time
+
+
+def _snapshot(snapshot_file: Path | None) -> Any:
+    from torch_autotune.detect import RecordedMachine, detect
+
+    return detect(RecordedMachine.from_file(snapshot_file) if snapshot_file else None)
+
+
+@cli.command("recommend")
+@_snapshot_option
+@_mode_option
+@click.option(
+    "--model-kind",
+    type=click.Choice(["conv", "transformer", "mlp", "other"]),
+    default="other",
+    show_default=True,
+    help="What the model mostly is (cuDNN autotuner and channels_last help conv nets).",
+)
+@click.option("--variable-shapes", is_flag=True, help="Input shapes change from batch to batch.")
+@click.option(
+    "--optimizer",
+    type=click.Choice(["adam", "adamw", "sgd", "other"]),
+    default="adamw",
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
+@click.option("--save", is_flag=True, help="Store the profile for this machine.")
+@_store_option
+def recommend_command(  # click passes options by name
+    *,
+    snapshot_file: Path | None,
+    mode: str | None,
+    model_kind: str,
+    variable_shapes: bool,
+    optimizer: str,
+    as_json: bool,
+    save: bool,
+    store: Path | None,
+) -> None:
+    """Show the profile the rules give, each setting with its reason."""
+    from torch_autotune.profile import Mode, Preferences
+    from torch_autotune.rules.engine import build_profile
+
+    snapshot = _snapshot(snapshot_file)
+    preferences = Preferences(
+        mode=Mode(mode or "speed"),
+        model_kind=model_kind,  # type: ignore[arg-type]
+        fixed_shapes=not variable_shapes,
+        optimizer=optimizer,  # type: ignore[arg-type]
+    )
+    profile = build_profile(snapshot, preferences=preferences)
+    if save:
+        from torch_autotune.store import ProfileStore
+
+        path = ProfileStore(store).save(profile)
+        click.echo(f"saved to {path}", err=True)
+    if as_json:
+        from torch_autotune.profile_io import dump_profile
+
+        click.echo(dump_profile(profile, "json"), nl=False)
+        return
+    from torch_autotune.render import render_profile
+
+    render_profile(profile, _console())
+
+
+def _current_profile(store: Path | None, mode: str | None, snapshot_file: Path | None) -> Any:
+    """recommend() for this machine (or a recorded one): stored if fresh, else rules only."""
+    import warnings
+
+    from torch_autotune.api import StaleProfileWarning, recommend
+    from torch_autotune.detect import RecordedMachine
+
+    machine = RecordedMachine.from_file(snapshot_file) if snapshot_file else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StaleProfileWarning)
+        profile = recommend(mode, store=store, machine=machine)
+    for warning in caught:
+        click.echo(f"autotune: warning: {warning.message}", err=True)
+    if not profile.measured and not caught:
+        click.echo(
+            "autotune: note: no profile stored for this machine; showing the rules-only "
+            "profile (run 'autotune' to measure)",
+            err=True,
+        )
+    return profile
+
+
+@cli.command("show")
+@_store_option
+@_mode_option
+@_snapshot_option
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
+def show_command(
+    store: Path | None, mode: str | None, snapshot_file: Path | None, as_json: bool
+) -> None:
+    """Show this machine's profile: the stored one if it is fresh, else the rules-only one."""
+    profile = _current_profile(store, mode, snapshot_file)
+    if as_json:
+        from torch_autotune.profile_io import dump_profile
+
+        click.echo(dump_profile(profile, "json"), nl=False)
+        return
+    from torch_autotune.render import render_profile
+
+    render_profile(profile, _console())
+
+
+@cli.command("export")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write to FILE (atomically) instead of standard output.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True
+)
+@_store_option
+@_mode_option
+@_snapshot_option
+def export_command(
+    output: Path | None,
+    fmt: str,
+    store: Path | None,
+    mode: str | None,
+    snapshot_file: Path | None,
+) -> None:
+    """Write this machine's profile as YAML or JSON."""
+    from torch_autotune.profile_io import dump_profile
+
+    text = dump_profile(_current_profile(store, mode, snapshot_file), fmt)  # type: ignore[arg-type]
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    from torch_autotune.files import write_atomically
+
+    write_atomically(output, text)
+    click.echo(f"wrote {output}", err=True)
+
+
+@cli.command("validate")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+def validate_command(file: Path) -> None:
+    """Check a profile file: syntax, schema, and every cross-field invariant."""
+    from torch_autotune.profile_io import load_profile
+
+    profile = load_profile(file)
+    click.echo(
+        f"{file}: valid profile (schema {profile.schema_version}, mode {profile.mode.value}, "
+        f"device {profile.settings.device}, {len(profile.decisions)} decisions)"
+    )
+
+
+@cli.command("diff")
+@click.argument("first", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("second", type=click.Path(dir_okay=False, path_type=Path))
+def diff_command(first: Path, second: Path) -> None:
+    """Show the settings two profile files disagree on."""
+    from torch_autotune.profile_io import load_profile
+    from torch_autotune.render import render_diff
+
+    a, b = load_profile(first), load_profile(second)
+    flat_a, flat_b = _flatten(a.settings.model_dump()), _flatten(b.settings.model_dump())
+    rows = [
+        (key, flat_a.get(key), flat_b.get(key))
+        for key in sorted(set(flat_a) | set(flat_b))
+        if flat_a.get(key) != flat_b.get(key)
+    ]
+    render_diff(rows, _console())
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def main() -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from torch_autotune.hardware import Accelerator, HardwareSnapshot
+from torch_autotune.profile import Decision, Profile
 
 _GIB = 1 << 30
 
@@ -141,3 +143,61 @@ def render_snapshot(snapshot: HardwareSnapshot, console: Console) -> None:
             warnings.add_row(warning.field, warning.reason)
         parts.append(warnings)
     console.print(Group(*parts))
+
+
+def _value(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def render_profile(profile: Profile, console: Console, *, title: str | None = None) -> None:
+    """Print a profile: every setting with its value, the rule that chose it, and why."""
+    snapshot = profile.provenance.snapshot
+    gpus = ", ".join(sorted({a.name for a in snapshot.accelerators})) or "no GPU"
+    measured = "measured on this machine" if profile.measured else "rules only, not measured"
+    console.print(
+        Text(
+            title
+            or f"Profile for {gpus} ({profile.settings.device}), mode {profile.mode.value}: "
+            f"{measured}",
+            style="bold",
+        )
+    )
+    final: dict[str, Decision] = {}
+    for decision in profile.decisions:
+        final[decision.setting] = decision  # the last decision for a setting is the one in force
+    for decision in final.values():
+        line = Text()
+        line.append(decision.setting, style="bold")
+        line.append(" = ")
+        line.append(_value(decision.value), style="cyan")
+        if decision.source.value == "measured":
+            line.append(" (measured)", style="green")
+        line.append(f"  [{decision.rule}]", style="dim")
+        console.print(line)
+        console.print(Padding(Text(decision.reason), (0, 0, 0, 4)))
+    for note in profile.notes:
+        console.print(Text(f"note: {note}", style="yellow"))
+    console.print(
+        Text(
+            f"fingerprint {profile.provenance.fingerprint}, torch "
+            f"{profile.provenance.torch_version}, made {profile.provenance.created_at:%Y-%m-%d}",
+            style="dim",
+        )
+    )
+
+
+def render_diff(rows: list[tuple[str, object, object]], console: Console) -> None:
+    """Print the settings two profiles disagree on."""
+    if not rows:
+        console.print("The two profiles have the same settings.")
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("setting", "first", "second"):
+        table.add_column(column)
+    for setting, first, second in rows:
+        table.add_row(setting, _value(first), _value(second))
+    console.print(table)

@@ -1,0 +1,133 @@
+"""Applying a profile with real torch on the CPU: the helpers a training script calls."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from torch_autotune.apply import LateEnvironmentWarning, apply_environment
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.profile import Mode, Preferences, Profile
+from torch_autotune.rules.engine import build_profile
+
+SNAPSHOT_DIR = Path(__file__).parent / "fixtures" / "snapshots"
+
+
+def profile_for(name: str, **preferences: object) -> Profile:
+    snapshot = HardwareSnapshot.model_validate_json((SNAPSHOT_DIR / f"{name}.json").read_text())
+    return build_profile(
+        snapshot,
+        preferences=Preferences(**preferences),  # type: ignore[arg-type]
+        now=datetime(2026, 11, 1, tzinfo=timezone.utc),
+        host_id="test",
+    )
+
+
+@pytest.fixture
+def torch_state() -> Iterator[None]:
+    """Put back every global torch setting and environment variable a test's apply() changes."""
+    saved = (
+        torch.get_num_threads(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cuda.matmul.fp32_precision,
+        torch.backends.cudnn.conv.fp32_precision,
+        torch.backends.cudnn.rnn.fp32_precision,
+        torch.random.get_rng_state(),
+        dict(os.environ),
+    )
+    yield
+    torch.set_num_threads(saved[0])
+    torch.backends.cudnn.benchmark = saved[1]
+    torch.backends.cudnn.deterministic = saved[2]
+    torch.use_deterministic_algorithms(saved[3])
+    torch.backends.cuda.matmul.fp32_precision = saved[4]
+    torch.backends.cudnn.conv.fp32_precision = saved[5]
+    torch.backends.cudnn.rnn.fp32_precision = saved[6]
+    torch.random.set_rng_state(saved[7])
+    os.environ.clear()
+    os.environ.update(saved[8])
+
+
+def test_cpu_profile_trains_a_real_model(torch_state: None) -> None:
+    profile = profile_for("cpu-container-quota-4")
+    profile.apply()
+    assert torch.get_num_threads() == profile.settings.cpu_threads
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    loader = DataLoader(data, batch_size=16, **profile.dataloader_kwargs())
+    model = profile.prepare_model(torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), **profile.optimizer_kwargs())
+    scaler = profile.grad_scaler()
+    before = model.weight.detach().clone()
+    for x, y in loader:
+        with profile.autocast():
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    assert not torch.equal(before, model.weight)
+
+
+def test_reproducible_profile_sets_determinism_and_seeds(torch_state: None) -> None:
+    profile = profile_for("cpu-laptop-linux", mode=Mode.REPRODUCIBLE, seed=1234)
+    profile.apply()
+    assert torch.are_deterministic_algorithms_enabled()
+    assert torch.backends.cudnn.deterministic is True
+    assert torch.initial_seed() == 1234
+    kwargs = profile.dataloader_kwargs()
+    if profile.settings.dataloader.num_workers:
+        assert "worker_init_fn" in kwargs
+
+
+def test_gpu_profile_flags_apply_without_touching_cuda(torch_state: None) -> None:
+    profile = profile_for("h100-80gb-hbm3", model_kind="conv")
+    profile.apply()  # the guard fails this test if it initialises CUDA
+    assert torch.backends.cudnn.benchmark is True
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_tf32_uses_only_the_api_the_profile_names(torch_state: None) -> None:
+    h100 = profile_for("h100-80gb-hbm3")
+    newer = h100.provenance.snapshot.software.model_copy(update={"torch_version": "2.9.0+cu128"})
+    snapshot = h100.provenance.snapshot.model_copy(update={"software": newer})
+    profile = build_profile(snapshot)
+    assert profile.settings.matmul.api == "fp32_precision"
+    profile.apply()
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+
+
+def test_channels_last_is_applied_to_a_conv_model() -> None:
+    profile = profile_for("h100-80gb-hbm3", model_kind="conv", mode=Mode.BALANCED)
+    assert profile.settings.memory_format == "channels_last"
+    assert profile.settings.compile.enabled is False
+    model = profile.prepare_model(torch.nn.Conv2d(3, 8, 3))
+    assert model.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_environment_set_after_cuda_started_warns(
+    torch_state: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.warns(LateEnvironmentWarning, match="PYTORCH_CUDA_ALLOC_CONF"):
+        profile_for("h100-80gb-hbm3").apply()
+
+
+def test_the_users_own_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in apply_environment(profile_for("h100-80gb-hbm3"))
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
+
+
+def test_workerless_profile_passes_no_worker_options() -> None:
+    kwargs = profile_for("rtx-3060-windows").dataloader_kwargs()
+    assert kwargs == {"num_workers": 0, "pin_memory": True}
