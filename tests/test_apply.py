@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from torch_autotune.apply import LateEnvironmentWarning, apply_environment
+from torch_autotune.apply import apply_environment
+from torch_autotune.errors import LateEnvironmentWarning
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Mode, Preferences, Profile
 from torch_autotune.rules.engine import build_profile

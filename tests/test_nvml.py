@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pynvml
 import pytest
 from hypothesis import given, settings
@@ -21,7 +23,8 @@ from fake_nvml import (
     rtx_4090,
     tesla_t4,
 )
-from torch_autotune.detect.nvml import NvidiaReading, read_nvidia_gpus
+from torch_autotune.detect import nvml as nvml_module
+from torch_autotune.detect.nvml import NvidiaReading, nvidia_driver_present, read_nvidia_gpus
 from torch_autotune.hardware import Architecture, Backend, Vendor
 
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -98,6 +101,7 @@ def test_driver_installed_but_not_loaded_is_reported() -> None:
 def test_binding_not_installed_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
+    monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: True)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes 'import pynvml' raise ImportError
     reading = read_nvidia_gpus(env={})
     assert reading.accelerators == []
@@ -302,3 +306,34 @@ def test_any_mix_of_failures_costs_only_what_failed(
         for name in ("compute_capability", "memory_total_bytes", "sm_count", "uuid", "pci_bus_id"):
             if getattr(accelerator, name) is None:
                 assert f"accelerators[{accelerator.index}].{name}" in warned, name
+
+
+@pytest.mark.parametrize(
+    ("platform", "files", "present"),
+    [
+        pytest.param("linux", ["proc/driver/nvidia/version"], True, id="linux-driver"),
+        pytest.param("linux", ["dev/nvidiactl"], True, id="container-with-gpus"),
+        pytest.param("linux", ["dev/dxg"], True, id="wsl2"),
+        pytest.param("linux", [], False, id="linux-without-driver"),
+        pytest.param("darwin", ["dev/nvidiactl"], False, id="macos"),
+        pytest.param("win32", [], True, id="windows-asks-nvml"),
+    ],
+)
+def test_driver_presence_is_judged_from_files(
+    tmp_path: Path, platform: str, files: list[str], present: bool
+) -> None:
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert nvidia_driver_present(tmp_path, platform) is present
+
+
+def test_without_a_driver_the_binding_is_not_even_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: False)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # an import would raise ImportError
+    reading = read_nvidia_gpus(env={})
+    assert (reading.accelerators, reading.warnings) == ([], [])

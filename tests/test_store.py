@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from torch_autotune.api import StaleProfileWarning, recommend
+from torch_autotune.api import recommend
 from torch_autotune.detect import RecordedMachine
-from torch_autotune.errors import EXIT_STORE, StoreError
+from torch_autotune.errors import EXIT_STORE, StaleProfileWarning, StoreError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Mode, Preferences, fingerprint
 from torch_autotune.rules.engine import build_profile

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from torch_autotune.api import StaleProfileWarning, recommend
-from torch_autotune.apply import LateEnvironmentWarning
+from torch_autotune.api import recommend
 from torch_autotune.detect import LiveMachine, RecordedMachine, detect, load_snapshot
 from torch_autotune.errors import (
     AutotuneError,
     InputFileError,
+    LateEnvironmentWarning,
     ProfileFileError,
     SnapshotFileError,
+    StaleProfileWarning,
     StoreError,
 )
 from torch_autotune.hardware import (

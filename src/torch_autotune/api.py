@@ -11,13 +11,9 @@ import warnings
 from pathlib import Path
 
 from torch_autotune.detect import Machine, detect
+from torch_autotune.errors import StaleProfileWarning
 from torch_autotune.profile import Mode, Profile
 from torch_autotune.store import ProfileStore, machine_id
-
-
-class StaleProfileWarning(UserWarning):
-    """The stored profile was made for this machine before its GPU, driver, torch or CUDA
-    changed; it is not used."""
 
 
 def recommend(

@@ -21,14 +21,12 @@ import random
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from torch_autotune.errors import LateEnvironmentWarning
+
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from torch_autotune.profile import Profile
-
-
-class LateEnvironmentWarning(UserWarning):
-    """An environment setting was applied after the library that reads it had started."""
 
 
 # Variables read once when CUDA (or OpenMP) starts: setting them later changes nothing.

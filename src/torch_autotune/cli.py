@@ -166,8 +166,9 @@ def _current_profile(store: Path | None, mode: str | None, snapshot_file: Path |
     """recommend() for this machine (or a recorded one): stored if fresh, else rules only."""
     import warnings
 
-    from torch_autotune.api import StaleProfileWarning, recommend
+    from torch_autotune.api import recommend
     from torch_autotune.detect import RecordedMachine
+    from torch_autotune.errors import StaleProfileWarning
 
     machine = RecordedMachine.from_file(snapshot_file) if snapshot_file else None
     with warnings.catch_warnings(record=True) as caught:

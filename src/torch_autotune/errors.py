@@ -40,6 +40,15 @@ class ProfileFileError(InputFileError):
     """A profile file cannot be used: bad YAML/JSON, unknown keys, broken invariants."""
 
 
+class StaleProfileWarning(UserWarning):
+    """The stored profile was made for this machine before its GPU, driver, torch or CUDA
+    changed; it is not used."""
+
+
+class LateEnvironmentWarning(UserWarning):
+    """An environment setting was applied after the library that reads it had started."""
+
+
 class StoreError(AutotuneError):
     """The profile store cannot be read or written."""
 

@@ -15,14 +15,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch_autotune import __version__
 from torch_autotune.detect.host import HostSystem, read_host
 from torch_autotune.detect.nvml import read_nvidia_gpus
 from torch_autotune.detect.recorded import RecordedMachine, load_snapshot, parse_snapshot
 from torch_autotune.detect.software import SoftwareReading, read_software
-from torch_autotune.detect.torch_env import TorchReading, import_torch, read_torch
+
+if TYPE_CHECKING:
+    from torch_autotune.detect.torch_env import TorchReading
+
 from torch_autotune.hardware import (
     Accelerator,
     Architecture,
@@ -50,6 +53,12 @@ class Machine(Protocol):
     def snapshot(self, *, deep: bool = False) -> HardwareSnapshot: ...
 
 
+def _import_torch() -> Any:
+    from torch_autotune.detect.torch_env import import_torch
+
+    return import_torch()
+
+
 def _utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -70,7 +79,7 @@ class LiveMachine:
     nvml_binding: Any = None
     host_system: HostSystem | None = None
     find_package_dir: Callable[[str], Path | None] | None = None
-    torch_loader: Callable[[], Any] = import_torch
+    torch_loader: Callable[[], Any] = _import_torch
     clock: Callable[[], float] = time.perf_counter
     now: Callable[[], datetime] = _utc_now
 
@@ -101,6 +110,8 @@ class LiveMachine:
                     )
                 )
             else:
+                from torch_autotune.detect.torch_env import read_torch
+
                 deep_reading = read_torch(torch)
                 accelerators = _merge(accelerators, deep_reading, host)
                 warnings += deep_reading.warnings

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +56,12 @@ def _sysctl(name: str) -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
+def _disk_usage(path: str) -> Any:
+    import shutil  # only Linux asks (for /dev/shm)
+
+    return shutil.disk_usage(path)
+
+
 @dataclass
 class HostSystem:
     """The operating-system calls host detection makes. Override any of them in tests."""
@@ -72,7 +77,7 @@ class HostSystem:
     affinity_count: Callable[[], int | None] = _affinity_count
     physical_cores: Callable[[], int | None] = field(default_factory=lambda: _physical_cores)
     virtual_memory: Callable[[], Any] = field(default_factory=lambda: _virtual_memory)
-    disk_usage: Callable[[str], Any] = shutil.disk_usage
+    disk_usage: Callable[[str], Any] = field(default_factory=lambda: _disk_usage)
     sysctl: Callable[[str], str | None] = _sysctl
     processor: Callable[[], str] = platform.processor
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch_autotune.hardware import (
@@ -101,6 +103,21 @@ def _version_from_int(cuda_version: int) -> str:
     return f"{cuda_version // 1000}.{cuda_version % 1000 // 10}"
 
 
+def nvidia_driver_present(root: Path = Path("/"), platform: str = sys.platform) -> bool:
+    """Whether an NVIDIA driver could answer, judged from files alone.
+
+    On Linux the kernel driver exposes /proc/driver/nvidia and /dev/nvidiactl (containers get
+    both from the NVIDIA container toolkit), and WSL2 exposes /dev/dxg. macOS has no NVIDIA
+    driver for any torch that runs there. On Windows NVML is simply asked.
+    """
+    if platform == "darwin":
+        return False
+    if not platform.startswith("linux"):
+        return True
+    markers = ("proc/driver/nvidia/version", "dev/nvidiactl", "dev/dxg")
+    return any((root / marker).exists() for marker in markers)
+
+
 def read_nvidia_gpus(
     binding: Any = None,
     *,
@@ -113,6 +130,8 @@ def read_nvidia_gpus(
     """
     reading = NvidiaReading()
     if binding is None:
+        if not nvidia_driver_present():
+            return reading  # no NVIDIA driver: skip importing the binding (~15 ms)
         try:
             import pynvml
         except ImportError:

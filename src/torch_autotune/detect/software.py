@@ -139,13 +139,17 @@ def default_start_method() -> str:
     """The multiprocessing start method DataLoader workers will get, without fixing it.
 
     ``multiprocessing.get_start_method()`` would set the context as a side effect, after which
-    the user's own ``set_start_method`` raises; ``get_all_start_methods()`` lists the platform
-    default first.
+    the user's own ``set_start_method`` raises. A process that set a method has imported
+    multiprocessing, so it is asked only then; otherwise the platform default is the answer
+    (what ``get_all_start_methods()[0]`` says, without the ~5 ms import).
     """
-    import multiprocessing  # ~5 ms: only when a snapshot is actually taken
-
-    chosen = multiprocessing.get_start_method(allow_none=True)
-    return chosen or multiprocessing.get_all_start_methods()[0]
+    loaded = sys.modules.get("multiprocessing")
+    chosen = None if loaded is None else loaded.get_start_method(allow_none=True)
+    if chosen:
+        return str(chosen)
+    if sys.platform in ("win32", "darwin"):
+        return "spawn"  # macOS since Python 3.8
+    return "forkserver" if sys.version_info >= (3, 14) else "fork"
 
 
 @dataclass(frozen=True)
