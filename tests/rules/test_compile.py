@@ -16,8 +16,17 @@ from torch_autotune.rules.compile import compile_settings
 from torch_autotune.rules.context import Context, Finding
 from torch_autotune.rules.precision import precision
 
-from .helpers import ALL_FIXTURES, context, run, snapshot
-from .test_precision import invariant_problems, only_gpu, values, with_host, with_software
+from .helpers import (
+    ALL_FIXTURES,
+    context,
+    invariant_problems,
+    only_gpu,
+    run,
+    snapshot,
+    values,
+    with_host,
+    with_software,
+)
 
 COMPILE_SETTINGS = {"compile.enabled", "compile.mode"}
 
