@@ -9,6 +9,9 @@ Exit codes (documented in the README):
     2  usage error: unknown option, bad argument (click's own code)
     3  an input file is missing, unreadable, or not valid (snapshot, profile)
     4  the profile store cannot be read or written (location, permissions, disk)
+    5  the workload cannot be used: the user's model factory fails to import or run, or its
+       training step raises an error that is not out-of-memory (the user's own traceback is
+       shown)
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_BAD_INPUT = 3
 EXIT_STORE = 4
+EXIT_WORKLOAD = 5
 
 
 class AutotuneError(Exception):
@@ -53,3 +57,9 @@ class StoreError(AutotuneError):
     """The profile store cannot be read or written."""
 
     exit_code = EXIT_STORE
+
+
+class WorkloadError(AutotuneError):
+    """The model, optimizer or data to probe cannot be built or trained (not out-of-memory)."""
+
+    exit_code = EXIT_WORKLOAD
