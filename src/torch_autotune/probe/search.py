@@ -1,0 +1,238 @@
+"""Find the largest batch size that trains, from a ``fits(batch_size)`` predicate. No torch here.
+
+Peak memory grows about linearly with the batch size (a fixed part for weights, optimizer state
+and workspaces, plus activations per sample), so a couple of small trials predict where memory
+runs out. The search:
+
+1. runs ``start`` (1 by default) and a second small size, and fits ``peak = fixed + k * batch``
+   through the two largest sizes that ran (a local secant, so a curve that bends is followed);
+2. tries the predicted limit, then the size just above or below it, which usually brackets the
+   limit in two trials;
+3. bisects whatever bracket is left. Whenever a prediction fails to halve the bracket, the next
+   trial is a plain bisection, so a curve the model cannot follow (fragmentation steps, noisy
+   readings) costs at most twice the trials of bisection, never an endless walk.
+
+Without a memory limit or memory readings it falls back to doubling, then bisecting. Whatever
+the curve, the answer is exact for a monotone ``fits`` (every size up to the limit fits), and it
+is always a size that ran: ``max_batch_size`` is the largest size whose trial succeeded.
+
+Margin and rounding are separate steps (``apply_margin``, ``round_down``), and ``confirm`` runs
+the size finally recommended once more before it is handed out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What one trial at one batch size found."""
+
+    fits: bool
+    peak_memory_bytes: int | None = None  # allocator peak during the trial, when known
+    seconds: float | None = None  # wall time of the trial's timed steps, when measured
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One size tried, in the order tried, with why it was chosen."""
+
+    batch_size: int
+    fits: bool
+    peak_memory_bytes: int | None
+    seconds: float | None
+    step: str  # "start", "model", "predict", "double", "bisect"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The largest size that ran, and every trial on the way."""
+
+    max_batch_size: int | None  # None: not even the smallest size fits
+    trials: tuple[Trial, ...]
+    limited_by: str  # "memory" (a larger size failed), "cap", or "start" (the smallest failed)
+
+    @property
+    def trial_count(self) -> int:
+        return len(self.trials)
+
+
+Fits = Callable[[int], TrialOutcome]
+
+
+class _Bracket:
+    """Trials so far, and the bracket [lo, hi): lo ran, hi failed (cap + 1: nothing failed)."""
+
+    def __init__(self, fits: Fits, cap: int) -> None:
+        self.fits = fits
+        self.cap = cap
+        self.lo = 0
+        self.hi = cap + 1
+        self.trials: list[Trial] = []
+
+    @property
+    def open(self) -> bool:
+        return self.hi - self.lo > 1
+
+    def run(self, batch_size: int, step: str) -> bool:
+        outcome = self.fits(batch_size)
+        self.trials.append(
+            Trial(batch_size, outcome.fits, outcome.peak_memory_bytes, outcome.seconds, step)
+        )
+        if outcome.fits:
+            self.lo = max(self.lo, batch_size)
+        else:
+            self.hi = min(self.hi, batch_size)
+        return outcome.fits
+
+    def memory_points(self) -> list[tuple[int, int]]:
+        """(batch size, peak bytes) of the sizes that ran with a reading, ascending."""
+        return sorted(
+            {
+                t.batch_size: t.peak_memory_bytes
+                for t in self.trials
+                if t.fits and t.peak_memory_bytes is not None
+            }.items()
+        )
+
+    def bisect(self) -> None:
+        while self.open:
+            self.run((self.lo + self.hi) // 2, "bisect")
+
+
+def _predict(points: list[tuple[int, int]], limit: int) -> int | None:
+    """Where the secant through the two largest readings reaches ``limit``; None if it cannot."""
+    if len(points) < 2:
+        return None
+    (b1, m1), (b2, m2) = points[-2], points[-1]
+    per_sample = (m2 - m1) / (b2 - b1)
+    if per_sample <= 0:
+        return None  # flat or falling readings: noise, nothing to extrapolate
+    return math.floor(b2 + (limit - m2) / per_sample)
+
+
+def _gallop(bracket: _Bracket, size: int, ran: bool) -> None:
+    """From the predicted size, step away from it until the limit is bracketed.
+
+    Upwards the first step is 1 (an exact prediction is confirmed at once); a failed prediction
+    is off by more than that, so downwards the first step is 2% of the size. Then the step
+    doubles, so a poor prediction costs logarithmically many trials.
+    """
+    step = 1 if ran else max(1, round(size * 0.02))
+    first = True
+    while bracket.open:
+        if ran:  # the limit is at or above lo: walk up until a size fails
+            ran = bracket.run(min(bracket.lo + step, bracket.hi - 1), "verify")
+            if not ran:
+                return
+        else:  # the limit is below hi: walk down until a size runs
+            ran = bracket.run(max(bracket.hi - step, bracket.lo + 1), "verify")
+            if ran:
+                return
+        step = max(2, round(size * 0.02)) if first else step * 2
+        first = False
+
+
+def _predict_and_verify(bracket: _Bracket, limit: int, rounds: int = 3) -> None:
+    """Try the predicted limit; while predictions run, refit through the newest reading (a
+    secant through sizes near the limit is far more accurate than one through 1 and 8) and try
+    again; then gallop from the last prediction until the limit is bracketed."""
+    size, ran = 0, False
+    for _ in range(rounds):
+        predicted = _predict(bracket.memory_points(), limit)
+        if predicted is None or not bracket.open:
+            break
+        size = min(max(predicted, bracket.lo + 1), bracket.hi - 1)
+        ran = bracket.run(size, "predict")
+        if not ran:
+            break
+    if size:
+        _gallop(bracket, size, ran)
+
+
+def find_max_batch_size(
+    fits: Fits,
+    *,
+    cap: int,
+    memory_limit_bytes: int | None = None,
+    start: int = 1,
+) -> SearchResult:
+    """The largest batch size in [1, cap] for which ``fits`` succeeds, found in few trials.
+
+    ``fits(batch_size)`` runs a real trial (it must be monotone: if a size fits, every smaller
+    size fits). ``memory_limit_bytes`` is the memory the trials may use; with it and peak-memory
+    readings the search predicts the limit instead of doubling. ``cap`` bounds the answer
+    (dataset size, a user maximum, host RAM on the CPU) and is never exceeded.
+    """
+    if cap < 1:
+        raise ValueError(f"cap must be at least 1, got {cap}")
+    if not 1 <= start <= cap:
+        raise ValueError(f"start must be in [1, cap], got {start}")
+    bracket = _Bracket(fits, cap)
+    if not bracket.run(start, "start"):
+        bracket.bisect()  # the limit is below the start: plain bisection of [0, start)
+        limited = "start" if bracket.lo == 0 else "memory"
+        return SearchResult(bracket.lo or None, tuple(bracket.trials), limited)
+
+    if memory_limit_bytes is not None and bracket.memory_points() and bracket.open:
+        # A second, larger size gives the memory model its slope.
+        bracket.run(min(bracket.hi - 1, max(2 * bracket.lo, 8)), "model")
+        _predict_and_verify(bracket, memory_limit_bytes)
+    while bracket.open and bracket.hi > cap:  # no failure seen yet: double towards the cap
+        bracket.run(min(2 * bracket.lo, cap), "double")
+    bracket.bisect()
+    limited_by = "cap" if bracket.lo == cap else "memory"
+    return SearchResult(bracket.lo, tuple(bracket.trials), limited_by)
+
+
+def doubling_then_bisect(fits: Fits, *, cap: int, start: int = 1) -> SearchResult:
+    """The usual strategy (Lightning's 'binsearch'): double until failure, then bisect.
+
+    Kept as the baseline the benchmark compares ``find_max_batch_size`` against.
+    """
+    return find_max_batch_size(fits, cap=cap, memory_limit_bytes=None, start=start)
+
+
+def apply_margin(batch_size: int, margin: float) -> int:
+    """Leave ``margin`` (a fraction, e.g. 0.1) of the largest size as headroom; at least 1.
+
+    Rules catalog K2: 10% for fixed shapes, about 20% when shapes vary or CUDA graphs are on.
+    """
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    return max(1, math.floor(batch_size * (1 - margin)))
+
+
+def round_down(batch_size: int, multiple: int) -> int:
+    """Round down to a multiple (8 on Tensor-Core GPUs, catalog K4); sizes below it stay."""
+    if multiple < 1:
+        raise ValueError(f"multiple must be at least 1, got {multiple}")
+    return batch_size if batch_size < multiple else batch_size - batch_size % multiple
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """The size to recommend, after it ran once more."""
+
+    batch_size: int | None  # None: nothing at or below the candidate ran
+    trials: tuple[Trial, ...]
+
+
+def confirm(fits: Fits, candidate: int, *, multiple: int = 1) -> Confirmed:
+    """Run ``candidate`` once more before handing it out; step down (keeping the multiple) if
+    it no longer fits, so the size returned is always one that just ran."""
+    trials: list[Trial] = []
+    size = candidate
+    while size >= 1:
+        outcome = fits(size)
+        trials.append(
+            Trial(size, outcome.fits, outcome.peak_memory_bytes, outcome.seconds, "confirm")
+        )
+        if outcome.fits:
+            return Confirmed(size, tuple(trials))
+        smaller = round_down(size - 1, multiple) if size - 1 >= multiple else size - 1
+        size = smaller
+    return Confirmed(None, tuple(trials))
