@@ -1,0 +1,572 @@
+"""Workloads: the built-in models train on the CPU, the synthetic data is deterministic, and
+every way a user's factory can be unusable is one clear WorkloadError (exit code 5)."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_autotune.errors import EXIT_WORKLOAD, WorkloadError
+from torch_autotune.probe import workloads
+from torch_autotune.probe.workloads import (
+    BUILTIN_WORKLOADS,
+    DEFAULT_WORKLOAD,
+    CpuHeavyDataset,
+    Workload,
+    as_workload,
+    load_workload,
+    resolve_workload,
+)
+
+SAMPLE_MODELS = Path(__file__).parent / "sample_user_models"
+README = "a factory returns model, optimizer and a dataset or example_batch (see the README)"
+
+# The documented shapes of one batch of 8: (inputs, input dtype), (targets, target dtype),
+# and the model's output.
+BATCH_OF_8 = {
+    "conv": ((8, 3, 64, 64), torch.float32, (8,), torch.int64, (8, 10)),
+    "transformer": ((8, 128), torch.int64, (8, 128), torch.int64, (8, 128, 1000)),
+    "mlp": ((8, 512), torch.float32, (8,), torch.int64, (8, 10)),
+}
+BUILT = {key: make() for key, make in BUILTIN_WORKLOADS.items()}
+
+
+def train_step(workload: Workload, model: torch.nn.Module, batch_size: int = 8) -> float:
+    """One real training step (forward, loss, backward, optimizer step); returns the loss."""
+    optimizer = workload.make_optimizer(model.parameters())
+    inputs, targets = workload.make_batch(batch_size)
+    loss = workload.loss_fn(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+# --- built-in workloads ---------------------------------------------------------------------------
+
+
+def test_the_builtins_are_conv_transformer_and_mlp_with_conv_the_default() -> None:
+    assert list(BUILTIN_WORKLOADS) == ["conv", "transformer", "mlp"]
+    assert DEFAULT_WORKLOAD == "conv"
+    assert resolve_workload(None).name == "resnet_like"
+
+
+@pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
+def test_builtin_batch_and_output_have_the_documented_shapes(key: str) -> None:
+    workload = BUILT[key]
+    inputs_shape, inputs_dtype, targets_shape, targets_dtype, output_shape = BATCH_OF_8[key]
+    inputs, targets = workload.make_batch(8)
+    assert (tuple(inputs.shape), inputs.dtype) == (inputs_shape, inputs_dtype)
+    assert (tuple(targets.shape), targets.dtype) == (targets_shape, targets_dtype)
+    assert tuple(workload.make_model()(inputs).shape) == output_shape
+    assert workload.kind == key
+    assert workload.sample_shape
+    assert workload.max_batch_size is None
+
+
+@pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
+def test_builtin_training_step_runs_on_the_cpu_and_changes_the_weights(key: str) -> None:
+    workload = BUILT[key]
+    model = workload.make_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = train_step(workload, model)
+    assert math.isfinite(loss)
+    assert loss > 0
+    assert not any(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
+def test_builtin_make_model_returns_independent_fresh_models(key: str) -> None:
+    workload = BUILT[key]
+    first, second = workload.make_model(), workload.make_model()
+    assert first is not second
+    pointers = {p.data_ptr() for p in first.parameters()}
+    assert pointers.isdisjoint(p.data_ptr() for p in second.parameters())
+    snapshot = [p.detach().clone() for p in second.parameters()]
+    train_step(workload, first)
+    assert all(torch.equal(s, p) for s, p in zip(snapshot, second.parameters(), strict=True))
+    assert second.training
+
+
+@pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
+def test_builtin_dataset_items_are_samples_of_the_batch_shape(key: str) -> None:
+    workload = BUILT[key]
+    assert workload.dataset is not None
+    inputs, targets = workload.make_batch(2)
+    item_inputs, item_targets = workload.dataset[7]
+    assert (item_inputs.shape, item_inputs.dtype) == (inputs.shape[1:], inputs.dtype)
+    assert (item_targets.shape, item_targets.dtype) == (targets.shape[1:], targets.dtype)
+    again = workload.dataset[7]
+    assert torch.equal(item_inputs, again[0])
+    assert torch.equal(item_targets, again[1])
+    assert not torch.equal(item_inputs, workload.dataset[8][0])
+
+
+def test_builtin_batches_are_the_same_every_call() -> None:
+    first, second = BUILT["conv"].make_batch(4), BUILT["conv"].make_batch(4)
+    assert torch.equal(first[0], second[0])
+    assert torch.equal(first[1], second[1])
+
+
+def test_builtin_token_targets_are_the_next_tokens() -> None:
+    inputs, targets = BUILT["transformer"].make_batch(3)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+    assert 0 <= int(inputs.min()) <= int(inputs.max()) < 1000
+
+
+@pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
+def test_builtin_optimizer_is_adamw_at_1e_3_and_takes_fused(key: str) -> None:
+    workload = BUILT[key]
+    assert workload.optimizer_accepts(fused=True)
+    optimizer = workload.make_optimizer(workload.make_model().parameters(), fused=True)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.defaults["lr"] == 1e-3
+    assert optimizer.defaults["fused"] is True
+
+
+@pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
+def test_builtin_models_pickle(key: str) -> None:
+    model = BUILT[key].make_model()
+    copy = pickle.loads(pickle.dumps(model))
+    assert type(copy) is type(model)
+    pairs = zip(model.state_dict().values(), copy.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_model_classes_are_module_attributes() -> None:
+    assert workloads.ResNetLike.__module__ == "torch_autotune.probe.workloads"
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        workloads.Nope  # noqa: B018
+
+
+@settings(max_examples=12, deadline=None)
+@given(batch_size=st.integers(min_value=1, max_value=64))
+def test_make_batch_returns_exactly_the_samples_asked_for(batch_size: int) -> None:
+    for workload in BUILT.values():
+        inputs, targets = workload.make_batch(batch_size)
+        assert inputs.shape[0] == targets.shape[0] == batch_size
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_make_batch_refuses_a_size_that_is_not_a_positive_int(bad: Any) -> None:
+    with pytest.raises(ValueError, match="batch size must be a positive int"):
+        BUILT["mlp"].make_batch(bad)
+
+
+def test_importing_workloads_does_not_import_torch() -> None:
+    code = "import sys, torch_autotune.probe.workloads; print('torch' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
+
+
+# --- CpuHeavyDataset ------------------------------------------------------------------------------
+
+
+def test_cpu_heavy_items_are_deterministic_per_index() -> None:
+    dataset = CpuHeavyDataset(length=20, passes=1)
+    image, label = dataset[3]
+    assert (tuple(image.shape), image.dtype, label.dtype) == (
+        (3, 64, 64),
+        torch.float32,
+        torch.int64,
+    )
+    assert 0 <= int(label) < 10
+    other = CpuHeavyDataset(length=20, passes=1)
+    assert torch.equal(image, other[3][0])
+    assert torch.equal(label, other[3][1])
+    assert not torch.equal(image, dataset[4][0])
+    assert torch.equal(dataset[-1][0], dataset[19][0])
+
+
+def test_cpu_heavy_seed_changes_the_items() -> None:
+    assert not torch.equal(CpuHeavyDataset(passes=0)[0][0], CpuHeavyDataset(passes=0, seed=1)[0][0])
+
+
+def test_cpu_heavy_index_out_of_range_is_an_index_error() -> None:
+    with pytest.raises(IndexError, match="index 5 out of range for 5 items"):
+        CpuHeavyDataset(length=5)[5]
+
+
+def test_cpu_heavy_dataset_pickles_with_its_settings() -> None:
+    dataset = CpuHeavyDataset(length=7, image_size=32, source_size=40, passes=2, seed=3)
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert len(copy) == 7
+    assert torch.equal(copy[2][0], dataset[2][0])
+    assert tuple(copy[2][0].shape) == (3, 32, 32)
+
+
+def test_cpu_heavy_dataset_loads_in_spawned_workers() -> None:
+    loader = torch.utils.data.DataLoader(
+        CpuHeavyDataset(length=4, passes=1),
+        batch_size=2,
+        num_workers=1,
+        multiprocessing_context="spawn",
+    )
+    images, labels = next(iter(loader))
+    assert tuple(images.shape) == (2, 3, 64, 64)
+    assert tuple(labels.shape) == (2,)
+    assert torch.equal(images[1], CpuHeavyDataset(length=4, passes=1)[1][0])
+
+
+def test_cpu_heavy_dataset_refuses_a_source_smaller_than_the_image() -> None:
+    with pytest.raises(ValueError, match="source_size 32 is smaller than image_size 64"):
+        CpuHeavyDataset(source_size=32)
+
+
+# --- the user's factory: good ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def user_models(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The sample user package importable as 'tiny'; sys.path and sys.modules restored after."""
+    monkeypatch.syspath_prepend(str(SAMPLE_MODELS))
+    yield
+    for name in [n for n in sys.modules if n == "tiny" or n.startswith("tiny_")]:
+        del sys.modules[name]
+
+
+def load_error(spec: str) -> WorkloadError:
+    """The WorkloadError that loading ``spec`` raises (exit code 5 checked)."""
+    with pytest.raises(WorkloadError) as raised:
+        load_workload(spec)
+    assert raised.value.exit_code == EXIT_WORKLOAD == 5
+    return raised.value
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_mapping_with_an_example_batch_loads_and_trains() -> None:
+    workload = load_workload("tiny:good_mapping")
+    assert (workload.name, workload.kind) == ("tiny:good_mapping", "mlp")
+    assert workload.sample_shape == "inputs 1x4x4 float32, targets int64"
+    assert workload.dataset is None
+    assert workload.max_batch_size is None
+    inputs, targets = workload.make_batch(10)
+    assert tuple(inputs.shape) == (10, 1, 4, 4)
+    assert targets.tolist() == [0, 1, 2, 0] * 2 + [0, 1]
+    assert torch.equal(inputs[4], inputs[0])  # the 4 example samples, repeated
+    model = workload.make_model()
+    assert model is not workload.make_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    assert train_step(workload, model, batch_size=6) > 0
+    assert not any(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    assert workload.optimizer_accepts(fused=True)
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_factory_returning_a_workload_gets_it_back_as_it_is() -> None:
+    import tiny
+
+    workload = load_workload("tiny:good_workload")
+    assert workload.name == "tiny-regression"
+    assert isinstance(workload, tiny.Workload)
+    model = workload.make_model()
+    before = model.weight.detach().clone()
+    assert train_step(workload, model, batch_size=3) >= 0
+    assert not torch.equal(before, model.weight)
+
+
+@pytest.mark.usefixtures("user_models")
+def test_an_object_with_a_model_instance_and_a_dataset_loads() -> None:
+    workload = load_workload("tiny:good_object")
+    assert workload.kind == "other"
+    assert workload.max_batch_size == 10  # the dataset's length
+    assert workload.dataset is not None
+    assert len(workload.dataset) == 10
+    inputs, targets = workload.make_batch(12)  # the first 10 samples, then again
+    assert tuple(inputs.shape) == (12, 1, 4, 4)
+    assert targets.tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 0, 1]
+    assert workload.sample_shape == "inputs 1x4x4 float32, targets int64"
+    first, second = workload.make_model(), workload.make_model()  # deep copies of the instance
+    assert first is not second
+    assert train_step(workload, first) > 0
+    assert not all(
+        torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters(), strict=True)
+    )
+
+
+@pytest.mark.usefixtures("user_models")
+def test_the_default_loss_is_cross_entropy_for_classes_and_mse_for_floats() -> None:
+    classes = load_workload("tiny:good_mapping")
+    logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
+    assert torch.equal(
+        classes.loss_fn(logits, labels), torch.nn.functional.cross_entropy(logits, labels)
+    )
+    regression = load_workload("tiny:float_targets")
+    outputs, targets = torch.randn(2, 3), torch.randn(2, 3)
+    assert torch.equal(
+        regression.loss_fn(outputs, targets), torch.nn.functional.mse_loss(outputs, targets)
+    )
+
+
+def test_the_cross_entropy_takes_classes_on_dim_1_or_on_the_last_dim() -> None:
+    loss_fn = BUILT["conv"].loss_fn
+    logits, tokens = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))  # (N, S, vocab)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(10, 7), tokens.reshape(10))
+    assert torch.allclose(loss_fn(logits, tokens), expected)
+    maps, pixels = torch.randn(2, 4, 3, 3), torch.randint(0, 4, (2, 3, 3))  # (N, C, H, W)
+    assert torch.equal(loss_fn(maps, pixels), torch.nn.functional.cross_entropy(maps, pixels))
+
+
+@pytest.mark.usefixtures("user_models")
+def test_an_optimizer_factory_without_keyword_arguments_is_not_given_fused() -> None:
+    workload = load_workload("tiny:lambda_optimizer")
+    assert not workload.optimizer_accepts(fused=True)
+    assert workload.optimizer_accepts()
+    params = workload.make_model().parameters()
+    with pytest.raises(WorkloadError, match="does not take fused as keyword arguments"):
+        workload.make_optimizer(params, fused=True)
+
+
+@pytest.mark.usefixtures("user_models")
+def test_resolve_workload_takes_names_specs_and_workloads() -> None:
+    assert resolve_workload("mlp").name == "mlp"
+    assert resolve_workload("tiny:good_mapping").name == "tiny:good_mapping"
+    workload = BUILT["conv"]
+    assert resolve_workload(workload) is workload
+
+
+def test_resolve_workload_suggests_the_builtin_on_a_typo() -> None:
+    with pytest.raises(WorkloadError) as raised:
+        resolve_workload("tranformer")
+    assert str(raised.value) == (
+        "'tranformer' is neither a built-in workload (conv, transformer, mlp) nor a"
+        " package.module:factory reference; perhaps you meant 'transformer'?"
+    )
+
+
+def test_the_docstring_example_is_a_working_factory() -> None:
+    doc = workloads.__doc__ or ""
+    example = textwrap.dedent(doc.split("Example ``mypkg/models.py``::", 1)[1])
+    namespace: dict[str, Any] = {}
+    exec(compile(example, "mypkg/models.py", "exec"), namespace)
+    workload = as_workload(namespace["make_workload"](), name="mypkg.models:make_workload")
+    assert workload.kind == "mlp"
+    assert workload.optimizer_accepts(fused=True)
+    assert train_step(workload, workload.make_model(), batch_size=40) > 0
+
+
+# --- the user's factory: every way it can be unusable ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "hint"),
+    [
+        ("tiny", ""),
+        ("tiny:", ""),
+        ("tiny:good mapping", ""),
+        ("models/tiny.py:make", " (a module name, not a file path)"),
+        (":make", ""),
+    ],
+)
+def test_a_spec_that_is_not_package_module_factory_is_refused(spec: str, hint: str) -> None:
+    assert str(load_error(spec)) == (
+        f"'{spec}' is not a factory reference: write package.module:factory{hint},"
+        " e.g. mypkg.models:make_workload"
+    )
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_module_that_does_not_exist_is_named_with_the_fix() -> None:
+    error = load_error("pkg.mod:factory")
+    assert str(error) == (
+        "'pkg.mod:factory': module 'pkg.mod' cannot be imported (No module named 'pkg');"
+        " check the name and that it is importable from the current directory"
+    )
+    assert isinstance(error.__cause__, ModuleNotFoundError)
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_module_given_as_a_file_name_is_told_to_drop_the_py() -> None:
+    assert str(load_error("tiny.py:good_mapping")).endswith("drop the '.py': tiny:...")
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_module_missing_a_dependency_says_what_to_install() -> None:
+    error = load_error("tiny_missing_dependency:make_workload")
+    assert str(error) == (
+        "'tiny_missing_dependency:make_workload': module 'tiny_missing_dependency' cannot be"
+        " imported: it needs a module that is missing (No module named"
+        " 'a_package_that_is_not_installed'); install it in this environment"
+    )
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_module_that_raises_at_import_is_named_with_the_cause_chained() -> None:
+    error = load_error("tiny_import_error:make_workload")
+    assert str(error) == (
+        "'tiny_import_error:make_workload': importing 'tiny_import_error' raised"
+        " ZeroDivisionError: division by zero; fix the module"
+    )
+    assert isinstance(error.__cause__, ZeroDivisionError)
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_module_that_parses_arguments_at_import_is_told_to_guard_it() -> None:
+    error = load_error("tiny_argparse:make_workload")
+    assert str(error).startswith(
+        "'tiny_argparse:make_workload': importing 'tiny_argparse' exited (SystemExit 2)"
+    )
+    assert "if __name__ == '__main__':" in str(error)
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_missing_factory_suggests_the_closest_name() -> None:
+    error = load_error("tiny:good_maping")
+    assert str(error) == (
+        "'tiny:good_maping': module 'tiny' has no attribute 'good_maping';"
+        " perhaps you meant 'good_mapping'?"
+    )
+    assert isinstance(error.__cause__, AttributeError)
+    assert str(load_error("tiny:zzz")).endswith("has no attribute 'zzz'; check the factory name")
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_factory_that_is_not_callable_is_refused() -> None:
+    assert str(load_error("tiny:NOT_A_FUNCTION")) == (
+        "'tiny:NOT_A_FUNCTION': 'NOT_A_FUNCTION' is an int, not a function; point to a"
+        " function that takes no arguments and returns the workload"
+    )
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_factory_that_needs_arguments_is_refused_before_it_is_called() -> None:
+    assert str(load_error("tiny:needs_args")).startswith(
+        "'tiny:needs_args' needs arguments (missing a required argument: 'data_dir');"
+    )
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_factory_that_raises_is_named_with_its_exception_chained() -> None:
+    error = load_error("tiny:raises")
+    assert str(error) == (
+        "'tiny:raises' raised RuntimeError: the data directory /data/imagenet is missing;"
+        " fix the factory"
+    )
+    assert isinstance(error.__cause__, RuntimeError)
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_factory_that_exits_is_refused() -> None:
+    assert str(load_error("tiny:exits")).startswith("'tiny:exits' exited (SystemExit 2);")
+
+
+@pytest.mark.usefixtures("user_models")
+@pytest.mark.parametrize(
+    ("factory", "got"), [("wrong_type", "an int"), ("returns_module", "a Sequential")]
+)
+def test_a_factory_returning_the_wrong_type_is_refused(factory: str, got: str) -> None:
+    assert str(load_error(f"tiny:{factory}")) == (
+        f"'tiny:{factory}' returned {got}; a factory returns a Workload or a dict with model,"
+        " optimizer and a dataset or example_batch (see the README)"
+    )
+
+
+@pytest.mark.usefixtures("user_models")
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("broken", "'tiny:broken' returned a dict without 'model'; " + README),
+        ("no_optimizer", "'tiny:no_optimizer' returned a dict without 'optimizer'; " + README),
+        (
+            "no_data",
+            "'tiny:no_data' returned a dict with neither 'dataset' nor 'example_batch'; " + README,
+        ),
+        (
+            "unknown_key",
+            "'tiny:unknown_key' returned a dict with the unknown key 'modle'; perhaps you meant"
+            " 'model'?",
+        ),
+        (
+            "bad_kind",
+            "'tiny:bad_kind': kind 'transformers' is not one of conv, transformer, mlp, other;"
+            " perhaps you meant 'transformer'?",
+        ),
+        (
+            "optimizer_instance",
+            "'tiny:optimizer_instance': 'optimizer' is an AdamW already built; give a factory"
+            " (params -> optimizer), e.g. functools.partial(torch.optim.AdamW, lr=3e-4): every"
+            " trial builds a fresh one",
+        ),
+        (
+            "model_is_string",
+            "'tiny:model_is_string': 'model' is a str; give an nn.Module or a function that"
+            " builds one",
+        ),
+        (
+            "mismatched_batch",
+            "'tiny:mismatched_batch': 'example_batch' has inputs (4, 16) and targets (3,); both"
+            " need the same number of samples on dim 0",
+        ),
+        (
+            "batch_not_a_pair",
+            "'tiny:batch_not_a_pair': 'example_batch' is a Tensor; give an (inputs, targets)"
+            " tuple of two tensors",
+        ),
+        (
+            "list_dataset",
+            "'tiny:list_dataset': 'dataset' is an int, not a map-style dataset (one with __len__"
+            " and __getitem__); give one, or an example_batch instead",
+        ),
+        (
+            "dict_dataset",
+            "'tiny:dict_dataset': dataset[0] is a dict, not an (inputs, targets) pair; return"
+            " one from __getitem__, or give example_batch",
+        ),
+    ],
+)
+def test_a_factory_result_missing_or_misusing_a_field_is_refused(
+    factory: str, message: str
+) -> None:
+    assert str(load_error(f"tiny:{factory}")) == message
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_dataset_whose_samples_cannot_be_batched_is_refused() -> None:
+    error = load_error("tiny:ragged_dataset")
+    assert str(error).startswith("'tiny:ragged_dataset': the dataset's samples cannot be batched")
+    assert str(error).endswith("or give example_batch at the largest shape")
+    assert isinstance(error.__cause__, RuntimeError)
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_dataset_that_raises_is_named_with_the_index() -> None:
+    error = load_error("tiny:failing_dataset")
+    assert str(error) == (
+        "'tiny:failing_dataset': dataset[0] raised OSError: cannot open /data/train/0.png;"
+        " fix the dataset"
+    )
+    assert isinstance(error.__cause__, OSError)
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_model_function_returning_something_else_fails_when_called() -> None:
+    workload = load_workload("tiny:model_function_returns_string")
+    with pytest.raises(WorkloadError) as raised:
+        workload.make_model()
+    assert str(raised.value) == (
+        "'tiny:model_function_returns_string': the model function returned a str, not an nn.Module"
+    )
+
+
+def test_a_workload_with_an_unknown_kind_is_refused() -> None:
+    with pytest.raises(WorkloadError, match="kind 'cnn' is not one of conv, transformer"):
+        Workload(
+            name="x",
+            kind="cnn",  # type: ignore[arg-type]
+            make_model=BUILT["mlp"].make_model,
+            make_optimizer=BUILT["mlp"].make_optimizer,
+            make_batch=BUILT["mlp"].make_batch,
+            loss_fn=BUILT["mlp"].loss_fn,
+        )
