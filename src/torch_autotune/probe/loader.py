@@ -1,0 +1,522 @@
+"""Measure DataLoader throughput per worker count, and choose the count that feeds training.
+
+``measure_loader`` runs a real ``torch.utils.data.DataLoader`` over the user's dataset with one
+worker count and returns a ``LoaderTrial`` (samples/s, or the reason it failed).
+``search_workers`` is the search, pure over an injected ``measure(num_workers)`` function;
+``choose_workers`` wires the two together.
+
+The search (catalog F1, F2, G6; issue "measure DataLoader workers"):
+
+1. Candidates are 0, 1, 2, 4, 8, ... below ``max_workers``, then ``max_workers`` itself
+   (``max_workers`` is the usable CPUs, quota-aware, divided by the training processes on
+   the node; the caller passes it). 0 workers (loading in the main process) is always tried:
+   for small in-memory tensors it is often the fastest, since workers add pickling and IPC.
+2. A candidate *helps* when it is more than 5% faster (``IMPROVEMENT``) than the best rate so
+   far; a short single measurement is noisy by a few percent, so smaller gains are not
+   trusted. The search stops after ``PATIENCE`` (2) candidates in a row that do not help (a
+   failed candidate does not help). One non-helping candidate is not enough: on a 2-CPU
+   machine 1 worker is often no faster than 0 (the main process just waits instead of
+   loading) while 2 workers are twice as fast.
+3. With a training step rate, the search also stops at the first count whose rate is at least
+   the step rate times ``HEADROOM`` (1.1): 10% ahead, so loader jitter does not stall the
+   step. That count is chosen (it is the smallest that keeps ahead).
+4. Otherwise (no step rate, or no count keeps ahead: training is loader-bound) the choice is
+   the smallest count within 5% of the best measured rate (``NEAR_BEST``): fewer workers cost
+   less RAM and leave CPUs to the training process for the same throughput.
+
+A worker that crashes (killed by a signal, out of shared memory, a segfault in a C extension)
+or hangs (no batch within ``timeout_s``) fails its candidate, which is recorded in the trace
+and never chosen; the search goes on. Any other exception comes from the user's dataset or
+collate function and propagates. On Windows only 0 workers is measured unless the caller
+passes ``candidates``: every worker there is a new interpreter (spawn) that takes seconds to
+start, nearly one after another (catalog F4, F9).
+
+Process safety: the start method is multiprocessing's default, ``fork`` on Linux before
+Python 3.14, ``forkserver`` on Linux from 3.14, ``spawn`` on macOS and Windows. Under spawn
+and forkserver, the dataset and ``collate_fn`` are pickled into every worker, so they must be
+defined at a module's top level (no lambdas, closures or classes defined in ``__main__`` of a
+notebook), and the calling script must run under ``if __name__ == "__main__":``. Under fork,
+CUDA must not be initialised in this process before the workers start (catalog F10). Importing
+this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch_autotune.errors import WorkloadError
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+__all__ = [
+    "HEADROOM",
+    "IMPROVEMENT",
+    "NEAR_BEST",
+    "PATIENCE",
+    "LoaderTrial",
+    "WorkerChoice",
+    "choose_workers",
+    "measure_loader",
+    "search_workers",
+    "worker_candidates",
+]
+
+IMPROVEMENT = 1.05
+"""A candidate helps when its rate exceeds the best so far by more than this factor."""
+PATIENCE = 2
+"""Candidates in a row that do not help (or fail) before the search stops."""
+HEADROOM = 1.10
+"""The loader must deliver this multiple of the training step rate to keep ahead of it."""
+NEAR_BEST = 0.95
+"""Without a step rate to beat, the smallest count reaching this fraction of the best wins."""
+
+# torch's own messages for a dead or hung worker (torch/utils/data/dataloader.py and
+# torch/csrc/DataLoader.cpp, unchanged from 1.x to 2.13): "DataLoader worker (pid 123) is
+# killed by signal: Killed.", "DataLoader worker (pid(s) 123) exited unexpectedly",
+# "DataLoader worker (pid 123) exited unexpectedly with exit code 1", and
+# "DataLoader timed out after 20 seconds". An exception the dataset raises inside a worker
+# arrives re-raised as its own type with "Caught ValueError in DataLoader worker process 0",
+# which matches neither prefix.
+_CRASH_PREFIX = "DataLoader worker (pid"
+_TORCH_PREFETCH_DEFAULT = 2  # batches per worker when prefetch_factor is None (torch >= 2.0)
+_TIMEOUT_PREFIX = "DataLoader timed out after"
+
+Measure = Callable[[int], "LoaderTrial"]
+"""Measures one worker count: ``measure(num_workers) -> LoaderTrial``."""
+
+
+@dataclass(frozen=True)
+class LoaderTrial:
+    """One worker count measured: loader throughput, or why the candidate failed.
+
+    ``samples_per_s`` is None when the candidate failed (``error`` says why). ``batches`` and
+    ``samples`` count what was timed, and ``seconds`` is the time they took: each worker's
+    first batch, which includes starting the workers, is timed separately as ``startup_s``.
+    """
+
+    num_workers: int
+    samples_per_s: float | None
+    batches: int
+    samples: int
+    seconds: float
+    startup_s: float | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the candidate ran: a rate was measured."""
+        return self.samples_per_s is not None
+
+
+@dataclass(frozen=True)
+class WorkerChoice:
+    """The chosen ``num_workers``, every candidate tried in order, and why."""
+
+    num_workers: int
+    trials: tuple[LoaderTrial, ...]
+    reason: str
+
+
+# --- measuring one candidate ---------------------------------------------------------------
+
+
+def loader_kwargs(
+    *,
+    batch_size: int,
+    num_workers: int,
+    pin_memory: bool,
+    persistent_workers: bool,
+    prefetch_factor: int | None,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """DataLoader keyword arguments torch accepts for this worker count (catalog F3).
+
+    With 0 workers torch refuses ``persistent_workers=True``, a ``prefetch_factor`` and a
+    ``timeout`` (the main process cannot time itself out), so they are left out there.
+    """
+    kwargs: dict[str, Any] = {
+        "batch_size": batch_size,
+        "num_workers": num_workers,
+        "pin_memory": pin_memory,
+    }
+    if num_workers > 0:
+        kwargs["persistent_workers"] = persistent_workers
+        kwargs["timeout"] = timeout_s
+        if prefetch_factor is not None:
+            kwargs["prefetch_factor"] = prefetch_factor
+    return kwargs
+
+
+def worker_failure(exc: RuntimeError) -> str | None:
+    """The failure a dead or hung worker caused, as a short sentence; None for other errors."""
+    message = str(exc).strip()
+    first_line = message.splitlines()[0] if message else ""
+    if first_line.startswith(_CRASH_PREFIX):
+        return f"worker crashed: {first_line}"
+    if first_line.startswith(_TIMEOUT_PREFIX):
+        seconds = first_line.removeprefix(_TIMEOUT_PREFIX).strip().removesuffix("seconds")
+        return f"timed out after {seconds.strip()} s: no batch arrived (a worker hung or is slow)"
+    return None
+
+
+def measure_loader(
+    dataset: Dataset[Any],
+    *,
+    batch_size: int,
+    num_workers: int,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    prefetch_factor: int | None = None,
+    batches: int = 20,
+    timeout_s: float = 20.0,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> LoaderTrial:
+    """Samples/s a DataLoader over ``dataset`` delivers with ``num_workers`` workers.
+
+    Each worker's first batch (``max(1, num_workers)`` batches, one round) is a warm-up:
+    it includes starting the workers and is timed apart as ``startup_s``. Then ``batches``,
+    rounded up to a whole number of rounds, are timed; the rate is their samples over their
+    seconds. The sampler holds the batches workers prefetch beyond those (``num_workers *
+    prefetch_factor``), never consumed, so no worker runs out of work inside the timed
+    window. Both matter on short measurements: workers start together and deliver their
+    first batches together, so timing from the very first batch would count the other
+    ``num_workers - 1`` first batches, made during start-up, as free, and a sampler that runs
+    dry leaves workers idle at the end; either skews the rate by up to
+    ``(num_workers - 1) / batches``, in opposite directions, by amounts that depend on how
+    the workers' phases line up.
+
+    Indices cycle over the dataset when it is shorter. Batches are only fetched, not sent
+    to a device, so ``pin_memory`` should be True only where pinning is real (a CUDA device;
+    catalog F6, F7).
+
+    ``timeout_s`` (seconds, > 0) bounds the wait for each batch with workers, the first batch
+    included, so it must cover worker start-up (seconds per worker under spawn). With
+    ``num_workers == 0`` the main process loads and nothing can interrupt a hung
+    ``__getitem__``.
+
+    A worker killed by a signal, exiting unexpectedly, or sending nothing within
+    ``timeout_s`` returns a failed trial (``samples_per_s`` None, ``error`` says which).
+    Anything else the dataset or ``collate_fn`` raises propagates (with workers torch
+    re-raises it in this process with the same type). The workers are shut down before this
+    returns or raises, so no worker process outlives the call; a hung worker is given torch's
+    status interval (5 s) to exit at shutdown, then terminated, so a hang costs ``timeout_s``
+    plus up to 5 s per hung worker.
+
+    Process safety: under spawn or forkserver the dataset and ``collate_fn`` must be
+    picklable (defined at module top level); see the module docstring.
+    """
+    _check_arguments(dataset, batch_size=batch_size, batches=batches, timeout_s=timeout_s)
+    per_round = max(1, num_workers)
+    timed = -(-batches // per_round) * per_round
+    ahead = num_workers * (prefetch_factor or _TORCH_PREFETCH_DEFAULT)
+    total = batch_size * (per_round + timed + ahead)
+    try:
+        startup_s, seconds = _timed_pass(
+            _make_loader(
+                dataset,
+                sampler=_cycled_indices(len(dataset), total),
+                collate_fn=collate_fn,
+                kwargs=loader_kwargs(
+                    batch_size=batch_size,
+                    num_workers=num_workers,
+                    pin_memory=pin_memory,
+                    persistent_workers=persistent_workers,
+                    prefetch_factor=prefetch_factor,
+                    timeout_s=timeout_s,
+                ),
+            ),
+            clock,
+            warmup=per_round,
+            timed=timed,
+        )
+    except RuntimeError as exc:
+        error = worker_failure(exc) if num_workers > 0 else None
+        if error is None:
+            raise
+        return LoaderTrial(num_workers, None, 0, 0, 0.0, None, error)
+    samples = batch_size * timed
+    rate = samples / seconds if seconds > 0 else math.inf
+    return LoaderTrial(num_workers, rate, timed, samples, seconds, startup_s)
+
+
+def _check_arguments(
+    dataset: Dataset[Any], *, batch_size: int, batches: int, timeout_s: float
+) -> None:
+    """ValueError or TypeError for arguments no measurement can use."""
+    if batch_size < 1 or batches < 1:
+        raise ValueError(f"batch_size and batches must be >= 1, got {batch_size}, {batches}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
+    if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise TypeError(
+            f"{type(dataset).__name__} is not a map-style dataset (__len__ and __getitem__): "
+            "the worker measurement indexes it"
+        )
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty: there is nothing to load")
+
+
+def _cycled_indices(length: int, count: int) -> list[int]:
+    """``count`` indices 0, 1, ... wrapping at ``length``: exactly the batches asked for."""
+    return [i % length for i in range(count)]
+
+
+def _make_loader(
+    dataset: Dataset[Any],
+    *,
+    sampler: Sequence[int],
+    collate_fn: Callable[[list[Any]], Any] | None,
+    kwargs: dict[str, Any],
+) -> Any:
+    """A DataLoader over ``dataset`` that visits ``sampler``'s indices in order."""
+    from torch.utils.data import DataLoader
+
+    if collate_fn is not None:
+        kwargs = {**kwargs, "collate_fn": collate_fn}
+    return DataLoader(dataset, sampler=sampler, drop_last=False, **kwargs)
+
+
+def _timed_pass(
+    loader: Any, clock: Callable[[], float], *, warmup: int, timed: int
+) -> tuple[float, float]:
+    """(seconds for the first ``warmup`` batches, seconds for the ``timed`` after them).
+
+    The workers are shut down before this returns or raises, whatever happened.
+    """
+    start = clock()
+    iterator = iter(loader)
+    try:
+        for _ in range(warmup):
+            next(iterator)
+        first = clock()
+        for _ in range(timed):
+            next(iterator)
+        end = clock()
+    finally:
+        _shut_down(iterator)
+    return first - start, end - first
+
+
+def _shut_down(iterator: Any) -> None:
+    """Stop the iterator's worker processes now (a no-op without workers or when done).
+
+    Dropping the last reference is not enough: when a worker re-raises the dataset's error,
+    torch's ``ExceptionWrapper.reraise`` leaves the exception in a reference cycle with the
+    frames that hold the iterator, so its workers would live on until the cyclic garbage
+    collector runs, possibly inside a worker forked later, where shutting them down fails
+    ("can only test a child process"). Persistent workers are also kept by the DataLoader.
+    ``_shutdown_workers`` is idempotent, and ``__del__`` calls it too (torch 1.x to 2.13).
+    """
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+# --- the search ----------------------------------------------------------------------------
+
+
+def worker_candidates(max_workers: int) -> tuple[int, ...]:
+    """0, 1, 2, 4, 8, ... below ``max_workers``, then ``max_workers`` (just 0 when it is <= 0)."""
+    counts = [0]
+    count = 1
+    while count < max_workers:
+        counts.append(count)
+        count *= 2
+    if max_workers >= 1:
+        counts.append(max_workers)
+    return tuple(counts)
+
+
+def search_workers(
+    measure: Measure,
+    *,
+    max_workers: int,
+    step_rate_samples_per_s: float | None = None,
+    candidates: Iterable[int] | None = None,
+    windows: bool = False,
+) -> WorkerChoice:
+    """Measure worker counts in increasing order and choose one (the rules are in the module
+    docstring). Pure: ``measure(num_workers)`` does the measuring.
+
+    ``max_workers`` caps every candidate (a count <= 0 allows only 0). ``candidates``
+    replaces the default sequence (counts above ``max_workers`` are dropped); on Windows
+    (``windows=True``) the default is 0 alone. If every candidate fails and 0 was not among
+    them, 0 is measured as well; if nothing runs, WorkloadError.
+    """
+    if step_rate_samples_per_s is not None and not (
+        math.isfinite(step_rate_samples_per_s) and step_rate_samples_per_s > 0
+    ):
+        raise ValueError(f"step rate must be > 0 samples/s, got {step_rate_samples_per_s}")
+    counts = _candidate_list(max_workers, candidates, windows=windows)
+    target = None if step_rate_samples_per_s is None else step_rate_samples_per_s * HEADROOM
+    trials, stop = _run_until_stop(measure, counts, target)
+    if not any(t.ok for t in trials) and 0 not in counts:
+        trials.append(measure(0))
+        stop = "every candidate failed, so 0 workers was measured as well"
+    return _decide(tuple(trials), step_rate_samples_per_s, stop, windows and candidates is None)
+
+
+def _candidate_list(
+    max_workers: int, candidates: Iterable[int] | None, *, windows: bool
+) -> tuple[int, ...]:
+    """The counts to try, ascending and within [0, max_workers]."""
+    if candidates is None:
+        return (0,) if windows else worker_candidates(max_workers)
+    chosen = sorted({c for c in candidates if 0 <= c <= max(max_workers, 0)})
+    if not chosen:
+        raise ValueError(f"no candidate in {list(candidates)} lies in [0, {max(max_workers, 0)}]")
+    return tuple(chosen)
+
+
+def _run_until_stop(
+    measure: Measure, counts: Sequence[int], target: float | None
+) -> tuple[list[LoaderTrial], str]:
+    """Trials in order, and the sentence that says why the search stopped."""
+    trials: list[LoaderTrial] = []
+    best: float | None = None
+    idle = 0
+    for count in counts:
+        trial = measure(count)
+        trials.append(trial)
+        rate = trial.samples_per_s
+        if rate is not None and target is not None and rate >= target:
+            return trials, f"stopped at {count}: it keeps ahead of training"
+        if rate is not None and (best is None or rate > best * IMPROVEMENT):
+            best, idle = rate, 0
+            continue
+        best = best if rate is None or best is None else max(best, rate)
+        idle += 1
+        if idle >= PATIENCE and count != counts[-1]:
+            return trials, (
+                f"stopped at {count}: {PATIENCE} counts in a row were no more than "
+                f"{_percent(IMPROVEMENT - 1)} faster than the best"
+            )
+    return trials, "every candidate was measured"
+
+
+def _decide(
+    trials: tuple[LoaderTrial, ...], step_rate: float | None, stop: str, windows_default: bool
+) -> WorkerChoice:
+    """Choose among the trials that ran, and say why with the numbers."""
+    ran = [t for t in trials if t.ok]
+    if not ran:
+        raise WorkloadError(
+            "no worker count could load the dataset: "
+            + "; ".join(f"{t.num_workers}: {t.error}" for t in trials)
+        )
+    best = max(_rate(t) for t in ran)
+    ahead = [] if step_rate is None else [t for t in ran if _rate(t) >= step_rate * HEADROOM]
+    if ahead:
+        chosen = ahead[0]
+        why = (
+            f"the smallest count whose {_fmt(_rate(chosen))} samples/s keeps "
+            f"{_percent(HEADROOM - 1)} ahead of the training step's {_fmt(step_rate)} samples/s"
+        )
+    else:
+        chosen = next(t for t in ran if _rate(t) >= best * NEAR_BEST)
+        why = (
+            f"the smallest count within {_percent(1 - NEAR_BEST)} of the best measured rate "
+            f"({_fmt(best)} samples/s)"
+        )
+        if step_rate is not None:
+            why += (
+                f"; no count keeps ahead of the training step's {_fmt(step_rate)} samples/s, "
+                "so loading limits training"
+            )
+    if windows_default:
+        why += (
+            "; on Windows only 0 was measured: every worker is a spawned interpreter that "
+            "takes seconds to start (catalog F4, F9); pass candidates to measure workers"
+        )
+    reason = (
+        f"{chosen.num_workers} worker(s) at {_fmt(_rate(chosen))} samples/s: {why}. "
+        f"Measured {_trace(trials)}; {stop}."
+    )
+    return WorkerChoice(chosen.num_workers, trials, reason)
+
+
+def _rate(trial: LoaderTrial) -> float:
+    """The rate of a trial that ran (samples/s); callers pass only trials that ran."""
+    if trial.samples_per_s is None:
+        raise ValueError(f"the trial at {trial.num_workers} worker(s) failed: it has no rate")
+    return trial.samples_per_s
+
+
+def _trace(trials: Sequence[LoaderTrial]) -> str:
+    """'0: 512 samples/s, 1: failed (worker crashed: ...), 2: 1,020 samples/s'."""
+    parts = [
+        f"{t.num_workers}: {_fmt(t.samples_per_s)} samples/s"
+        if t.ok
+        else f"{t.num_workers}: failed ({t.error})"
+        for t in trials
+    ]
+    return ", ".join(parts)
+
+
+def _fmt(rate: float | None) -> str:
+    """A rate in samples/s for people: thousands separated, one decimal below 100."""
+    if rate is None:
+        return "?"
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}"
+
+
+def _percent(fraction: float) -> str:
+    return f"{fraction * 100:.0f}%"
+
+
+def choose_workers(
+    dataset: Dataset[Any],
+    *,
+    batch_size: int,
+    max_workers: int,
+    step_rate_samples_per_s: float | None = None,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    prefetch_factor: int | None = None,
+    batches: int = 20,
+    timeout_s: float = 20.0,
+    candidates: Iterable[int] | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    platform: str = sys.platform,
+) -> WorkerChoice:
+    """Choose ``num_workers`` for ``dataset`` by measuring real DataLoaders on this machine.
+
+    Each candidate is measured once with ``measure_loader`` (``batches`` timed batches of
+    ``batch_size``, ``timeout_s`` per batch) using the profile's ``pin_memory``,
+    ``persistent_workers`` and ``prefetch_factor``; the search is ``search_workers``.
+    ``step_rate_samples_per_s`` is the measured training step rate (samples/s); None means
+    the loader alone is measured and the smallest count near the fastest wins.
+    ``max_workers`` is the usable CPUs (quota-aware) per training process. On Windows
+    (``platform`` "win32") only 0 is measured unless ``candidates`` is given.
+
+    Process safety: the dataset must be picklable under spawn/forkserver (see the module
+    docstring); the workers of each candidate are shut down before the next starts.
+    """
+
+    def measure(num_workers: int) -> LoaderTrial:
+        return measure_loader(
+            dataset,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            batches=batches,
+            timeout_s=timeout_s,
+            collate_fn=collate_fn,
+        )
+
+    return search_workers(
+        measure,
+        max_workers=max_workers,
+        step_rate_samples_per_s=step_rate_samples_per_s,
+        candidates=candidates,
+        windows=platform == "win32",
+    )
