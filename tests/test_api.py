@@ -23,6 +23,7 @@ def test_public_names_are_pinned() -> None:
         "MigSlice",
         "Mode",
         "Preferences",
+        "ProbeError",
         "Profile",
         "ProfileFileError",
         "RecordedMachine",
@@ -31,11 +32,13 @@ def test_public_names_are_pinned() -> None:
         "StaleProfileWarning",
         "StoreError",
         "Vendor",
+        "WorkloadError",
         "__version__",
         "detect",
         "load_profile",
         "load_snapshot",
         "recommend",
+        "tune",
     ]
     for name in torch_autotune.__all__:
         assert hasattr(torch_autotune, name), name

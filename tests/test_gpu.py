@@ -30,3 +30,18 @@ def test_nvml_and_torch_agree_on_every_gpu() -> None:
     assert fast.software.torch_cuda_arch_list is not None
     real_arch_list = deep.software.torch_cuda_arch_list or ()
     assert set(fast.software.torch_cuda_arch_list) <= set(real_arch_list) | {"sm_37"}
+
+
+def test_the_probe_measures_the_gpu_with_allocator_readings() -> None:
+    from torch_autotune.probe.run import tune
+
+    profile = tune("conv", budget_s=120)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert profile.settings.device == "cuda"
+    readings = [t.peak_memory_bytes for t in evidence.search if t.fits]
+    assert all(r is not None and r > 0 for r in readings)  # the CUDA allocator's peak
+    ran = {t.batch_size for t in evidence.search if t.fits}
+    assert evidence.batch_size in ran
+    if profile.settings.precision.autocast and profile.settings.precision.dtype == "float16":
+        assert evidence.batch_size % 8 == 0 or evidence.batch_size < 8  # catalog K4

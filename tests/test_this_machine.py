@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -90,3 +91,30 @@ def test_human_summary_and_deep_detection_run_cleanly() -> None:
     assert "Host" in summary.stdout
     assert deep.returncode == 0, deep.stderr
     assert HardwareSnapshot.model_validate_json(deep.stdout).detection_depth == "deep"
+
+
+def test_autotune_with_no_arguments_probes_saves_and_recommend_returns_it(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "TORCH_AUTOTUNE_HOME": str(tmp_path)}
+    started = time.perf_counter()
+    executable = shutil.which("autotune")
+    command = [executable] if executable else [sys.executable, "-m", "torch_autotune"]
+    done = subprocess.run(
+        command, env=env, check=False, capture_output=True, text=True, timeout=600
+    )
+    elapsed = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "largest batch" in done.stdout
+    assert elapsed < 120 + 30  # the default budget, plus interpreter and import time
+    check = (
+        "import json, torch_autotune; p = torch_autotune.recommend(); "
+        "print(json.dumps([p.measured, p.settings.batch.batch_size, p.evidence.batch_size]))"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", check], env=env, check=True, capture_output=True, text=True
+    )
+    measured, batch, evidence_batch = json.loads(shown.stdout)
+    assert measured is True
+    assert batch == evidence_batch

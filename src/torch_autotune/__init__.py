@@ -14,10 +14,12 @@ from torch_autotune.errors import (
     AutotuneError,
     InputFileError,
     LateEnvironmentWarning,
+    ProbeError,
     ProfileFileError,
     SnapshotFileError,
     StaleProfileWarning,
     StoreError,
+    WorkloadError,
 )
 from torch_autotune.hardware import (
     Accelerator,
@@ -47,6 +49,7 @@ __all__ = [
     "MigSlice",
     "Mode",
     "Preferences",
+    "ProbeError",
     "Profile",
     "ProfileFileError",
     "RecordedMachine",
@@ -55,9 +58,20 @@ __all__ = [
     "StaleProfileWarning",
     "StoreError",
     "Vendor",
+    "WorkloadError",
     "__version__",
     "detect",
     "load_profile",
     "load_snapshot",
     "recommend",
+    "tune",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``tune`` is loaded on first use: it brings torch, which ``import torch_autotune`` avoids."""
+    if name == "tune":
+        from torch_autotune.probe.run import tune
+
+        return tune
+    raise AttributeError(f"module 'torch_autotune' has no attribute {name!r}")

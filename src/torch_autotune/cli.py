@@ -26,16 +26,93 @@ class _Group(click.Group):
             ctx.exit(error.exit_code)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=_Group,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(__version__, "--version", "-V", prog_name="torch-autotune")
-def cli() -> None:
+@click.option(
+    "-m",
+    "--model",
+    "workload",
+    default=None,
+    metavar="NAME|package.module:factory",
+    help="What to probe: a built-in workload (conv, transformer, mlp; default conv) or your "
+    "own factory (see the README).",
+)
+@click.option(
+    "--budget",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds the whole run may take; phases that would overrun it are skipped.",
+)
+@click.option("--max-batch-size", type=click.IntRange(min=1), help="Never try a larger batch.")
+@click.option(
+    "--target-batch",
+    type=click.IntRange(min=1),
+    help="Global batch to keep: gradient accumulation makes up what does not fit.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["speed", "balanced", "reproducible"]),
+    default="speed",
+    show_default=True,
+)
+@click.option("--variable-shapes", is_flag=True, help="Input shapes change from batch to batch.")
+@click.option("--no-save", is_flag=True, help="Show the profile without storing it.")
+@click.option(
+    "--store",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="TORCH_AUTOTUNE_HOME",
+    help="Profile store directory [env TORCH_AUTOTUNE_HOME].",
+)
+@click.pass_context
+def cli(  # click passes options by name
+    ctx: click.Context,
+    *,
+    workload: str | None,
+    budget: float,
+    max_batch_size: int | None,
+    target_batch: int | None,
+    mode: str,
+    variable_shapes: bool,
+    no_save: bool,
+    store: Path | None,
+) -> None:
     """Hardware-aware configuration tuner for PyTorch training.
+
+    Without a command: detect this machine, apply the rules, probe the largest and the fastest
+    batch and the DataLoader workers with a real training step, and save the profile that
+    torch_autotune.recommend() returns.
 
     \b
     Exit codes: 0 success, 1 internal error (a bug), 2 usage error,
     3 an input file is missing or invalid, 4 the profile store cannot be
-    read or written.
+    read or written, 5 the workload cannot be built or trained.
     """
+    if ctx.invoked_subcommand is not None:
+        return
+    from torch_autotune.probe.run import tune
+    from torch_autotune.render import progress_reporter, render_run
+
+    with progress_reporter(budget) as report:
+        profile = tune(
+            workload,
+            mode=mode,
+            budget_s=budget,
+            max_batch_size=max_batch_size,
+            target_global_batch=target_batch,
+            fixed_shapes=not variable_shapes,
+            progress=report,
+        )
+    saved = None
+    if not no_save:
+        from torch_autotune.store import ProfileStore
+
+        saved = ProfileStore(store).save(profile)
+    render_run(profile, _console(), saved)
 
 
 @cli.command("detect")

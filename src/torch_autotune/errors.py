@@ -12,6 +12,8 @@ Exit codes (documented in the README):
     5  the workload cannot be used: the user's model factory fails to import or run, or its
        training step raises an error that is not out-of-memory (the user's own traceback is
        shown)
+    6  the probe could not measure: the time budget ran out before a batch finished, or a
+       size that ran no longer runs (the device is shared)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ EXIT_USAGE = 2
 EXIT_BAD_INPUT = 3
 EXIT_STORE = 4
 EXIT_WORKLOAD = 5
+EXIT_PROBE = 6
 
 
 class AutotuneError(Exception):
@@ -63,3 +66,9 @@ class WorkloadError(AutotuneError):
     """The model, optimizer or data to probe cannot be built or trained (not out-of-memory)."""
 
     exit_code = EXIT_WORKLOAD
+
+
+class ProbeError(AutotuneError):
+    """The probe could not measure what it needs on this machine."""
+
+    exit_code = EXIT_PROBE

@@ -170,6 +170,49 @@ class Provenance(_Strict):
     snapshot: HardwareSnapshot
 
 
+class SearchTrialRecord(_Strict):
+    """One trial of the batch-size search, as the probe ran it."""
+
+    batch_size: PositiveInt
+    fits: bool
+    peak_memory_bytes: NonNegativeInt | None
+    seconds: float | None = Field(ge=0)
+    step: str = Field(description="Why this size: start, model, predict, verify, double, ...")
+
+
+class ThroughputRecord(_Strict):
+    """Training throughput measured at one batch size."""
+
+    batch_size: PositiveInt
+    samples_per_s: float = Field(gt=0)
+    relative_spread: float = Field(ge=0, description="(max - min) / median of the repeats.")
+
+
+class LoaderRecord(_Strict):
+    """DataLoader throughput with one worker count."""
+
+    num_workers: NonNegativeInt
+    samples_per_s: float | None = Field(description="None: the candidate failed.")
+    error: str | None = None
+
+
+class Evidence(_Strict):
+    """What the probe ran and measured on the machine: the basis of every measured setting."""
+
+    workload: str
+    device: str
+    max_batch_size: PositiveInt = Field(description="Largest batch that trained.")
+    fastest_batch_size: PositiveInt = Field(description="Smallest batch within 3% of the best.")
+    batch_size: PositiveInt = Field(description="Recommended: margin, rounding, run once more.")
+    limited_by: str = Field(description="memory, cap, or budget")
+    search: tuple[SearchTrialRecord, ...]
+    throughput: tuple[ThroughputRecord, ...]
+    loader: tuple[LoaderRecord, ...] = ()
+    workers_reason: str | None = None
+    budget_s: float = Field(gt=0)
+    elapsed_s: float = Field(ge=0)
+
+
 class Profile(_Strict):
     """A validated optimization profile for one machine."""
 
@@ -180,6 +223,7 @@ class Profile(_Strict):
     decisions: tuple[Decision, ...]
     notes: tuple[str, ...] = ()
     provenance: Provenance
+    evidence: Evidence | None = Field(default=None, description="The probe's measurements.")
 
     @model_validator(mode="after")
     def _invariants(self) -> Profile:
@@ -395,6 +439,21 @@ def _compile_problems(scope: _Scope) -> list[str]:
     return problems
 
 
+def _evidence_problems(profile: Profile) -> list[str]:
+    """A measured batch size must be one that ran: never hand out a size that did not."""
+    batch = profile.settings.batch.batch_size
+    if batch is None:
+        return []
+    evidence = profile.evidence
+    ran = set() if evidence is None else {t.batch_size for t in evidence.search if t.fits}
+    if batch not in ran:
+        return [
+            f"settings.batch.batch_size: {batch} is not a size the probe ran on this machine "
+            "(run 'autotune' to measure, or set batch_size: null)"
+        ]
+    return []
+
+
 def profile_problems(profile: Profile) -> list[str]:
     """Every broken invariant of a profile, as 'where: what is wrong (how to fix)'."""
     settings = profile.settings
@@ -414,6 +473,7 @@ def profile_problems(profile: Profile) -> list[str]:
         )
     for check in (_dataloader_problems, _precision_problems, _matmul_problems, _compile_problems):
         problems += check(scope)
+    problems += _evidence_problems(profile)
     unknown = sorted({d.setting for d in profile.decisions} - settings_paths())
     if unknown:
         problems.append(f"decisions: unknown settings {', '.join(unknown)}")

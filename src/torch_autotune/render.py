@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 from rich import box
 from rich.console import Console, Group
 from rich.padding import Padding
@@ -201,3 +206,85 @@ def render_diff(rows: list[tuple[str, object, object]], console: Console) -> Non
     for setting, first, second in rows:
         table.add_row(setting, _value(first), _value(second))
     console.print(table)
+
+
+@contextmanager
+def progress_reporter(budget_s: float) -> Iterator[Callable[[str, str], None]]:
+    """A progress callback that shows each phase and what it tries, against the time budget."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True, highlight=False)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        TextColumn(f"of {budget_s:.0f} s budget"),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("starting", total=budget_s)
+        started = time.perf_counter()
+
+        def report(phase: str, what: str) -> None:
+            progress.update(
+                task, description=f"{phase}: {what}", completed=time.perf_counter() - started
+            )
+
+        yield report
+
+
+def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
+    """The summary of a full run: machine, decisions, batch sizes, throughput, workers."""
+    evidence = profile.evidence
+    snapshot = profile.provenance.snapshot
+    gpus = ", ".join(sorted({a.name for a in snapshot.accelerators})) or "no GPU"
+    facts = [
+        (
+            "machine",
+            f"{gpus}; {snapshot.host.cpus_usable} usable CPUs; torch "
+            f"{snapshot.software.torch_version}",
+        ),
+        ("device", profile.settings.device),
+    ]
+    if evidence is not None:
+        facts += [
+            ("workload", evidence.workload),
+            ("largest batch", f"{evidence.max_batch_size} (limited by {evidence.limited_by})"),
+            ("fastest batch", str(evidence.fastest_batch_size)),
+            ("recommended", f"{evidence.batch_size} (ran again before it was recommended)"),
+            ("run time", f"{evidence.elapsed_s:.1f} s of {evidence.budget_s:.0f} s budget"),
+        ]
+    s = profile.settings
+    facts += [
+        ("precision", s.precision.dtype + (" + GradScaler" if s.precision.grad_scaler else "")),
+        ("TF32", _value(s.matmul.tf32)),
+        ("compile", str(s.compile.mode) if s.compile.enabled else "off"),
+        ("memory format", s.memory_format),
+        (
+            "DataLoader",
+            f"{s.dataloader.num_workers} workers, pin_memory {_value(s.dataloader.pin_memory)}",
+        ),
+    ]
+    console.print(_facts("torch-autotune: measured profile", facts))
+    if evidence is not None and evidence.throughput:
+        table = Table(title="Throughput", title_justify="left", box=box.SIMPLE_HEAD)
+        for column in ("batch", "samples/s", "spread"):
+            table.add_column(column, justify="right")
+        for record in evidence.throughput:
+            table.add_row(
+                str(record.batch_size),
+                f"{record.samples_per_s:.1f}",
+                f"{record.relative_spread * 100:.0f}%",
+            )
+        console.print(table)
+    if evidence is not None and evidence.loader:
+        table = Table(title="DataLoader workers", title_justify="left", box=box.SIMPLE_HEAD)
+        for column in ("workers", "samples/s", "note"):
+            table.add_column(column, justify="right" if column != "note" else "left")
+        for loader in evidence.loader:
+            rate = "-" if loader.samples_per_s is None else f"{loader.samples_per_s:.1f}"
+            table.add_row(str(loader.num_workers), rate, loader.error or "")
+        console.print(table)
+    if saved is not None:
+        console.print(f"saved to {saved}; torch_autotune.recommend() returns it on this machine")

@@ -26,6 +26,8 @@ class Measurements(BaseModel):
 
     batch_size: PositiveInt | None = None
     num_workers: int | None = None
+    grad_accum_steps: PositiveInt | None = None  # set when a target global batch was given
+    workers_reason: str | None = None  # how the probe chose num_workers, in words
 
 
 @dataclass(frozen=True)

@@ -63,10 +63,12 @@ def _workers(ctx: Context) -> tuple[int, str, str, Source]:
     host = ctx.snapshot.host
     measured = ctx.measurements.num_workers if ctx.measurements is not None else None
     if measured is not None:
+        how = ctx.measurements.workers_reason if ctx.measurements is not None else None
         return (
             measured,
             "F2",
-            f"{measured} worker(s), measured by the probe on this machine as the count that "
+            how
+            or f"{measured} worker(s), measured by the probe on this machine as the count that "
             f"fed training fastest ({cpu_budget(ctx)})",
             Source.MEASURED,
         )

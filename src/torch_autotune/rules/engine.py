@@ -17,6 +17,7 @@ from torch_autotune import __version__
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import (
     Decision,
+    Evidence,
     Profile,
     Provenance,
     Settings,
@@ -95,6 +96,7 @@ def build_profile(
     *,
     now: datetime | None = None,
     host_id: str | None = None,
+    evidence: Evidence | None = None,
 ) -> Profile:
     """The profile the rules give for a machine. Pure: no hardware, no I/O, no torch."""
     ctx = Context(
@@ -122,6 +124,7 @@ def build_profile(
             preferences=ctx.preferences,
             snapshot=snapshot,
         ),
+        evidence=evidence,
     )
 
 

@@ -84,13 +84,24 @@ def _batch_size(ctx: Context) -> Finding:
 def batch(ctx: Context) -> Iterator[Finding]:
     """K1-K2, L1, C4: the batch size (only measured), accumulation steps and the seed."""
     yield _batch_size(ctx)
-    yield Finding(
-        "batch.grad_accum_steps",
-        1,
-        "L1",
-        "1: no target global batch is given, so every step updates the weights; with one, "
-        "accumulation would be ceil(target / batch size)",
-    )
+    measured = ctx.measurements
+    if measured is not None and measured.grad_accum_steps is not None:
+        yield Finding(
+            "batch.grad_accum_steps",
+            measured.grad_accum_steps,
+            "L1",
+            f"{measured.grad_accum_steps}: keeps the target global batch with the batch size "
+            "that fits (ceil(target / (batch size x processes)))",
+            Source.MEASURED,
+        )
+    else:
+        yield Finding(
+            "batch.grad_accum_steps",
+            1,
+            "L1",
+            "1: no target global batch is given, so every step updates the weights; with one, "
+            "accumulation would be ceil(target / batch size)",
+        )
     if ctx.mode is Mode.REPRODUCIBLE:
         yield Finding(
             "seed",

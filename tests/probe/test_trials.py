@@ -1,0 +1,191 @@
+"""Real training steps on the CPU: OOM at any phase is recovered, other errors surface, and
+the user's model, optimizer, RNG and torch flags come back bit-identical."""
+
+from __future__ import annotations
+
+import random
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from torch_autotune.probe.search import find_max_batch_size
+from torch_autotune.probe.trials import StepSettings, TrialRunner, preserved
+
+LIMIT = 12  # the injected allocator "runs out" above this batch size
+
+
+class OomAt(torch.nn.Module):
+    """A small MLP whose forward, backward or optimizer step runs out of memory above LIMIT."""
+
+    def __init__(self, phase: str = "none", width: int = 16) -> None:
+        super().__init__()
+        self.phase = phase
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(width, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.phase == "forward" and x.shape[0] > LIMIT:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        out = self.body(x)
+        if self.phase == "backward" and x.shape[0] > LIMIT:
+            out = _FailingBackward.apply(out)
+        return out
+
+
+class _FailingBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA out of memory. Tried to allocate 512.00 MiB (GPU 0)")
+
+
+class OomInStep(torch.optim.SGD):
+    """An optimizer whose step runs out of memory while the batch is large."""
+
+    big_batch = False
+
+    def step(self, closure: Any = None) -> Any:
+        if OomInStep.big_batch:
+            raise torch.OutOfMemoryError("CUDA out of memory in optimizer step")
+        return super().step(closure)
+
+
+@dataclass
+class Tiny:
+    """The workload protocol, by duck typing: just what TrialRunner uses."""
+
+    model: torch.nn.Module
+    optimizer: Callable[..., torch.optim.Optimizer]
+    width: int = 16
+
+    def make_model(self) -> torch.nn.Module:
+        return self.model
+
+    def make_optimizer(self, params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
+        return self.optimizer(params, **kwargs)
+
+    def make_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        OomInStep.big_batch = batch_size > LIMIT
+        return torch.randn(batch_size, self.width), torch.randint(0, 4, (batch_size,))
+
+    def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(output, target)
+
+
+def adam(params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=1e-2, **kwargs)
+
+
+def test_a_trial_trains_real_steps_and_times_them() -> None:
+    workload = Tiny(OomAt(), adam)
+    before = [p.detach().clone() for p in workload.model.parameters()]
+    outcome = TrialRunner(workload, StepSettings())(8)
+    assert outcome.fits
+    assert outcome.seconds is not None
+    assert outcome.seconds > 0
+    # The CPU allocator keeps no peak: the process's resident high-water mark stands in.
+    assert outcome.peak_memory_bytes is not None
+    assert outcome.peak_memory_bytes > 0
+    after = list(workload.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward", "step"])
+def test_oom_in_any_phase_is_recovered_and_the_limit_found(phase: str) -> None:
+    def optimizer(params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
+        if phase == "step":
+            return OomInStep(params, lr=1e-2, **kwargs)
+        return adam(params, **kwargs)
+
+    workload = Tiny(OomAt(phase), optimizer)
+    runner = TrialRunner(workload, StepSettings())
+    assert runner(LIMIT + 1).fits is False
+    assert runner(LIMIT).fits is True  # the failed trial left nothing behind
+    result = find_max_batch_size(runner, cap=64)
+    assert result.max_batch_size == LIMIT
+
+
+def test_a_shape_bug_surfaces_as_the_users_own_error() -> None:
+    workload = Tiny(OomAt(width=16), adam, width=15)  # inputs of the wrong width
+    with pytest.raises(RuntimeError, match="cannot be multiplied") as caught:
+        find_max_batch_size(TrialRunner(workload, StepSettings()), cap=64)
+    frames = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
+    assert "forward" in frames  # the user's model is in the traceback, not hidden by ours
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    tensors = [t.detach().clone() for t in model.state_dict().values()]
+    for state in optimizer.state_dict()["state"].values():
+        tensors += [v.clone() for v in state.values() if isinstance(v, torch.Tensor)]
+    return tensors
+
+
+def _trained_user_setup() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = OomAt("forward")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 16)).sum().backward()
+    optimizer.step()  # the user's optimizer already has state
+    return model, optimizer
+
+
+@pytest.mark.parametrize("ending", ["success", "error", "interrupt"])
+def test_model_optimizer_rng_and_flags_come_back_bit_identical(ending: str) -> None:
+    model, optimizer = _trained_user_setup()
+    before = _state(model, optimizer)
+    torch.manual_seed(7)
+    random.seed(7)
+    expected_draws = (torch.rand(3), random.random())
+    torch.manual_seed(7)
+    random.seed(7)
+    benchmark, threads = torch.backends.cudnn.benchmark, torch.get_num_threads()
+
+    def probe() -> None:
+        with preserved(model, optimizer):
+            torch.backends.cudnn.benchmark = not benchmark
+            torch.set_num_threads(1)
+            find_max_batch_size(TrialRunner(Tiny(model, adam), StepSettings()), cap=32)
+            if ending == "error":
+                raise ValueError("the probe failed")
+            if ending == "interrupt":
+                raise KeyboardInterrupt
+
+    if ending == "success":
+        probe()
+    else:
+        with pytest.raises((ValueError, KeyboardInterrupt)):
+            probe()
+
+    after = _state(model, optimizer)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert (torch.rand(3).tolist(), random.random()) == (
+        expected_draws[0].tolist(),
+        expected_draws[1],
+    )
+    assert torch.backends.cudnn.benchmark is benchmark
+    assert torch.get_num_threads() == threads
+
+
+def test_step_settings_follow_the_profile() -> None:
+    from pathlib import Path
+
+    from torch_autotune.hardware import HardwareSnapshot
+    from torch_autotune.profile import Preferences
+    from torch_autotune.rules.engine import build_profile
+
+    snapshot_dir = Path(__file__).parent.parent / "fixtures" / "snapshots"
+    snapshot = HardwareSnapshot.model_validate_json((snapshot_dir / "tesla-t4.json").read_text())
+    profile = build_profile(snapshot, preferences=Preferences(model_kind="conv"))
+    settings = StepSettings.from_profile(profile)
+    assert settings.device == "cuda"
+    assert (settings.autocast_dtype, settings.grad_scaler) == ("float16", True)
+    assert settings.channels_last is True
+    assert settings.optimizer_kwargs == {"fused": True}
+    assert settings.steps >= 2
