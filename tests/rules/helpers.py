@@ -17,7 +17,7 @@ from torch_autotune.profile import (
     profile_problems,
 )
 from torch_autotune.rules.backend import choose_device
-from torch_autotune.rules.context import Context, Finding, Preferences
+from torch_autotune.rules.context import Context, Finding, Measurements, Preferences
 
 SNAPSHOT_DIR = Path(__file__).parent.parent / "fixtures" / "snapshots"
 ALL_FIXTURES = sorted(p.stem for p in SNAPSHOT_DIR.glob("*.json"))
@@ -45,6 +45,15 @@ def context(machine: str | HardwareSnapshot, *earlier: Rule, **preferences: Any)
     snap = snapshot(machine) if isinstance(machine, str) else machine
     ctx = Context(snapshot=snap, preferences=Preferences(**preferences))
     run(ctx, choose_device, *earlier)
+    return ctx
+
+
+def context_with(
+    machine: str | HardwareSnapshot, measurements: Measurements | None = None, **preferences: Any
+) -> Context:
+    """A Context after choose_device, with the probe's measurements (None: rules only)."""
+    ctx = context(machine, **preferences)
+    ctx.measurements = measurements
     return ctx
 
 

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import ALLOWED_ENVIRONMENT, Mode, Source, settings_paths
-from torch_autotune.rules.context import Context, Finding, Measurements
+from torch_autotune.rules.context import Finding, Measurements
 from torch_autotune.rules.dataloader import cpu_threads, dataloader
 
-from .helpers import ALL_FIXTURES, context, run, snapshot
+from .helpers import ALL_FIXTURES, context_with, run, snapshot
 
 SNAPSHOTS = {name: snapshot(name) for name in ALL_FIXTURES}
 
@@ -27,13 +27,7 @@ DATALOADER_SETTINGS = {
 THREAD_SETTINGS = {"cpu_threads", "environment.OMP_NUM_THREADS", "environment.MKL_NUM_THREADS"}
 
 
-def _ctx(
-    machine: str | HardwareSnapshot, measurements: Measurements | None = None, **prefs: Any
-) -> Context:
-    snap = SNAPSHOTS[machine] if isinstance(machine, str) else machine
-    ctx = context(snap, **prefs)
-    ctx.measurements = measurements
-    return ctx
+_ctx = context_with
 
 
 def _findings(

@@ -10,23 +10,17 @@ from hypothesis import strategies as st
 
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Mode, Source, settings_paths
-from torch_autotune.rules.context import Context, Finding, Measurements, Preferences
+from torch_autotune.rules.context import Finding, Measurements, Preferences
 from torch_autotune.rules.optimizer import batch, optimizer
 
-from .helpers import ALL_FIXTURES, context, run, snapshot
+from .helpers import ALL_FIXTURES, context_with, run, snapshot
 
 SNAPSHOTS = {name: snapshot(name) for name in ALL_FIXTURES}
 
 BATCH_SETTINGS = {"batch.batch_size", "batch.grad_accum_steps", "seed"}
 
 
-def _ctx(
-    machine: str | HardwareSnapshot, measurements: Measurements | None = None, **prefs: Any
-) -> Context:
-    snap = SNAPSHOTS[machine] if isinstance(machine, str) else machine
-    ctx = context(snap, **prefs)
-    ctx.measurements = measurements
-    return ctx
+_ctx = context_with
 
 
 def _findings(
