@@ -209,6 +209,17 @@ def _multiple(profile: Profile) -> int:
     return 8 if profile.settings.device == "cuda" and tensor_cores and uses_tc else 1
 
 
+def _max_workers(profile: Profile) -> int:
+    """Worker counts worth measuring: the usable CPUs (quota-aware) per training process on a
+    GPU, half of them on the CPU, where workers compete with the training threads (G6)."""
+    snapshot = profile.provenance.snapshot
+    usable = snapshot.host.cpus_usable
+    if profile.device == "cpu":
+        return max(1, usable // 2)
+    gpus = [a for a in snapshot.accelerators if a.backend.value in ("cuda", "rocm", "mps")]
+    return max(1, usable // max(1, len(gpus)))
+
+
 def _workers(
     *,
     workload: Workload,
@@ -233,7 +244,7 @@ def _workers(
     choice = choose_workers(
         workload.dataset,
         batch_size=batch_size,
-        max_workers=max(1, snapshot.host.cpus_usable - 1) if profile.device != "cpu" else 2,
+        max_workers=_max_workers(profile),
         step_rate_samples_per_s=step_rate,
         pin_memory=dl.pin_memory,
         persistent_workers=False,
