@@ -171,3 +171,17 @@ def test_diff_lists_the_settings_that_differ(snapshot_path: Path, tmp_path: Path
     assert re.search(r"precision\.dtype\s+float16\s+bfloat16", result.output)
     same = run("diff", str(tmp_path / "tesla-t4.yaml"), str(tmp_path / "tesla-t4.yaml"))
     assert "same settings" in same.output
+
+
+@pytest.mark.system  # tune() detects the real machine
+def test_a_bug_in_the_users_model_shows_their_traceback_and_exits_5(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch_autotune.errors import EXIT_WORKLOAD
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "probe" / "sample_user_models"))
+    result = run("--model", "shape_bug:make_workload", "--budget", "10", "--no-save")
+    assert result.exit_code == EXIT_WORKLOAD
+    assert "mat1 and mat2 shapes cannot be multiplied" in result.stderr
+    assert "not out-of-memory" in result.stderr
+    assert 'shape_bug.py", line' in result.stderr or "linear.py" in result.stderr

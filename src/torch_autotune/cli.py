@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from torch_autotune import __version__
-from torch_autotune.errors import AutotuneError
+from torch_autotune.errors import EXIT_WORKLOAD, AutotuneError
 
 
 class _Group(click.Group):
@@ -97,16 +97,30 @@ def cli(  # click passes options by name
     from torch_autotune.probe.run import tune
     from torch_autotune.render import progress_reporter, render_run
 
-    with progress_reporter(budget) as report:
-        profile = tune(
-            workload,
-            mode=mode,
-            budget_s=budget,
-            max_batch_size=max_batch_size,
-            target_global_batch=target_batch,
-            fixed_shapes=not variable_shapes,
-            progress=report,
+    try:
+        with progress_reporter(budget) as report:
+            profile = tune(
+                workload,
+                mode=mode,
+                budget_s=budget,
+                max_batch_size=max_batch_size,
+                target_global_batch=target_batch,
+                fixed_shapes=not variable_shapes,
+                progress=report,
+            )
+    except AutotuneError:
+        raise
+    except Exception as error:  # the user's model raised: show their traceback, not ours
+        import traceback
+
+        traceback.print_exception(error)
+        click.echo(
+            f"autotune: error: the training step raised {type(error).__name__} (not "
+            "out-of-memory, so not a batch that is too big); fix the model or its data, see the "
+            "traceback above",
+            err=True,
         )
+        ctx.exit(EXIT_WORKLOAD)
     saved = None
     if not no_save:
         from torch_autotune.store import ProfileStore

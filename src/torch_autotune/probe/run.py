@@ -277,8 +277,15 @@ def tune(
     "package.module:factory". The user's model, optimizer state, RNG and torch's global flags
     are as before when this returns or raises.
     """
+    import importlib.util
+
     from torch_autotune.detect import detect
 
+    if importlib.util.find_spec("torch") is None:
+        raise ProbeError(
+            "torch is not installed, so nothing can be probed; install the build for this "
+            "machine (https://pytorch.org/get-started/locally/) and run autotune again"
+        )
     report = progress or (lambda _phase, _what: None)
     started = clock()
     chosen = resolve_workload(workload)
