@@ -1,0 +1,28 @@
+"""The example training script runs on this machine as a user would run it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.mark.system  # recommend() detects the real machine
+def test_example_training_script_runs(tmp_path: Path) -> None:
+    env = {**os.environ, "TORCH_AUTOTUNE_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "train.py"), "--steps", "4"],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "4 steps of batch 32 on cpu" in done.stdout or "4 steps of batch" in done.stdout
+    assert "rules-only profile" in done.stdout
