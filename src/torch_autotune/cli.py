@@ -304,7 +304,13 @@ def show_command(
     help="Write to FILE (atomically) instead of standard output.",
 )
 @click.option(
-    "--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True
+    "--format",
+    "fmt",
+    type=click.Choice(["yaml", "json", "lightning", "hf", "accelerate", "env"]),
+    default="yaml",
+    show_default=True,
+    help="yaml/json: the profile itself; lightning: LightningCLI trainer config; hf: "
+    "TrainingArguments JSON; accelerate: accelerate config file; env: shell exports.",
 )
 @_store_option
 @_mode_option
@@ -316,10 +322,17 @@ def export_command(
     mode: str | None,
     snapshot_file: Path | None,
 ) -> None:
-    """Write this machine's profile as YAML or JSON."""
-    from torch_autotune.profile_io import dump_profile
+    """Write this machine's profile as YAML or JSON, or as a Lightning, Hugging Face,
+    accelerate or shell-environment file."""
+    profile = _current_profile(store, mode, snapshot_file)
+    if fmt in ("yaml", "json"):
+        from torch_autotune.profile_io import dump_profile
 
-    text = dump_profile(_current_profile(store, mode, snapshot_file), fmt)  # type: ignore[arg-type]
+        text = dump_profile(profile, fmt)  # type: ignore[arg-type]
+    else:
+        from torch_autotune.integrations import EXPORT_FORMATS
+
+        text = EXPORT_FORMATS[fmt](profile)
     if output is None:
         click.echo(text, nl=False)
         return

@@ -1,0 +1,260 @@
+"""A profile in the formats of the tools people train with: Lightning, Hugging Face, accelerate.
+
+Pure functions from a ``Profile`` to keyword arguments (dicts) and to the text of a file
+(``render_*``). Nothing here imports Lightning, transformers or accelerate: the output is
+checked against their real APIs in the tests, and a user needs only the library they use.
+PyYAML (a dependency) is imported when a YAML renderer runs.
+
+Each tool covers part of a profile; what it has no setting for is said in the rendered
+file's comments, never silently dropped:
+
+- ``lightning``: a ``trainer:`` section for ``LightningCLI`` (``--config FILE``), also usable
+  as ``Trainer(**yaml.safe_load(text)["trainer"])``. DataLoader keyword arguments,
+  ``torch.compile``, channels_last and the fused optimizer belong in the LightningModule or
+  DataModule; the comments give their values.
+- ``hf``: JSON keyword arguments for ``transformers.TrainingArguments`` (add ``output_dir``).
+- ``accelerate``: an accelerate config file (``accelerate launch --config_file FILE``).
+- ``env``: POSIX shell ``export`` lines for the profile's environment variables, to source
+  before Python starts (CUDA reads them once, at its first use).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch_autotune.profile import Profile
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "accelerate_config",
+    "hf_training_arguments",
+    "lightning_notes",
+    "lightning_trainer_kwargs",
+    "process_count",
+    "render_accelerate",
+    "render_env",
+    "render_hf",
+    "render_lightning",
+]
+
+
+def process_count(profile: Profile) -> int:
+    """Training processes on this node: one per target GPU (or the DDP ranks asked for), else 1."""
+    from torch_autotune.profile import target_accelerators
+
+    if profile.settings.device != "cuda":
+        return 1
+    asked = profile.provenance.preferences.processes_per_node
+    if asked is not None:
+        return asked
+    return max(1, len(target_accelerators(profile.settings, profile.provenance.snapshot)))
+
+
+def _header(profile: Profile, tool: str) -> list[str]:
+    snapshot = profile.provenance.snapshot
+    machine = ", ".join(a.name for a in snapshot.accelerators) or snapshot.host.cpu_model or "CPU"
+    return [
+        f"# {tool}, from torch-autotune's {profile.mode.value} profile "
+        f"(fingerprint {profile.provenance.fingerprint}).",
+        f"# Machine: {machine}; device {profile.settings.device}.",
+    ]
+
+
+def _yaml(data: Mapping[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=False)
+
+
+# --- Lightning ----------------------------------------------------------------------------------
+
+_LIGHTNING_ACCELERATOR = {"cuda": "gpu", "mps": "mps", "cpu": "cpu"}
+_LIGHTNING_PRECISION = {"bfloat16": "bf16-mixed", "float16": "16-mixed", "float32": "32-true"}
+
+
+def lightning_trainer_kwargs(profile: Profile) -> dict[str, Any]:
+    """Keyword arguments for ``lightning.pytorch.Trainer``.
+
+    ``precision`` is the mixed form (``bf16-mixed``/``16-mixed``, weights stay float32, a
+    GradScaler comes with 16-mixed), as the profile's autocast is; ``32-true`` without AMP.
+    """
+    s = profile.settings
+    return {
+        "accelerator": _LIGHTNING_ACCELERATOR[s.device],
+        "devices": process_count(profile),
+        "precision": _LIGHTNING_PRECISION[s.precision.dtype] if s.precision.autocast else "32-true",
+        "deterministic": s.backends.deterministic_algorithms,
+        "benchmark": s.backends.cudnn_benchmark,
+        "accumulate_grad_batches": s.batch.grad_accum_steps,
+    }
+
+
+def lightning_notes(profile: Profile) -> list[str]:
+    """What Trainer has no argument for, as lines for the LightningModule/DataModule."""
+    s = profile.settings
+    loader = ", ".join(f"{k}={v!r}" for k, v in _loader_kwargs(profile).items())
+    notes = [f"DataLoader(dataset, {loader}) in the DataModule's *_dataloader() methods"]
+    if s.compile.enabled:
+        notes.append(
+            f"torch.compile(model, mode={s.compile.mode or 'default'!r}) in configure_model()"
+        )
+    if s.memory_format == "channels_last":
+        notes.append("model.to(memory_format=torch.channels_last) in configure_model()")
+    if s.optimizer.fused:
+        notes.append("torch.optim.AdamW(..., fused=True) in configure_optimizers()")
+    if s.matmul.tf32:
+        notes.append("TF32: call profile.apply() (or torch.set_float32_matmul_precision('high'))")
+    if s.seed is not None:
+        notes.append(f"lightning.seed_everything({s.seed}, workers=True) before building the model")
+    if s.environment:
+        notes.append("environment variables: source 'autotune export --format env' first")
+    return notes
+
+
+def render_lightning(profile: Profile) -> str:
+    """A LightningCLI config (``trainer:`` section), the rest of the profile as comments."""
+    lines = _header(profile, "Lightning Trainer arguments")
+    lines += [
+        "# Use: python train.py fit --config THIS.yaml (LightningCLI),",
+        '# or Trainer(**yaml.safe_load(open("THIS.yaml"))["trainer"]).',
+        "# Trainer has no argument for these; set them in your LightningModule/DataModule:",
+    ]
+    lines += [f"#   {note}" for note in lightning_notes(profile)]
+    return "\n".join(lines) + "\n" + _yaml({"trainer": lightning_trainer_kwargs(profile)})
+
+
+def _loader_kwargs(profile: Profile) -> dict[str, Any]:
+    """DataLoader keyword arguments as plain values (the worker seeding is left to the script)."""
+    dl = profile.settings.dataloader
+    kwargs: dict[str, Any] = {}
+    if profile.settings.batch.batch_size is not None:
+        kwargs["batch_size"] = profile.settings.batch.batch_size
+    kwargs.update(num_workers=dl.num_workers, pin_memory=dl.pin_memory)
+    if dl.num_workers > 0:
+        kwargs["persistent_workers"] = dl.persistent_workers
+        if dl.prefetch_factor is not None:
+            kwargs["prefetch_factor"] = dl.prefetch_factor
+    return kwargs
+
+
+# --- Hugging Face -------------------------------------------------------------------------------
+
+
+def hf_training_arguments(profile: Profile) -> dict[str, Any]:
+    """Keyword arguments for ``transformers.TrainingArguments`` (all but ``output_dir``).
+
+    Keys appear only when the profile decides them: ``tf32`` is True or None (None leaves
+    torch's defaults), persistent workers and prefetch only with workers, the batch size only
+    when the probe measured one, the seed only when the profile fixes one.
+    """
+    s = profile.settings
+    dl = s.dataloader
+    args: dict[str, Any] = {
+        "bf16": s.precision.autocast and s.precision.dtype == "bfloat16",
+        "fp16": s.precision.autocast and s.precision.dtype == "float16",
+        "tf32": True if s.matmul.tf32 else None,
+        "dataloader_num_workers": dl.num_workers,
+        "dataloader_pin_memory": dl.pin_memory,
+    }
+    if dl.num_workers > 0:
+        args["dataloader_persistent_workers"] = dl.persistent_workers
+        if dl.prefetch_factor is not None:
+            args["dataloader_prefetch_factor"] = dl.prefetch_factor
+    if s.batch.batch_size is not None:
+        args["per_device_train_batch_size"] = s.batch.batch_size
+    args["gradient_accumulation_steps"] = s.batch.grad_accum_steps
+    args["torch_compile"] = s.compile.enabled
+    if s.compile.enabled:
+        args["torch_compile_mode"] = s.compile.mode or "default"
+    args["optim"] = "adamw_torch_fused" if s.optimizer.fused else "adamw_torch"
+    args["full_determinism"] = s.backends.deterministic_algorithms
+    if s.seed is not None:
+        args["seed"] = s.seed
+    args["use_cpu"] = s.device == "cpu"
+    return args
+
+
+def render_hf(profile: Profile) -> str:
+    """JSON for ``TrainingArguments(output_dir=..., **json.load(file))``."""
+    return json.dumps(hf_training_arguments(profile), indent=2) + "\n"
+
+
+# --- accelerate ---------------------------------------------------------------------------------
+
+_ACCELERATE_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
+
+
+def accelerate_config(profile: Profile) -> dict[str, Any]:
+    """An accelerate config file's content (``accelerate config``'s keys, one machine)."""
+    s = profile.settings
+    processes = process_count(profile)
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": "MULTI_GPU" if s.device == "cuda" and processes > 1 else "NO",
+        "downcast_bf16": "no",
+        "enable_cpu_affinity": False,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": _ACCELERATE_PRECISION[s.precision.dtype]
+        if s.precision.autocast
+        else "no",
+        "num_machines": 1,
+        "num_processes": processes,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+        "use_cpu": s.device == "cpu",
+    }
+    if s.device == "cuda":
+        config["gpu_ids"] = "all"
+    if s.compile.enabled:
+        config["dynamo_config"] = {
+            "dynamo_backend": "INDUCTOR",
+            "dynamo_mode": s.compile.mode or "default",
+        }
+    return dict(sorted(config.items()))
+
+
+def render_accelerate(profile: Profile) -> str:
+    """YAML for ``accelerate launch --config_file FILE``."""
+    lines = _header(profile, "accelerate config")
+    lines += [
+        "# Use: accelerate launch --config_file THIS.yaml train.py",
+        "# accelerate has no setting for the DataLoader, TF32, cuDNN or the fused optimizer:",
+        "# use profile.dataloader_kwargs(), profile.apply() and profile.optimizer_kwargs().",
+    ]
+    if profile.settings.environment:
+        lines.append("# Environment variables: source 'autotune export --format env' first.")
+    return "\n".join(lines) + "\n" + _yaml(accelerate_config(profile))
+
+
+# --- shell environment --------------------------------------------------------------------------
+
+
+def render_env(profile: Profile) -> str:
+    """POSIX shell ``export`` lines for the profile's environment variables, safely quoted."""
+    lines = [
+        *_header(profile, "Environment variables"),
+        "# Source this file before starting Python: CUDA reads them once, at its first use.",
+        "#   . ./THIS.sh && python train.py",
+    ]
+    environment = profile.settings.environment
+    if not environment:
+        lines.append("# This profile sets no environment variables: nothing to export.")
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(environment.items())]
+    return "\n".join(lines) + "\n"
+
+
+EXPORT_FORMATS: Mapping[str, Callable[[Profile], str]] = {
+    "lightning": render_lightning,
+    "hf": render_hf,
+    "accelerate": render_accelerate,
+    "env": render_env,
+}
+"""``autotune export --format NAME``: the renderer for each integration format."""

@@ -1,0 +1,338 @@
+"""Exports for Lightning, Hugging Face, accelerate and the shell, checked against the real APIs.
+
+Profiles come from recorded snapshots through the rules engine. Where a library is installed
+(the ``integrations`` extra), its own constructors and loaders judge the export: CPU profiles
+are constructed for real; GPU profiles, which cannot be constructed on a machine without a GPU,
+are checked against the parameters and values the library declares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from torch_autotune.cli import cli
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.integrations import (
+    EXPORT_FORMATS,
+    accelerate_config,
+    hf_training_arguments,
+    lightning_trainer_kwargs,
+    render_accelerate,
+    render_env,
+    render_hf,
+    render_lightning,
+)
+from torch_autotune.profile import Mode, Preferences, Profile
+from torch_autotune.rules.engine import build_profile
+
+SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
+
+# (snapshot, mode): bf16 + TF32 + compile; fp16; CPU; 8 GPUs; deterministic; ROCm; MPS.
+CASES = {
+    "h100": ("h100-80gb-hbm3", Mode.SPEED),
+    "t4": ("tesla-t4", Mode.SPEED),
+    "cpu": ("cpu-laptop-linux", Mode.SPEED),
+    "a100-8x": ("a100-sxm4-80gb-8x", Mode.SPEED),
+    "h100-reproducible": ("h100-80gb-hbm3", Mode.REPRODUCIBLE),
+    "cpu-reproducible": ("cpu-laptop-linux", Mode.REPRODUCIBLE),
+    "mi300x": ("mi300x-rocm", Mode.SPEED),
+    "m2-mps": ("apple-m2-pro-mps", Mode.SPEED),
+}
+CPU_CASES = ["cpu", "cpu-reproducible"]
+GPU_CASES = [name for name in CASES if name not in CPU_CASES]
+
+
+def profile_for(case: str) -> Profile:
+    name, mode = CASES[case]
+    snapshot = HardwareSnapshot.model_validate_json((SNAPSHOTS / f"{name}.json").read_text())
+    return build_profile(snapshot, preferences=Preferences(mode=mode))
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), prog_name="autotune")
+
+
+@pytest.fixture
+def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without CUDA, for libraries that ask torch while constructing (a fake)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+# --- the values, without any library ------------------------------------------------------------
+
+
+def test_export_formats_are_the_cli_choices() -> None:
+    assert list(EXPORT_FORMATS) == ["lightning", "hf", "accelerate", "env"]
+    command = cli.commands["export"]
+    choice = next(p for p in command.params if p.name == "fmt").type
+    assert isinstance(choice, click.Choice)
+    assert list(choice.choices) == ["yaml", "json", *EXPORT_FORMATS]
+
+
+def test_integrations_import_no_training_library() -> None:
+    code = (
+        "import sys, torch_autotune.integrations; "
+        "print([m for m in ('lightning', 'transformers', 'accelerate', 'torch', 'yaml') "
+        "if m in sys.modules])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("h100", {"accelerator": "gpu", "devices": 1, "precision": "bf16-mixed"}),
+        ("t4", {"accelerator": "gpu", "devices": 1, "precision": "16-mixed"}),
+        ("cpu", {"accelerator": "cpu", "devices": 1, "precision": "32-true"}),
+        ("a100-8x", {"accelerator": "gpu", "devices": 8, "precision": "bf16-mixed"}),
+        ("m2-mps", {"accelerator": "mps", "devices": 1, "precision": "bf16-mixed"}),
+        ("h100-reproducible", {"deterministic": True, "benchmark": False}),
+    ],
+)
+def test_lightning_values(case: str, expected: dict[str, Any]) -> None:
+    kwargs = lightning_trainer_kwargs(profile_for(case))
+    assert {k: kwargs[k] for k in expected} == expected
+
+
+def test_lightning_comments_carry_what_trainer_cannot_set() -> None:
+    text = render_lightning(profile_for("h100"))
+    assert "num_workers=8" in text
+    assert "torch.compile(model, mode='default')" in text
+    assert "fused=True" in text
+    assert yaml.safe_load(text) == {"trainer": lightning_trainer_kwargs(profile_for("h100"))}
+
+
+def test_hf_values_follow_the_profile() -> None:
+    h100 = hf_training_arguments(profile_for("h100"))
+    assert h100["bf16"] is True
+    assert h100["fp16"] is False
+    assert h100["tf32"] is True
+    assert h100["torch_compile"] is True
+    assert h100["torch_compile_mode"] == "default"
+    assert h100["optim"] == "adamw_torch_fused"
+    assert "per_device_train_batch_size" not in h100  # rules only: no measured batch size
+    assert "seed" not in h100
+    t4 = hf_training_arguments(profile_for("t4"))
+    assert (t4["fp16"], t4["bf16"], t4["tf32"]) == (True, False, None)
+    reproducible = hf_training_arguments(profile_for("h100-reproducible"))
+    assert reproducible["full_determinism"] is True
+    assert reproducible["seed"] == 0
+    assert reproducible["torch_compile"] is False
+    assert "torch_compile_mode" not in reproducible
+    cpu = hf_training_arguments(profile_for("cpu"))
+    assert cpu["use_cpu"] is True
+    assert cpu["optim"] == "adamw_torch"
+    assert json.loads(render_hf(profile_for("h100"))) == h100
+
+
+def test_hf_loader_keys_only_with_workers() -> None:
+    profile = profile_for("cpu")
+    dl = profile.settings.dataloader.model_copy(
+        update={"num_workers": 0, "persistent_workers": False}
+    )
+    settings = profile.settings.model_copy(update={"dataloader": dl})
+    args = hf_training_arguments(profile.model_copy(update={"settings": settings}))
+    assert args["dataloader_num_workers"] == 0
+    assert "dataloader_persistent_workers" not in args
+    assert "dataloader_prefetch_factor" not in args
+
+
+@pytest.mark.parametrize(
+    ("case", "distributed", "processes", "precision"),
+    [
+        ("h100", "NO", 1, "bf16"),
+        ("t4", "NO", 1, "fp16"),
+        ("cpu", "NO", 1, "no"),
+        ("a100-8x", "MULTI_GPU", 8, "bf16"),
+    ],
+)
+def test_accelerate_values(case: str, distributed: str, processes: int, precision: str) -> None:
+    config = accelerate_config(profile_for(case))
+    assert config["distributed_type"] == distributed
+    assert config["num_processes"] == processes
+    assert config["mixed_precision"] == precision
+    assert config["use_cpu"] is (case == "cpu")
+    assert yaml.safe_load(render_accelerate(profile_for(case))) == config
+
+
+def test_accelerate_dynamo_only_with_compile() -> None:
+    assert accelerate_config(profile_for("h100"))["dynamo_config"] == {
+        "dynamo_backend": "INDUCTOR",
+        "dynamo_mode": "default",
+    }
+    assert "dynamo_config" not in accelerate_config(profile_for("h100-reproducible"))
+
+
+# --- shell environment --------------------------------------------------------------------------
+
+
+def _sourced(path: Path | None) -> dict[str, str]:
+    """The environment a clean bash has after sourcing ``path`` (nothing sourced: None)."""
+    script = f"source {path}; env -0" if path else "env -0"
+    out = subprocess.run(
+        ["env", "-i", "PATH=/usr/bin:/bin", "bash", "-c", script],
+        capture_output=True,
+        check=True,
+        timeout=30,
+    ).stdout.decode()
+    return dict(item.split("=", 1) for item in out.split("\0") if item)
+
+
+def _set_by(text: str, tmp_path: Path) -> dict[str, str]:
+    path = tmp_path / "env.sh"
+    path.write_text(text)
+    before, after = _sourced(None), _sourced(path)
+    return {k: v for k, v in after.items() if before.get(k) != v}
+
+
+@pytest.mark.parametrize("case", ["a100-8x", "h100-reproducible", "mi300x", "cpu"])
+def test_env_sets_exactly_the_profile_variables(case: str, tmp_path: Path) -> None:
+    profile = profile_for(case)
+    text = render_env(profile)
+    assert text.startswith("#")
+    assert "before starting Python" in text
+    assert _set_by(text, tmp_path) == dict(profile.settings.environment)
+
+
+def test_env_says_when_there_is_nothing_to_export() -> None:
+    text = render_env(profile_for("cpu"))
+    assert "nothing to export" in text
+    assert "export " not in text
+
+
+def test_env_quotes_hostile_values(tmp_path: Path) -> None:
+    profile = profile_for("h100")
+    hostile = "expandable_segments:True $(touch pwned) `id` 'quoted' \"x\"; exit 1"
+    settings = profile.settings.model_copy(
+        update={"environment": {"PYTORCH_CUDA_ALLOC_CONF": hostile}}
+    )
+    text = render_env(profile.model_copy(update={"settings": settings}))
+    assert _set_by(text, tmp_path) == {"PYTORCH_CUDA_ALLOC_CONF": hostile}
+    assert not (tmp_path / "pwned").exists()
+
+
+# --- Lightning's real API -----------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_cuda")
+@pytest.mark.parametrize("case", CPU_CASES)
+def test_lightning_trainer_constructs_for_cpu(case: str, tmp_path: Path) -> None:
+    lightning = pytest.importorskip("lightning.pytorch")
+    kwargs = yaml.safe_load(render_lightning(profile_for(case)))["trainer"]
+    trainer = lightning.Trainer(
+        **kwargs, default_root_dir=tmp_path, logger=False, enable_progress_bar=False
+    )
+    assert trainer.accumulate_grad_batches == kwargs["accumulate_grad_batches"]
+    assert trainer.num_devices == 1
+    assert trainer.precision == kwargs["precision"]
+
+
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_lightning_kwargs_fit_trainer_for_gpus(case: str) -> None:
+    lightning = pytest.importorskip("lightning.pytorch")
+    from lightning.fabric.connector import _PRECISION_INPUT_STR
+
+    kwargs = lightning_trainer_kwargs(profile_for(case))
+    parameters = inspect.signature(lightning.Trainer.__init__).parameters
+    assert set(kwargs) <= set(parameters)
+    assert kwargs["precision"] in typing.get_args(_PRECISION_INPUT_STR)
+    # "gpu" is the connector's alias for CUDA/ROCm (MPS on a Mac), beside the registry's names
+    registry = lightning.accelerators.AcceleratorRegistry.available_accelerators()
+    assert kwargs["accelerator"] in {"gpu", *registry}
+
+
+# --- transformers' real API ---------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_cuda")
+@pytest.mark.parametrize("case", CPU_CASES)
+def test_training_arguments_construct_for_cpu(case: str, tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    kwargs = json.loads(render_hf(profile_for(case)))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), **kwargs)
+    assert args.use_cpu is True
+    assert args.dataloader_num_workers == kwargs["dataloader_num_workers"]
+    assert args.full_determinism is kwargs["full_determinism"]
+    assert str(args.device) == "cpu"
+
+
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_training_arguments_fields_for_gpus(case: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    kwargs = hf_training_arguments(profile_for(case))
+    fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    assert set(kwargs) <= fields
+    optimizers = {o.value for o in transformers.training_args.OptimizerNames}
+    assert kwargs["optim"] in optimizers
+
+
+# --- accelerate's real API ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_accelerate_config_loads(case: str, tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+    from accelerate.utils import DistributedType
+    from accelerate.utils.constants import TORCH_DYNAMO_MODES
+
+    profile = profile_for(case)
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(render_accelerate(profile))
+    config = load_config_from_file(str(path))
+    assert isinstance(config, ClusterConfig)
+    expected = accelerate_config(profile)
+    assert config.distributed_type is DistributedType(expected["distributed_type"])
+    assert config.num_processes == expected["num_processes"]
+    assert config.mixed_precision == expected["mixed_precision"]
+    assert config.use_cpu is expected["use_cpu"]
+    if profile.settings.compile.enabled:
+        assert config.dynamo_config["dynamo_mode"] in TORCH_DYNAMO_MODES
+    else:
+        assert config.dynamo_config == {}
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", list(EXPORT_FORMATS))
+def test_export_command_writes_each_format(fmt: str, tmp_path: Path) -> None:
+    out = tmp_path / f"out.{fmt}"
+    snapshot = str(SNAPSHOTS / "h100-80gb-hbm3.json")
+    result = run(
+        "export", "--format", fmt, "--snapshot", snapshot, "--store", str(tmp_path),
+        "-o", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert out.read_text() == EXPORT_FORMATS[fmt](profile_for("h100"))
+
+
+def test_export_command_env_on_stdout(tmp_path: Path) -> None:
+    snapshot = str(SNAPSHOTS / "a100-sxm4-80gb-8x.json")
+    result = run("export", "--format", "env", "--snapshot", snapshot, "--store", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "export OMP_NUM_THREADS=32" in result.stdout
+
+
+def test_export_command_refuses_unknown_format(tmp_path: Path) -> None:
+    snapshot = str(SNAPSHOTS / "h100-80gb-hbm3.json")
+    result = run("export", "--format", "deepspeed", "--snapshot", snapshot)
+    assert result.exit_code == 2
