@@ -61,6 +61,11 @@ class _Group(click.Group):
     show_default=True,
 )
 @click.option("--variable-shapes", is_flag=True, help="Input shapes change from batch to batch.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    help="Use this many DataLoader workers instead of measuring (Windows measures none).",
+)
 @click.option("--no-save", is_flag=True, help="Show the profile without storing it.")
 @click.option(
     "--store",
@@ -78,6 +83,7 @@ def cli(  # click passes options by name
     target_batch: int | None,
     mode: str,
     variable_shapes: bool,
+    workers: int | None,
     no_save: bool,
     store: Path | None,
 ) -> None:
@@ -106,6 +112,7 @@ def cli(  # click passes options by name
                 max_batch_size=max_batch_size,
                 target_global_batch=target_batch,
                 fixed_shapes=not variable_shapes,
+                num_workers=workers,
                 progress=report,
             )
     except AutotuneError:

@@ -42,6 +42,7 @@ class Source(str, Enum):
 
     MEASURED = "measured"  # run on this machine by the probe
     INFERRED = "inferred"  # derived by a rule from the snapshot
+    USER = "user"  # set by the user (e.g. autotune --workers)
 
 
 # Environment variables a profile may set: a fixed allow-list, never arbitrary names.
@@ -65,6 +66,7 @@ class Preferences(_Strict):
     processes_per_node: PositiveInt | None = None  # DDP ranks; default: one per GPU
     seed: int = 0  # used by the reproducible mode
     allow_p100_fp16: bool = False  # catalog A5: fp16 on P100 only as an opt-in
+    num_workers: NonNegativeInt | None = None  # the user's own DataLoader worker count
 
 
 class Precision(_Strict):

@@ -118,3 +118,13 @@ def test_a_trial_predicted_to_exceed_host_ram_is_not_started() -> None:
     assert runner.ran == [1, 8]
     assert clocked.trials[-1].step == "ram-guard (not run)"
     assert clocked(1024).fits  # ~1.2 GiB fits and runs
+
+
+def test_the_users_worker_count_is_used_and_not_measured(laptop: HardwareSnapshot) -> None:
+    profile = tune("mlp", snapshot=laptop, budget_s=10, max_batch_size=8, num_workers=3)
+    assert profile.settings.dataloader.num_workers == 3
+    decision = profile.decision("dataloader.num_workers")
+    assert decision is not None
+    assert decision.source is Source.USER
+    assert profile.evidence is not None
+    assert profile.evidence.loader == ()

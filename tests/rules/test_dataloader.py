@@ -13,7 +13,7 @@ from torch_autotune.profile import ALLOWED_ENVIRONMENT, Mode, Source, settings_p
 from torch_autotune.rules.context import Finding, Measurements
 from torch_autotune.rules.dataloader import cpu_threads, dataloader
 
-from .helpers import ALL_FIXTURES, context_with, run, snapshot
+from .helpers import ALL_FIXTURES, context_with, run, snapshot, values
 
 SNAPSHOTS = {name: snapshot(name) for name in ALL_FIXTURES}
 
@@ -335,3 +335,9 @@ def test_measured_workers_keep_the_invariants(machine: str, measured: int) -> No
     assert found["dataloader.prefetch_factor"].value is None
     threads = found["cpu_threads"].value
     assert threads is None or threads >= 1
+
+
+def test_windows_keeps_zero_workers_unless_the_user_sets_a_count() -> None:
+    assert values(_findings("rtx-3060-windows"))["dataloader.num_workers"] == 0
+    chosen = _findings("rtx-3060-windows", num_workers=2)["dataloader.num_workers"]
+    assert (chosen.value, chosen.source) == (2, Source.USER)

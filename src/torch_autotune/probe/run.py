@@ -233,8 +233,10 @@ def _workers(
     snapshot = profile.provenance.snapshot
     if workload.dataset is None:
         return None, (), None
+    if profile.provenance.preferences.num_workers is not None:
+        return None, (), "set by the user: not measured"
     if snapshot.host.os_name == "windows":
-        return None, (), "Windows keeps num_workers=0 (the rules' choice); not measured"
+        return None, (), "Windows keeps num_workers=0 (--workers N overrides it); not measured"
     if clock() > deadline:
         return None, (), "not measured: the time budget ran out"
     from torch_autotune.probe.loader import choose_workers
@@ -268,6 +270,7 @@ def tune(
     max_batch_size: int | None = None,
     target_global_batch: int | None = None,
     fixed_shapes: bool = True,
+    num_workers: int | None = None,
     progress: Progress | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Profile:
@@ -296,6 +299,7 @@ def tune(
         model_kind=chosen.kind,
         fixed_shapes=fixed_shapes,
         optimizer="adamw",
+        num_workers=num_workers,
     )
     rules_only = build_profile(machine, preferences=preferences)
     settings = StepSettings.from_profile(rules_only)

@@ -61,6 +61,9 @@ def cpu_budget(ctx: Context) -> str:
 def _workers(ctx: Context) -> tuple[int, str, str, Source]:
     """(num_workers, catalog id, why, source) for the DataLoader."""
     host = ctx.snapshot.host
+    chosen = ctx.preferences.num_workers
+    if chosen is not None:
+        return (chosen, "F2", f"{chosen} worker(s): set by the user", Source.USER)
     measured = ctx.measurements.num_workers if ctx.measurements is not None else None
     if measured is not None:
         how = ctx.measurements.workers_reason if ctx.measurements is not None else None
