@@ -13,7 +13,7 @@ from torch_autotune.profile import ALLOWED_ENVIRONMENT, Mode, Source, settings_p
 from torch_autotune.rules.context import Finding, Measurements
 from torch_autotune.rules.dataloader import cpu_threads, dataloader
 
-from .helpers import ALL_FIXTURES, context_with, run, snapshot, values
+from .helpers import ALL_FIXTURES, context_with, run, snapshot, values, with_host
 
 SNAPSHOTS = {name: snapshot(name) for name in ALL_FIXTURES}
 
@@ -34,11 +34,6 @@ def _findings(
     machine: str | HardwareSnapshot, measurements: Measurements | None = None, **prefs: Any
 ) -> dict[str, Finding]:
     return run(_ctx(machine, measurements, **prefs), dataloader, cpu_threads)
-
-
-def _with_host(name: str, **update: Any) -> HardwareSnapshot:
-    snap = SNAPSHOTS[name]
-    return snap.model_copy(update={"host": snap.host.model_copy(update=update)})
 
 
 def _with_start_method(name: str, method: str) -> HardwareSnapshot:
@@ -195,7 +190,7 @@ def test_prefetch_keeps_the_torch_default_and_counts_the_batches() -> None:
 
 
 def test_tiny_cpu_machine_loads_in_the_main_process() -> None:
-    tiny = _with_host("cpu-laptop-linux", cpus_usable=2, cpu_affinity_count=2)
+    tiny = with_host("cpu-laptop-linux", cpus_usable=2, cpu_affinity_count=2)
     found = _findings(tiny)
     assert found["dataloader.num_workers"].value == 0
     assert "2 usable" in found["dataloader.num_workers"].reason
@@ -226,7 +221,7 @@ def test_cpu_threads_leave_room_for_measured_workers() -> None:
     [pytest.param(2, False, id="2-gib"), pytest.param(3.9, False, id="3.9-gib"), (64, True)],
 )
 def test_pin_memory_off_when_host_ram_is_tight(available_gib: float, pin: bool) -> None:
-    tight = _with_host("h100-80gb-hbm3", memory_available_bytes=int(available_gib * 1024**3))
+    tight = with_host("h100-80gb-hbm3", memory_available_bytes=int(available_gib * 1024**3))
     found = _findings(tight)["dataloader.pin_memory"]
     assert found.value is pin
     assert found.rule == "F6"
@@ -235,7 +230,7 @@ def test_pin_memory_off_when_host_ram_is_tight(available_gib: float, pin: bool) 
 
 
 def test_pin_memory_counts_the_container_memory_limit() -> None:
-    limited = _with_host("h100-80gb-hbm3", memory_limit_bytes=3 * 1024**3)
+    limited = with_host("h100-80gb-hbm3", memory_limit_bytes=3 * 1024**3)
     assert _findings(limited)["dataloader.pin_memory"].value is False
 
 

@@ -13,7 +13,7 @@ from torch_autotune.profile import ALLOWED_ENVIRONMENT, Mode, settings_paths
 from torch_autotune.rules.context import Context, Finding
 from torch_autotune.rules.memory import allocator, cudnn, memory_format
 
-from .helpers import ALL_FIXTURES, context, run, snapshot
+from .helpers import ALL_FIXTURES, context, run, snapshot, with_software
 
 SNAPSHOTS = {name: snapshot(name) for name in ALL_FIXTURES}
 
@@ -41,12 +41,6 @@ def _findings(
     machine: str | HardwareSnapshot, *, autocast: bool = True, **prefs: Any
 ) -> dict[str, Finding]:
     return run(_ctx(machine, autocast=autocast, **prefs), cudnn, memory_format, allocator)
-
-
-def _with_torch(name: str, torch_version: str) -> HardwareSnapshot:
-    snap = SNAPSHOTS[name]
-    software = snap.software.model_copy(update={"torch_version": torch_version})
-    return snap.model_copy(update={"software": software})
 
 
 # --- one finding per owned setting, every time --------------------------------------------------
@@ -223,7 +217,7 @@ def test_expandable_segments_only_where_it_works(
 
 
 def test_expandable_segments_on_rocm_from_torch_2_11() -> None:
-    found = _findings(_with_torch("mi300x-rocm", "2.11.0+rocm7.1"))
+    found = _findings(with_software("mi300x-rocm", torch_version="2.11.0+rocm7.1"))
     assert found["environment.PYTORCH_CUDA_ALLOC_CONF"].value == "expandable_segments:True"
     assert found["environment.PYTORCH_CUDA_ALLOC_CONF"].rule == "M4"
 
@@ -238,13 +232,13 @@ def test_expandable_segments_off_under_wsl() -> None:
 
 def test_expandable_segments_needs_torch_2_1() -> None:
     assert (
-        _findings(_with_torch("h100-80gb-hbm3", "2.0.1+cu118"))[
+        _findings(with_software("h100-80gb-hbm3", torch_version="2.0.1+cu118"))[
             "environment.PYTORCH_CUDA_ALLOC_CONF"
         ].value
         is None
     )
     assert (
-        _findings(_with_torch("h100-80gb-hbm3", "2.1.0+cu121"))[
+        _findings(with_software("h100-80gb-hbm3", torch_version="2.1.0+cu121"))[
             "environment.PYTORCH_CUDA_ALLOC_CONF"
         ].value
         == "expandable_segments:True"

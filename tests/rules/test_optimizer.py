@@ -13,7 +13,7 @@ from torch_autotune.profile import Mode, Source, settings_paths
 from torch_autotune.rules.context import Finding, Measurements, Preferences
 from torch_autotune.rules.optimizer import batch, optimizer
 
-from .helpers import ALL_FIXTURES, context_with, run, snapshot
+from .helpers import ALL_FIXTURES, context_with, run, snapshot, with_software
 
 SNAPSHOTS = {name: snapshot(name) for name in ALL_FIXTURES}
 
@@ -27,12 +27,6 @@ def _findings(
     machine: str | HardwareSnapshot, measurements: Measurements | None = None, **prefs: Any
 ) -> dict[str, Finding]:
     return run(_ctx(machine, measurements, **prefs), optimizer, batch)
-
-
-def _with_torch(name: str, torch_version: str) -> HardwareSnapshot:
-    snap = SNAPSHOTS[name]
-    software = snap.software.model_copy(update={"torch_version": torch_version})
-    return snap.model_copy(update={"software": software})
 
 
 # --- one finding per owned setting, every time --------------------------------------------------
@@ -95,8 +89,14 @@ def test_fused_only_for_adam_and_adamw(name: str, fused: bool, rule: str, fact: 
 
 
 def test_fused_needs_torch_2_0() -> None:
-    assert _findings(_with_torch("tesla-t4", "1.13.1+cu117"))["optimizer.fused"].value is False
-    assert _findings(_with_torch("tesla-t4", "2.0.0+cu118"))["optimizer.fused"].value is True
+    assert (
+        _findings(with_software("tesla-t4", torch_version="1.13.1+cu117"))["optimizer.fused"].value
+        is False
+    )
+    assert (
+        _findings(with_software("tesla-t4", torch_version="2.0.0+cu118"))["optimizer.fused"].value
+        is True
+    )
 
 
 # --- batch size, accumulation, seed (K, L, C4) --------------------------------------------------
