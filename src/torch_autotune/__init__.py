@@ -9,6 +9,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from torch_autotune.api import recommend
+from torch_autotune.bench import TrainConfig
 from torch_autotune.detect import LiveMachine, RecordedMachine, detect, load_snapshot
 from torch_autotune.errors import (
     AutotuneError,
@@ -57,9 +58,11 @@ __all__ = [
     "Software",
     "StaleProfileWarning",
     "StoreError",
+    "TrainConfig",
     "Vendor",
     "WorkloadError",
     "__version__",
+    "bench",
     "detect",
     "load_profile",
     "load_snapshot",
@@ -69,9 +72,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """``tune`` is loaded on first use: it brings torch, which ``import torch_autotune`` avoids."""
+    """``tune`` and ``bench`` are loaded on first use: they bring torch, which
+    ``import torch_autotune`` avoids."""
     if name == "tune":
         from torch_autotune.probe.run import tune
 
         return tune
+    if name == "bench":
+        from torch_autotune.probe.ablation import bench
+
+        return bench
     raise AttributeError(f"module 'torch_autotune' has no attribute {name!r}")

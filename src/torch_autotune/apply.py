@@ -72,7 +72,7 @@ def apply_torch_settings(profile: Profile) -> None:
             ),
             stacklevel=2,
         )
-    _apply_matmul(torch, s.matmul.api, s.matmul.tf32)
+    apply_matmul(torch, s.matmul.api, s.matmul.tf32)
     torch.backends.cudnn.benchmark = s.backends.cudnn_benchmark
     torch.backends.cudnn.deterministic = s.backends.cudnn_deterministic
     torch.use_deterministic_algorithms(s.backends.deterministic_algorithms)
@@ -83,7 +83,7 @@ def apply_torch_settings(profile: Profile) -> None:
         torch.manual_seed(s.seed)
 
 
-def _apply_matmul(torch: Any, api: str | None, tf32: bool) -> None:
+def apply_matmul(torch: Any, api: str | None, tf32: bool) -> None:
     """TF32 through exactly one API (mixing them raises in torch: rules catalog B2, S5)."""
     if api == "fp32_precision":
         value = "tf32" if tf32 else "ieee"

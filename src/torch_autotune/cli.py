@@ -6,13 +6,16 @@ error class carries (see ``torch_autotune.errors``); only this module exits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from torch_autotune import __version__
-from torch_autotune.errors import EXIT_WORKLOAD, AutotuneError
+from torch_autotune.errors import EXIT_WORKLOAD, AutotuneError, ProfileFileError
+
+T = TypeVar("T")
 
 
 class _Group(click.Group):
@@ -96,16 +99,17 @@ def cli(  # click passes options by name
     \b
     Exit codes: 0 success, 1 internal error (a bug), 2 usage error,
     3 an input file is missing or invalid, 4 the profile store cannot be
-    read or written, 5 the workload cannot be built or trained.
+    read or written, 5 the workload cannot be built or trained,
+    6 the probe could not measure (no torch, budget too small).
     """
     if ctx.invoked_subcommand is not None:
         return
     from torch_autotune.probe.run import tune
     from torch_autotune.render import progress_reporter, render_run
 
-    try:
+    def run() -> Any:
         with progress_reporter(budget) as report:
-            profile = tune(
+            return tune(
                 workload,
                 mode=mode,
                 budget_s=budget,
@@ -115,6 +119,20 @@ def cli(  # click passes options by name
                 num_workers=workers,
                 progress=report,
             )
+
+    profile = _user_code(ctx, run)
+    saved = None
+    if not no_save:
+        from torch_autotune.store import ProfileStore
+
+        saved = ProfileStore(store).save(profile)
+    render_run(profile, _console(), saved)
+
+
+def _user_code(ctx: click.Context, run: Callable[[], T]) -> T:
+    """Run the probe or the bench; a failure of the user's model shows their traceback."""
+    try:
+        return run()
     except AutotuneError:
         raise
     except Exception as error:  # the user's model raised: show their traceback, not ours
@@ -128,12 +146,7 @@ def cli(  # click passes options by name
             err=True,
         )
         ctx.exit(EXIT_WORKLOAD)
-    saved = None
-    if not no_save:
-        from torch_autotune.store import ProfileStore
-
-        saved = ProfileStore(store).save(profile)
-    render_run(profile, _console(), saved)
+        raise  # unreachable: ctx.exit raises
 
 
 @cli.command("detect")
@@ -200,6 +213,165 @@ def _snapshot(snapshot_file: Path | None) -> Any:
     from torch_autotune.detect import RecordedMachine, detect
 
     return detect(RecordedMachine.from_file(snapshot_file) if snapshot_file else None)
+
+
+@cli.command("bench")
+@click.option(
+    "-m",
+    "--model",
+    "workload",
+    default=None,
+    metavar="NAME|package.module:factory",
+    help="What to train: a built-in workload (conv, transformer, mlp) or your own factory; "
+    "default: the one the stored profile was measured on, else conv.",
+)
+@click.option(
+    "--profile",
+    "profile_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Bench this measured profile file instead of the machine's stored one (the store is "
+    "then left alone; see --output).",
+)
+@click.option(
+    "--baseline",
+    "baseline_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Your own baseline: a YAML mapping such as 'batch_size: 64' and 'num_workers: 4' "
+    "(default: float32, batch 32, no workers, no pinning, eager, torch's default backends).",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Interleaved rounds; each runs every arm once (3 or more to call an effect).",
+)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=0.05),
+    default=2.0,
+    show_default=True,
+    help="Seconds of training per arm and round, after its warm-up.",
+)
+@click.option(
+    "--budget",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds for tuning first, when there is no measured profile for the workload.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the benched profile to FILE (YAML, or JSON for a .json name).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the bench results as JSON.")
+@click.option("--no-save", is_flag=True, help="Do not store the benched profile.")
+@_store_option
+@click.pass_context
+def bench_command(  # click passes options by name
+    ctx: click.Context,
+    *,
+    workload: str | None,
+    profile_file: Path | None,
+    baseline_file: Path | None,
+    rounds: int,
+    seconds: float,
+    budget: float,
+    output: Path | None,
+    as_json: bool,
+    no_save: bool,
+    store: Path | None,
+) -> None:
+    """Measure the profile against a baseline, and each setting on alone and off alone.
+
+    Baseline and profile train the same loop in this one process, interleaved round by round
+    so that the machine's drift hits every arm alike. A setting that measures slower than the
+    profile without it (in every round, by more than 2%) is dropped from the profile, with the
+    measurement as its reason. The results go into the profile's evidence and the store.
+    """
+    from torch_autotune.probe.ablation import bench
+    from torch_autotune.profile_io import load_baseline, load_profile
+    from torch_autotune.render import progress_reporter, render_bench
+
+    baseline = load_baseline(baseline_file) if baseline_file is not None else None
+    if profile_file is not None:
+        profile = load_profile(profile_file)
+        if profile.evidence is None:
+            raise ProfileFileError(
+                f"{profile_file} was not measured (rules only): the bench needs the batch size "
+                "the probe ran; run 'autotune' and bench the profile it saves"
+            )
+    else:
+        profile = _stored_measured(store, workload)
+    estimate = _bench_estimate(profile, rounds, seconds, budget)
+
+    def run() -> Any:
+        with progress_reporter(estimate) as report:
+            return bench(
+                profile,
+                workload,
+                baseline=baseline,
+                rounds=rounds,
+                seconds=seconds,
+                progress=report,
+            )
+
+    benched = _user_code(ctx, run)
+    saved = None
+    if profile_file is None and not no_save:
+        from torch_autotune.store import ProfileStore
+
+        saved = ProfileStore(store).save(benched)
+    if output is not None:
+        _write_profile(benched, output)
+    if as_json:
+        bench_evidence = benched.evidence.bench if benched.evidence else None
+        click.echo("{}" if bench_evidence is None else bench_evidence.model_dump_json(indent=2))
+    else:
+        render_bench(benched, _console())
+        if saved is not None:
+            click.echo(f"saved to {saved}; torch_autotune.recommend() returns it")
+
+
+def _stored_measured(store: Path | None, workload: str | None) -> Any:
+    """This machine's stored profile when it was measured on ``workload``, else None (the
+    bench then tunes first)."""
+    from torch_autotune.detect import detect
+    from torch_autotune.profile import fingerprint
+    from torch_autotune.store import ProfileStore
+
+    stored = ProfileStore(store).load(fingerprint(detect()))
+    if stored is None or stored.evidence is None:
+        click.echo("autotune: no measured profile for this machine yet: tuning first", err=True)
+        return None
+    if workload is not None and stored.evidence.workload != workload:
+        click.echo(
+            f"autotune: the stored profile was measured on {stored.evidence.workload}, not "
+            f"{workload}: tuning {workload} first",
+            err=True,
+        )
+        return None
+    return stored
+
+
+def _bench_estimate(profile: Any, rounds: int, seconds: float, budget: float) -> float:
+    """Seconds the bench should take, for the progress bar: arms x rounds x (seconds + warm-up)."""
+    from torch_autotune.bench import TrainConfig, plan_arms, tuned_config
+
+    if profile is None:
+        return budget + rounds * 4 * (seconds + 1.0)
+    plan = plan_arms(TrainConfig(), tuned_config(profile))
+    return float(len(plan.configs) * rounds * (seconds + 1.0))
+
+
+def _write_profile(profile: Any, output: Path) -> None:
+    from torch_autotune.files import write_atomically
+    from torch_autotune.profile_io import dump_profile
+
+    write_atomically(output, dump_profile(profile, "json" if output.suffix == ".json" else "yaml"))
+    click.echo(f"wrote {output}", err=True)
 
 
 @cli.command("recommend")

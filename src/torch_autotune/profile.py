@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
 
+from torch_autotune.bench import BenchEvidence
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
 
 PROFILE_SCHEMA_VERSION: Literal[1] = 1
@@ -213,6 +214,12 @@ class Evidence(_Strict):
     workers_reason: str | None = None
     budget_s: float = Field(gt=0)
     elapsed_s: float = Field(ge=0)
+    memory_limit_bytes: NonNegativeInt | None = Field(
+        default=None, description="Bytes the trials could use on the device (None: unknown)."
+    )
+    bench: BenchEvidence | None = Field(
+        default=None, description="autotune bench: baseline, tuned and each setting's effect."
+    )
 
 
 class Profile(_Strict):
@@ -448,6 +455,8 @@ def _evidence_problems(profile: Profile) -> list[str]:
         return []
     evidence = profile.evidence
     ran = set() if evidence is None else {t.batch_size for t in evidence.search if t.fits}
+    if evidence is not None and evidence.bench is not None:
+        ran |= evidence.bench.ran()  # the bench trains its baseline batch size too
     if batch not in ran:
         return [
             f"settings.batch.batch_size: {batch} is not a size the probe ran on this machine "

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
 from torch_autotune.errors import ProfileFileError
+
+if TYPE_CHECKING:
+    from torch_autotune.bench import TrainConfig
 from torch_autotune.profile import PROFILE_SCHEMA_VERSION, Profile
 
 Format = Literal["yaml", "json"]
@@ -29,9 +32,9 @@ def dump_profile(profile: Profile, fmt: Format = "yaml") -> str:
     return str(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100))
 
 
-def _allowed_keys(location: tuple[str | int, ...]) -> list[str]:
-    """Field names of the model at ``location`` inside a Profile."""
-    model: type[BaseModel] = Profile
+def _allowed_keys(location: tuple[str | int, ...], root: type[BaseModel] = Profile) -> list[str]:
+    """Field names of the model at ``location`` inside ``root``."""
+    model = root
     for part in location:
         if isinstance(part, int):
             continue
@@ -48,7 +51,7 @@ def _allowed_keys(location: tuple[str | int, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def _explain(error: ValidationError) -> str:
+def _explain(error: ValidationError, root: type[BaseModel] = Profile) -> str:
     # An unknown key usually comes with a "field required" for the key it misspells: name the
     # typo first, it is the actual mistake.
     first = min(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
@@ -58,7 +61,7 @@ def _explain(error: ValidationError) -> str:
         key = str(location[-1])
         import difflib  # only on this error path
 
-        close = difflib.get_close_matches(key, _allowed_keys(location[:-1]), n=1)
+        close = difflib.get_close_matches(key, _allowed_keys(location[:-1], root), n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         message = f"unknown key '{path}'{hint}"
     elif first["type"] == "value_error":
@@ -119,10 +122,33 @@ def parse_profile(text: str, source: str = "profile", fmt: Format | None = None)
 def load_profile(path: str | Path) -> Profile:
     """Read a profile file (YAML or JSON, told apart by its content)."""
     path = Path(path)
+    return parse_profile(_read(path), source=str(path))
+
+
+def _read(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ProfileFileError(f"{path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileFileError(f"{path} cannot be read: {exc}") from None
-    return parse_profile(text, source=str(path))
+
+
+def load_baseline(path: str | Path) -> TrainConfig:
+    """Read the user's own baseline for ``autotune bench``: a YAML (or JSON) mapping of
+    ``TrainConfig`` fields, e.g. ``{batch_size: 64, num_workers: 4}``; the rest default."""
+    from torch_autotune.bench import TrainConfig
+
+    path = Path(path)
+    raw = _parse_yaml(_read(path), str(path))  # JSON is YAML too
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ProfileFileError(
+            f"{path} is a {type(raw).__name__}, not a baseline; write a mapping such as "
+            "'batch_size: 64' (fields: " + ", ".join(TrainConfig.model_fields) + ")"
+        )
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ProfileFileError(f"{path}: {_explain(exc, TrainConfig)}") from None

@@ -300,11 +300,11 @@ def _timed_pass(
             next(iterator)
         end = clock()
     finally:
-        _shut_down(iterator)
+        shut_down(iterator)
     return first - start, end - first
 
 
-def _shut_down(iterator: Any) -> None:
+def shut_down(iterator: Any) -> None:
     """Stop the iterator's worker processes now (a no-op without workers or when done).
 
     Dropping the last reference is not enough: when a worker re-raises the dataset's error,

@@ -370,6 +370,7 @@ def tune(
         workers_reason=workers_reason,
         budget_s=budget_s,
         elapsed_s=round(max(0.0, clock() - started), 3),
+        memory_limit_bytes=limit,
     )
     measurements = Measurements(
         batch_size=batch,

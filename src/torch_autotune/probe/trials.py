@@ -61,7 +61,7 @@ class StepSettings:
 # --- putting things back -------------------------------------------------------------------------
 
 
-def _global_flags(torch: Any) -> dict[str, Any]:
+def global_flags(torch: Any) -> dict[str, Any]:
     flags: dict[str, Any] = {
         "cudnn.benchmark": torch.backends.cudnn.benchmark,
         "cudnn.deterministic": torch.backends.cudnn.deterministic,
@@ -82,7 +82,7 @@ def _global_flags(torch: Any) -> dict[str, Any]:
     return flags
 
 
-def _restore_flags(torch: Any, flags: dict[str, Any]) -> None:
+def restore_flags(torch: Any, flags: dict[str, Any]) -> None:
     torch.backends.cudnn.benchmark = flags["cudnn.benchmark"]
     torch.backends.cudnn.deterministic = flags["cudnn.deterministic"]
     torch.use_deterministic_algorithms(
@@ -140,7 +140,7 @@ def preserved(model: Any = None, optimizer: Any = None) -> Iterator[None]:
     on the way out, however the block ends (success, error, KeyboardInterrupt)."""
     import torch
 
-    flags = _global_flags(torch)
+    flags = global_flags(torch)
     rng = _rng_states(torch)
     model_state = None if model is None else _cpu_copy(model.state_dict())
     optimizer_state = None if optimizer is None else _cpu_copy(optimizer.state_dict())
@@ -152,7 +152,7 @@ def preserved(model: Any = None, optimizer: Any = None) -> Iterator[None]:
         if optimizer is not None and optimizer_state is not None:
             optimizer.load_state_dict(optimizer_state)
         _restore_rng(torch, rng)
-        _restore_flags(torch, flags)
+        restore_flags(torch, flags)
 
 
 # --- the trial -----------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def device_memory_limit(device: str) -> int | None:
     return int(free + torch.cuda.memory_reserved())
 
 
-def _sync(torch: Any, device: str) -> None:
+def sync_device(torch: Any, device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
     elif device == "mps":
@@ -264,12 +264,12 @@ class TrialRunner:
         if kwargs and accepts is not None and not accepts(**kwargs):
             kwargs = {}  # the user's optimizer factory takes no options: train without fused
         optimizer = self.workload.make_optimizer(model.parameters(), **kwargs)
-        scaler = _scaler(torch, s)
+        scaler = make_scaler(torch, s)
         inputs, targets = self._inputs(batch_size)
         started = 0.0
         for step in range(s.steps):
             if step == 1:
-                _sync(torch, s.device)
+                sync_device(torch, s.device)
                 started = self.clock()
             with torch.autocast(
                 device_type=s.device,
@@ -281,7 +281,7 @@ class TrialRunner:
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
-        _sync(torch, s.device)
+        sync_device(torch, s.device)
         return self.clock() - started if s.steps > 1 else 0.0
 
     def __call__(self, batch_size: int) -> TrialOutcome:
@@ -297,7 +297,7 @@ class TrialRunner:
         return TrialOutcome(True, peak, seconds)
 
 
-def _scaler(torch: Any, settings: StepSettings) -> Any:
+def make_scaler(torch: Any, settings: StepSettings) -> Any:
     if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
         return torch.amp.GradScaler(settings.device, enabled=settings.grad_scaler)
     return torch.cuda.amp.GradScaler(enabled=settings.grad_scaler)

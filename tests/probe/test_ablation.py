@@ -1,0 +1,203 @@
+"""The bench's running half: interleaved rounds through the ``measure`` seam, failed arms, the
+confirmation run, and the real training loop on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.rules.helpers import snapshot
+from tests.test_bench import measured
+
+from torch_autotune.bench import ArmFailed, TrainConfig, plan_arms, tuned_config
+from torch_autotune.errors import ProbeError
+from torch_autotune.probe.ablation import bench
+from torch_autotune.probe.loop import TrainingLoop
+from torch_autotune.probe.workloads import Workload, resolve_workload
+from torch_autotune.profile import Profile, Source
+from torch_autotune.rules.engine import build_profile
+
+
+class SpeedModel:
+    """A fake machine: each setting the arm shares with the profile multiplies its speed, and
+    every call is logged. ``fail`` names configs that run out of memory."""
+
+    def __init__(
+        self,
+        tuned: TrainConfig,
+        factors: dict[str, float],
+        fail: tuple[TrainConfig, ...] = (),
+    ) -> None:
+        self.tuned = tuned
+        self.factors = factors
+        self.fail = fail
+        self.calls: list[TrainConfig] = []
+
+    def __call__(self, config: TrainConfig, seconds: float) -> float:
+        self.calls.append(config)
+        if config in self.fail:
+            raise ArmFailed(f"out of memory (cuda) at {config.describe()}")
+        rate = 1000.0
+        for field, factor in self.factors.items():
+            if getattr(config, field) == getattr(self.tuned, field):
+                rate *= factor
+        return rate
+
+
+@pytest.fixture
+def a100() -> Profile:
+    return measured("a100-sxm4-80gb-8x")
+
+
+def test_every_round_runs_every_arm_once_in_a_rotated_order(a100: Profile) -> None:
+    model = SpeedModel(tuned_config(a100), {"precision": 2.0})
+    plan = plan_arms(TrainConfig(), tuned_config(a100))
+    result = bench(a100, "conv", rounds=3, seconds=0.1, measure=model)
+    n = len(plan.configs)
+    assert len(model.calls) == 3 * n
+    rounds = [model.calls[i * n : (i + 1) * n] for i in range(3)]
+    assert all(set(r) == set(plan.configs) for r in rounds)
+    assert [r[0] for r in rounds] == list(plan.configs[:3])  # each round starts one later
+    bench_evidence = result.evidence.bench  # type: ignore[union-attr]
+    assert bench_evidence is not None
+    assert [a.config for a in bench_evidence.arms] == list(plan.configs)
+    assert all(len(a.samples_per_s) == 3 for a in bench_evidence.arms)
+
+
+def test_a_slower_setting_is_dropped_and_the_rest_confirmed_against_the_baseline(
+    a100: Profile,
+) -> None:
+    tuned = tuned_config(a100)
+    model = SpeedModel(
+        tuned,
+        {"precision": 2.0, "batch_size": 1.4, "channels_last": 0.8, "fused_optimizer": 0.9},
+    )
+    result = bench(a100, "conv", rounds=5, seconds=0.1, measure=model)
+    evidence = result.evidence.bench  # type: ignore[union-attr]
+    assert evidence is not None
+    dropped = sorted(s.setting for s in evidence.settings if s.outcome == "dropped")
+    assert dropped == ["channels_last", "fused_optimizer"]
+    assert result.settings.memory_format == "contiguous_format"
+    assert result.settings.optimizer.fused is False
+    # two settings dropped: the profile without both had not run, so it ran against the
+    # baseline in rounds of its own, and it is faster than the baseline
+    final = [a for a in evidence.arms if a.names == ("final",)]
+    assert len(final) == 1
+    assert final[0].config == tuned.model_copy(
+        update={"channels_last": False, "fused_optimizer": False}
+    )
+    assert evidence.final is not None
+    assert evidence.final.verdict == "faster"
+    assert evidence.final.speedup == pytest.approx(2.0 * 1.4)
+    assert not evidence.reverted
+    decision = result.decision("optimizer.fused")
+    assert decision is not None
+    assert decision.source is Source.MEASURED
+    assert "0.90x" in decision.reason
+
+
+def test_an_arm_that_runs_out_of_memory_costs_only_its_own_numbers(a100: Profile) -> None:
+    tuned = tuned_config(a100)
+    plan = plan_arms(TrainConfig(), tuned)
+    batch = next(k for k in plan.knobs if k.name == "batch_size")
+    on_alone = plan.on_alone(batch)  # the big batch in fp32 does not fit
+    model = SpeedModel(tuned, {"precision": 2.0}, fail=(on_alone,))
+    result = bench(a100, "conv", rounds=3, seconds=0.1, measure=model)
+    evidence = result.evidence.bench  # type: ignore[union-attr]
+    assert evidence is not None
+    arm = next(a for a in evidence.arms if a.config == on_alone)
+    assert arm.samples_per_s == (None, None, None)
+    assert arm.error is not None
+    assert "out of memory" in arm.error
+    effect = next(s for s in evidence.settings if s.setting == "batch_size")
+    assert effect.on_alone is None
+    assert effect.off_alone is not None  # the rest still measured
+    assert evidence.tuned is not None
+    assert evidence.tuned.verdict == "faster"
+
+
+def test_a_rules_only_profile_is_refused_with_the_fix() -> None:
+    with pytest.raises(ProbeError, match="run 'autotune' first"):
+        bench(build_profile(snapshot("rtx-4090")), "conv", measure=lambda _c, _s: 1.0)
+
+
+# --- the real loop on the CPU --------------------------------------------------------------------
+
+
+def tiny() -> Workload:
+    """The mlp workload with a small dataset: quick real training."""
+    return resolve_workload("mlp")
+
+
+def test_the_training_loop_measures_real_samples_per_second() -> None:
+    loop = TrainingLoop(resolve_workload("mlp"), "cpu", warmup_steps=1, min_steps=2)
+    rate = loop.measure(TrainConfig(batch_size=16), 0.05)
+    assert rate > 0
+
+
+def test_the_training_loop_loads_through_workers_and_restores_torchs_flags() -> None:
+    threads = torch.get_num_threads()
+    loop = TrainingLoop(resolve_workload("conv"), "cpu", warmup_steps=1, min_steps=2)
+    seen: list[int] = []
+    original = loop._train
+
+    def spy(config: TrainConfig, seconds: float) -> float:
+        seen.append(torch.get_num_threads())
+        return original(config, seconds)
+
+    loop._train = spy  # type: ignore[method-assign]
+    rate = loop.measure(TrainConfig(batch_size=8, num_workers=1, cpu_threads=1), 0.05)
+    assert rate > 0
+    assert seen == [1]  # the config's thread count while it trained
+    assert torch.get_num_threads() == threads  # and torch's own afterwards
+
+
+def test_out_of_memory_in_the_loop_fails_only_that_arm() -> None:
+    from tests.probe.test_trials import LIMIT, OomAt
+
+    mlp = resolve_workload("mlp")
+    workload = Workload(
+        name="oom",
+        kind="mlp",
+        make_model=lambda: OomAt("forward"),
+        make_optimizer=lambda params, **kw: torch.optim.SGD(params, lr=0.1, **kw),
+        make_batch=lambda n: (torch.randn(n, 16), torch.randint(0, 4, (n,))),
+        loss_fn=mlp.loss_fn,
+    )
+    loop = TrainingLoop(workload, "cpu", warmup_steps=1, min_steps=1)
+    assert loop.measure(TrainConfig(batch_size=LIMIT), 0.01) > 0
+    with pytest.raises(ArmFailed, match="out of memory"):
+        loop.measure(TrainConfig(batch_size=LIMIT + 1), 0.01)
+
+
+def test_a_bug_in_the_users_model_surfaces_as_their_own_error() -> None:
+    mlp = resolve_workload("mlp")
+    workload = Workload(
+        name="broken",
+        kind="mlp",
+        make_model=lambda: torch.nn.Linear(3, 4),  # the batches have 16 features
+        make_optimizer=lambda params, **kw: torch.optim.SGD(params, lr=0.1, **kw),
+        make_batch=lambda n: (torch.randn(n, 16), torch.randint(0, 4, (n,))),
+        loss_fn=mlp.loss_fn,
+    )
+    loop = TrainingLoop(workload, "cpu", warmup_steps=1, min_steps=1)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        loop.measure(TrainConfig(batch_size=4), 0.01)
+
+
+def test_bench_on_the_cpu_end_to_end() -> None:
+    """A real (short) tune and bench: numbers for every arm, and the verdict is recorded."""
+    from torch_autotune.probe.run import tune
+
+    laptop = snapshot("cpu-laptop-linux")
+    profile = tune("mlp", snapshot=laptop, budget_s=20, max_batch_size=64)
+    rng = torch.random.get_rng_state()
+    result = bench(profile, rounds=3, seconds=0.1)
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    evidence = result.evidence.bench  # type: ignore[union-attr]
+    assert evidence is not None
+    assert evidence.workload == "mlp"
+    assert all(v is not None and v > 0 for a in evidence.arms for v in a.samples_per_s)
+    if profile.settings.batch.batch_size != 32:
+        assert [s.setting for s in evidence.settings][:1] == ["batch_size"]
+    assert evidence.tuned is not None
+    assert evidence.tuned.rounds == 3

@@ -1,0 +1,109 @@
+"""`autotune bench` through click's runner: a measured profile file, real training on the CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from tests.rules.helpers import snapshot
+
+from torch_autotune.cli import cli
+from torch_autotune.errors import EXIT_BAD_INPUT
+from torch_autotune.profile_io import dump_profile, load_profile
+from torch_autotune.rules.engine import build_profile
+
+QUICK = ("--rounds", "2", "--seconds", "0.05")
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), prog_name="autotune")
+
+
+@pytest.fixture(scope="module")
+def measured_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A profile the probe measured for the mlp workload on a recorded laptop (CPU)."""
+    from torch_autotune.probe.run import tune
+
+    profile = tune("mlp", snapshot=snapshot("cpu-laptop-linux"), budget_s=15, max_batch_size=64)
+    path = tmp_path_factory.mktemp("profiles") / "laptop.yaml"
+    path.write_text(dump_profile(profile))
+    return path
+
+
+def test_bench_prints_arms_settings_and_the_verdict(
+    measured_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_AUTOTUNE_HOME", str(tmp_path / "store"))
+    before = measured_file.read_bytes()
+    result = run("bench", "--profile", str(measured_file), *QUICK)
+    assert result.exit_code == 0, result.output
+    assert "autotune bench: mlp on cpu" in result.output
+    assert "baseline" in result.output
+    assert "float32, batch 32, 0 workers" in result.output
+    assert "the baseline's speed" in result.output
+    assert measured_file.read_bytes() == before  # the file benched is never rewritten
+    assert not (tmp_path / "store").exists()  # nor the store: --profile leaves it alone
+
+
+def test_bench_json_and_output_file_hold_the_evidence(measured_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "benched.yaml"
+    result = run("bench", "--profile", str(measured_file), *QUICK, "--json", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["rounds"] == 2
+    assert data["arms"][0]["names"][0] == "baseline"
+    benched = load_profile(out)
+    assert benched.evidence is not None
+    assert benched.evidence.bench is not None
+    assert benched.evidence.bench.model_dump(mode="json") == data
+
+
+def test_the_users_own_baseline_is_benched(measured_file: Path, tmp_path: Path) -> None:
+    baseline = tmp_path / "mine.yaml"
+    baseline.write_text("batch_size: 8\n")
+    result = run(
+        "bench", "--profile", str(measured_file), *QUICK, "--baseline", str(baseline), "--json"
+    )
+    assert result.exit_code == 0, result.output
+    arms = json.loads(result.stdout)["arms"]
+    assert arms[0]["config"]["batch_size"] == 8
+
+
+def test_a_misspelt_baseline_key_is_named_with_the_fix(tmp_path: Path, measured_file: Path) -> None:
+    baseline = tmp_path / "mine.yaml"
+    baseline.write_text("batch_sise: 8\n")
+    result = run("bench", "--profile", str(measured_file), "--baseline", str(baseline))
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "unknown key 'batch_sise'; did you mean 'batch_size'?" in result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("- 1\n- 2\n", "is a list, not a baseline"),
+        ("precision: float64\n", "precision"),
+        ("num_workers: 0\nprefetch_factor: 2\n", "prefetch_factor needs num_workers"),
+        ("batch_size: [\n", "is not valid YAML"),
+    ],
+)
+def test_a_bad_baseline_is_one_line_and_exit_code_3(
+    tmp_path: Path, measured_file: Path, text: str, message: str
+) -> None:
+    baseline = tmp_path / "mine.yaml"
+    baseline.write_text(text)
+    result = run("bench", "--profile", str(measured_file), "--baseline", str(baseline))
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:
+    rules_only = tmp_path / "rules.yaml"
+    rules_only.write_text(dump_profile(build_profile(snapshot("cpu-laptop-linux"))))
+    result = run("bench", "--profile", str(rules_only))
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "was not measured" in result.stderr
+    assert "run 'autotune'" in result.stderr
