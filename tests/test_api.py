@@ -22,6 +22,7 @@ def test_public_names_are_pinned() -> None:
         "LiveMachine",
         "MigSlice",
         "Mode",
+        "PlotUnavailableError",
         "Preferences",
         "ProbeError",
         "Profile",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from click.testing import CliRunner, Result
 from tests.rules.helpers import snapshot
 
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_BAD_INPUT
+from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE
 from torch_autotune.profile_io import dump_profile, load_profile
 from torch_autotune.rules.engine import build_profile
 
@@ -107,3 +108,64 @@ def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:
     assert result.exit_code == EXIT_BAD_INPUT
     assert "was not measured" in result.stderr
     assert "run 'autotune'" in result.stderr
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def benched_file(measured_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("benched") / "benched.yaml"
+    result = run("bench", "--profile", str(measured_file), *QUICK, "-o", str(out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_report_draws_the_charts_in_the_terminal(benched_file: Path) -> None:
+    result = run("report", "--profile", str(benched_file))
+    assert result.exit_code == 0, result.output
+    assert "recommended" in result.output
+    assert "batch_size" in result.output  # the bench panel
+
+
+def test_report_writes_a_png(benched_file: Path, tmp_path: Path) -> None:
+    png = tmp_path / "report.png"
+    result = run("report", "--profile", str(benched_file), "--plot", str(png))
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_report_without_matplotlib_says_what_to_install_and_writes_nothing(
+    benched_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    png = tmp_path / "report.png"
+    result = run("report", "--profile", str(benched_file), "--plot", str(png))
+    assert result.exit_code == EXIT_USAGE
+    assert "torch-autotune[plot]" in result.stderr
+    assert not png.exists()
+
+
+def test_report_of_a_rules_only_profile_asks_for_a_measurement(tmp_path: Path) -> None:
+    rules_only = tmp_path / "rules.yaml"
+    rules_only.write_text(dump_profile(build_profile(snapshot("cpu-laptop-linux"))))
+    result = run("report", "--profile", str(rules_only))
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "run autotune" in result.stderr
+
+
+def test_bench_plots_and_falls_back_to_text_without_matplotlib(
+    measured_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    png = tmp_path / "bench.png"
+    drawn = run("bench", "--profile", str(measured_file), *QUICK, "--plot", str(png))
+    assert drawn.exit_code == 0, drawn.output
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    other = tmp_path / "other.png"
+    text = run("bench", "--profile", str(measured_file), *QUICK, "--plot", str(other))
+    assert text.exit_code == 0, text.output  # the measurement stands; only the PNG is missing
+    assert "matplotlib is not installed" in text.stderr
+    assert "recommended" in text.stdout
+    assert not other.exists()

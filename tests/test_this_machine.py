@@ -118,3 +118,24 @@ def test_autotune_with_no_arguments_probes_saves_and_recommend_returns_it(
     measured, batch, evidence_batch = json.loads(shown.stdout)
     assert measured is True
     assert batch == evidence_batch
+
+
+def test_autotune_bench_tunes_first_then_benches_and_stores_the_evidence(tmp_path: Path) -> None:
+    env = {**os.environ, "TORCH_AUTOTUNE_HOME": str(tmp_path)}
+    executable = shutil.which("autotune")
+    command = [executable] if executable else [sys.executable, "-m", "torch_autotune"]
+    args = ["bench", "-m", "mlp", "--budget", "20", "--rounds", "3", "--seconds", "0.2"]
+    done = subprocess.run(
+        [*command, *args], env=env, check=False, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "tuning first" in done.stderr
+    assert "autotune bench: mlp on cpu" in done.stdout
+    check = (
+        "import torch_autotune; b = torch_autotune.recommend().evidence.bench; "
+        "print(b.workload, b.rounds)"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", check], env=env, check=True, capture_output=True, text=True
+    )
+    assert shown.stdout.split() == ["mlp", "3"]

@@ -69,6 +69,13 @@ class _Group(click.Group):
     type=click.IntRange(min=0),
     help="Use this many DataLoader workers instead of measuring (Windows measures none).",
 )
+@click.option(
+    "--plot",
+    "plot_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also draw the charts into a PNG file (needs the 'plot' extra; without it they are "
+    "drawn in the terminal).",
+)
 @click.option("--no-save", is_flag=True, help="Show the profile without storing it.")
 @click.option(
     "--store",
@@ -87,6 +94,7 @@ def cli(  # click passes options by name
     mode: str,
     variable_shapes: bool,
     workers: int | None,
+    plot_file: Path | None,
     no_save: bool,
     store: Path | None,
 ) -> None:
@@ -127,6 +135,8 @@ def cli(  # click passes options by name
 
         saved = ProfileStore(store).save(profile)
     render_run(profile, _console(), saved)
+    if plot_file is not None:
+        _plot(profile, plot_file)
 
 
 def _user_code(ctx: click.Context, run: Callable[[], T]) -> T:
@@ -266,6 +276,13 @@ def _snapshot(snapshot_file: Path | None) -> Any:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also write the benched profile to FILE (YAML, or JSON for a .json name).",
 )
+@click.option(
+    "--plot",
+    "plot_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also draw the charts into a PNG file (needs the 'plot' extra; without it they are "
+    "drawn in the terminal).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the bench results as JSON.")
 @click.option("--no-save", is_flag=True, help="Do not store the benched profile.")
 @_store_option
@@ -280,6 +297,7 @@ def bench_command(  # click passes options by name
     seconds: float,
     budget: float,
     output: Path | None,
+    plot_file: Path | None,
     as_json: bool,
     no_save: bool,
     store: Path | None,
@@ -333,6 +351,8 @@ def bench_command(  # click passes options by name
         render_bench(benched, _console())
         if saved is not None:
             click.echo(f"saved to {saved}; torch_autotune.recommend() returns it")
+    if plot_file is not None:
+        _plot(benched, plot_file)
 
 
 def _stored_measured(store: Path | None, workload: str | None) -> Any:
@@ -372,6 +392,54 @@ def _write_profile(profile: Any, output: Path) -> None:
 
     write_atomically(output, dump_profile(profile, "json" if output.suffix == ".json" else "yaml"))
     click.echo(f"wrote {output}", err=True)
+
+
+def _plot(profile: Any, path: Path) -> None:
+    """The charts as a PNG after a run that measured; in the terminal, with a warning, when
+    matplotlib is not installed (the measurements are saved either way)."""
+    from torch_autotune import plot
+
+    if not plot.matplotlib_available():
+        click.echo(
+            "autotune: warning: matplotlib is not installed, so no PNG was written; the charts "
+            "follow as text (pip install 'torch-autotune[plot]' for the PNG)",
+            err=True,
+        )
+        plot.render_charts(profile, _console())
+        return
+    plot.save_png(profile, path)
+    click.echo(f"wrote {path}", err=True)
+
+
+@cli.command("report")
+@click.option(
+    "--profile",
+    "profile_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw this measured profile file instead of the machine's stored profile.",
+)
+@click.option(
+    "--plot",
+    "plot_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Draw into a PNG file (needs the 'plot' extra) instead of the terminal.",
+)
+@_store_option
+def report_command(profile_file: Path | None, plot_file: Path | None, store: Path | None) -> None:
+    """Draw what the probe and the bench measured: throughput against batch size with the
+    memory limit, DataLoader throughput against workers, and each setting's speedup."""
+    from torch_autotune import plot
+    from torch_autotune.profile_io import load_profile
+
+    if profile_file is not None:
+        profile = load_profile(profile_file)
+    else:
+        profile = _current_profile(store, None, None)
+    if plot_file is None:
+        plot.render_charts(profile, _console())
+        return
+    plot.save_png(profile, plot_file)
+    click.echo(f"wrote {plot_file}", err=True)
 
 
 @cli.command("recommend")

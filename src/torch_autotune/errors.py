@@ -72,3 +72,12 @@ class ProbeError(AutotuneError):
     """The probe could not measure what it needs on this machine."""
 
     exit_code = EXIT_PROBE
+
+
+class PlotUnavailableError(AutotuneError):
+    """matplotlib, which drawing a PNG needs, is not installed (or is too old).
+
+    Exit code 2, a usage error: the option asked for cannot be used in this installation.
+    """
+
+    exit_code = EXIT_USAGE

@@ -58,7 +58,7 @@ def train_step(workload: Workload, model: torch.nn.Module, batch_size: int = 8) 
 def test_the_builtins_are_conv_transformer_and_mlp_with_conv_the_default() -> None:
     assert list(BUILTIN_WORKLOADS) == ["conv", "transformer", "mlp"]
     assert DEFAULT_WORKLOAD == "conv"
-    assert resolve_workload(None).name == "resnet_like"
+    assert resolve_workload(None).name == "conv"
 
 
 @pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
@@ -570,3 +570,9 @@ def test_a_workload_with_an_unknown_kind_is_refused() -> None:
             make_batch=BUILT["mlp"].make_batch,
             loss_fn=BUILT["mlp"].loss_fn,
         )
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_WORKLOADS))
+def test_a_built_in_workload_is_named_as_it_is_asked_for(name: str) -> None:
+    """The evidence records the workload's name, and the bench resolves it again from there."""
+    assert resolve_workload(name).name == name

@@ -520,7 +520,7 @@ def resnet_like() -> Workload:
     """
     data = SyntheticImages(size=64, num_classes=10)
     return Workload(
-        name="resnet_like",
+        name="conv",
         kind="conv",
         make_model=_build_resnet_like,
         make_optimizer=_adamw,
@@ -540,7 +540,7 @@ def transformer_encoder() -> Workload:
     """
     data = SyntheticTokens(seq_len=128, vocab_size=1000)
     return Workload(
-        name="transformer_encoder",
+        name="transformer",
         kind="transformer",
         make_model=_build_transformer_lm,
         make_optimizer=_adamw,
