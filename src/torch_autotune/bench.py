@@ -139,9 +139,9 @@ KNOBS: tuple[Knob, ...] = (
 
 NOT_ABLATED = (
     "environment (PYTORCH_CUDA_ALLOC_CONF, CUBLAS_WORKSPACE_CONFIG, OMP_NUM_THREADS...): read "
-    "once when CUDA or OpenMP starts, so it cannot change inside one process; not ablated",
+    "once when CUDA or OpenMP starts, so it cannot change inside one process",
     "persistent_workers: saves worker start-up between epochs, which a steady-state "
-    "measurement does not include; not ablated",
+    "measurement does not include",
 )
 
 

@@ -129,8 +129,7 @@ def bench(
     if chosen.dataset is None:
         tuned = _loader_free(tuned, base)
         not_ablated.append(
-            f"DataLoader settings: the {chosen.name} workload has no dataset to load from; "
-            "not ablated"
+            f"DataLoader settings: the {chosen.name} workload has no dataset to load from"
         )
     plan = plan_arms(base, tuned)
     labels = [", ".join(names) for names in plan.names]
