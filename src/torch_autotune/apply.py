@@ -141,9 +141,15 @@ def grad_scaler(profile: Profile) -> Any:
     """A GradScaler, enabled only for fp16 (bf16 needs none, catalog A1)."""
     import torch
 
-    enabled = profile.settings.precision.grad_scaler
-    device = profile.settings.device
-    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):  # torch >= 2.3 (A10)
+    return make_scaler(
+        torch, profile.settings.device, enabled=profile.settings.precision.grad_scaler
+    )
+
+
+def make_scaler(torch: Any, device: str, *, enabled: bool) -> Any:
+    """A GradScaler for ``device``: ``torch.amp.GradScaler`` from torch 2.3 (A10), the CUDA
+    one before."""
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
         return torch.amp.GradScaler(device, enabled=enabled)
     return torch.cuda.amp.GradScaler(enabled=enabled)
 

@@ -45,7 +45,7 @@ from pydantic import (
 )
 
 if TYPE_CHECKING:
-    from torch_autotune.profile import Profile
+    from torch_autotune.profile import Decision, Profile
 
 MIN_EFFECT = 0.02
 """Smallest change of the median ratio that counts as faster or slower (2%)."""
@@ -584,12 +584,13 @@ def _final_text(bench: BenchEvidence) -> str:
     )
 
 
-def _note_not_dropped(profile: Profile, drop: SettingEffect, problem: str) -> Any:
-    from torch_autotune.profile import Decision, Source
+def _note_not_dropped(profile: Profile, drop: SettingEffect, problem: str) -> Decision:
+    from torch_autotune.profile import Decision as DecisionModel
+    from torch_autotune.profile import Source
 
     path = next(iter(_knob_settings(drop.setting, TrainConfig())))[0]
     current = profile.decision(path)
-    return Decision(
+    return DecisionModel(
         setting=path,
         value=current.value if current is not None else None,
         rule="M1",

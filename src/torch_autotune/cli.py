@@ -18,6 +18,15 @@ from torch_autotune.errors import EXIT_WORKLOAD, AutotuneError, ProfileFileError
 T = TypeVar("T")
 
 
+_plot_option = click.option(
+    "--plot",
+    "plot_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also draw the charts into a PNG file (needs the 'plot' extra; without it they are "
+    "drawn in the terminal).",
+)
+
+
 class _Group(click.Group):
     """A click group that maps AutotuneError to its message and exit code."""
 
@@ -69,13 +78,7 @@ class _Group(click.Group):
     type=click.IntRange(min=0),
     help="Use this many DataLoader workers instead of measuring (Windows measures none).",
 )
-@click.option(
-    "--plot",
-    "plot_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Also draw the charts into a PNG file (needs the 'plot' extra; without it they are "
-    "drawn in the terminal).",
-)
+@_plot_option
 @click.option("--no-save", is_flag=True, help="Show the profile without storing it.")
 @click.option(
     "--store",
@@ -276,13 +279,7 @@ def _snapshot(snapshot_file: Path | None) -> Any:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also write the benched profile to FILE (YAML, or JSON for a .json name).",
 )
-@click.option(
-    "--plot",
-    "plot_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Also draw the charts into a PNG file (needs the 'plot' extra; without it they are "
-    "drawn in the terminal).",
-)
+@_plot_option
 @click.option("--json", "as_json", is_flag=True, help="Print the bench results as JSON.")
 @click.option("--no-save", is_flag=True, help="Do not store the benched profile.")
 @_store_option

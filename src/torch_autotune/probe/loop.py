@@ -20,14 +20,15 @@ import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
+from torch_autotune.apply import make_scaler
 from torch_autotune.probe.loader import loader_kwargs, shut_down, worker_failure
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.trials import (
-    StepSettings,
     global_flags,
-    make_scaler,
+    make_optimizer,
     restore_flags,
     sync_device,
+    train_step,
 )
 
 if TYPE_CHECKING:
@@ -145,25 +146,24 @@ class TrainingLoop:
 
         model = self._model(config)
         model.train()
-        kwargs: dict[str, Any] = {"fused": True} if config.fused_optimizer else {}
-        if kwargs and not self.workload.optimizer_accepts(**kwargs):
-            kwargs = {}
-        optimizer = self.workload.make_optimizer(model.parameters(), **kwargs)
-        autocast = config.precision != "float32"
-        dtype = getattr(torch, config.precision) if autocast else None
-        fp16 = config.precision == "float16"
-        scaler = make_scaler(torch, StepSettings(device=self.device, grad_scaler=fp16))
+        options = {"fused": True} if config.fused_optimizer else {}
+        optimizer = make_optimizer(self.workload, model, options)
+        dtype = None if config.precision == "float32" else config.precision
+        scaler = make_scaler(torch, self.device, enabled=config.precision == "float16")
         batches = self._batches(config)
         try:
 
             def step() -> None:
-                inputs, targets = next(batches)
-                with torch.autocast(device_type=self.device, dtype=dtype, enabled=autocast):
-                    loss = self.workload.loss_fn(model(inputs), targets)
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
+                train_step(
+                    torch,
+                    self.workload,
+                    next(batches),
+                    model=model,
+                    optimizer=optimizer,
+                    scaler=scaler,
+                    device=self.device,
+                    dtype=dtype,
+                )
 
             for _ in range(self.warmup_steps):
                 step()

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from torch_autotune.apply import make_scaler
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.search import TrialOutcome
 
@@ -259,28 +260,24 @@ class TrialRunner:
         s = self.settings
         model = self.model
         model.train()
-        kwargs = dict(s.optimizer_kwargs)
-        accepts = getattr(self.workload, "optimizer_accepts", None)
-        if kwargs and accepts is not None and not accepts(**kwargs):
-            kwargs = {}  # the user's optimizer factory takes no options: train without fused
-        optimizer = self.workload.make_optimizer(model.parameters(), **kwargs)
-        scaler = make_scaler(torch, s)
+        optimizer = make_optimizer(self.workload, model, s.optimizer_kwargs)
+        scaler = make_scaler(torch, s.device, enabled=s.grad_scaler)
         inputs, targets = self._inputs(batch_size)
         started = 0.0
         for step in range(s.steps):
             if step == 1:
                 sync_device(torch, s.device)
                 started = self.clock()
-            with torch.autocast(
-                device_type=s.device,
-                dtype=getattr(torch, s.autocast_dtype) if s.autocast_dtype else None,
-                enabled=s.autocast_dtype is not None,
-            ):
-                loss = self.workload.loss_fn(model(inputs), targets)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            train_step(
+                torch,
+                self.workload,
+                (inputs, targets),
+                model=model,
+                optimizer=optimizer,
+                scaler=scaler,
+                device=s.device,
+                dtype=s.autocast_dtype,
+            )
         sync_device(torch, s.device)
         return self.clock() - started if s.steps > 1 else 0.0
 
@@ -297,7 +294,34 @@ class TrialRunner:
         return TrialOutcome(True, peak, seconds)
 
 
-def make_scaler(torch: Any, settings: StepSettings) -> Any:
-    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
-        return torch.amp.GradScaler(settings.device, enabled=settings.grad_scaler)
-    return torch.cuda.amp.GradScaler(enabled=settings.grad_scaler)
+def make_optimizer(workload: Workload, model: Any, options: Mapping[str, Any]) -> Any:
+    """The workload's optimizer over ``model``'s parameters with ``options`` (``fused=True``),
+    or without them when the user's optimizer factory takes none."""
+    kwargs = dict(options)
+    accepts = getattr(workload, "optimizer_accepts", None)
+    if kwargs and accepts is not None and not accepts(**kwargs):
+        kwargs = {}
+    return workload.make_optimizer(model.parameters(), **kwargs)
+
+
+def train_step(
+    torch: Any,
+    workload: Workload,
+    batch: tuple[Any, Any],
+    *,
+    model: Any,
+    optimizer: Any,
+    scaler: Any,
+    device: str,
+    dtype: str | None,
+) -> None:
+    """One step as the user's loop runs it: forward and loss under autocast (``dtype`` None:
+    off), backward through the scaler, optimizer step, zero_grad."""
+    inputs, targets = batch
+    autocast_dtype = getattr(torch, dtype) if dtype else None
+    with torch.autocast(device_type=device, dtype=autocast_dtype, enabled=dtype is not None):
+        loss = workload.loss_fn(model(inputs), targets)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
