@@ -1,0 +1,82 @@
+"""One clock and one time budget for a whole probe run, shared by every phase. No torch.
+
+``tune()`` makes one ``Budget`` and hands it to the search, the throughput points, the compile
+measurement, the confirmation and the DataLoader measurement. Each phase runs inside
+``budget.phase(name, seconds)``: its deadline is ``seconds`` from its start (never past the
+end of the whole budget), so a phase cannot eat the time of the phases after it, and what a
+phase leaves unused is there for the next one. ``budget.phases`` records how long each phase
+took, for the summary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["SPENT", "Budget", "PhaseTime"]
+
+Clock = Callable[[], float]
+
+SPENT = 0.9
+"""A run has spent its budget when this fraction of it is gone (``limited_by: budget``)."""
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """How long one phase of the run took."""
+
+    name: str
+    seconds: float
+    allowed_s: float | None  # the phase's own share; None: up to the end of the budget
+
+
+class Budget:
+    """``total_s`` seconds from now on ``clock``; phases with deadlines of their own."""
+
+    def __init__(self, total_s: float, clock: Clock, *, started: float | None = None) -> None:
+        """``started``: when the run began on ``clock`` (default: now)."""
+        if not (math.isfinite(total_s) and total_s > 0):
+            raise ValueError(f"the time budget must be a finite number of seconds > 0: {total_s}")
+        self.total_s = total_s
+        self.clock = clock
+        self.started = clock() if started is None else started
+        self.end = self.started + total_s
+        self.deadline = self.end  # the current phase's
+        self.phases: list[PhaseTime] = []
+
+    def now(self) -> float:
+        return self.clock()
+
+    def elapsed(self) -> float:
+        return max(0.0, self.clock() - self.started)
+
+    def left(self) -> float:
+        """Seconds until the current phase's deadline (0 when it has passed)."""
+        return max(0.0, self.deadline - self.clock())
+
+    def left_in_run(self) -> float:
+        """Seconds until the end of the whole budget."""
+        return max(0.0, self.end - self.clock())
+
+    def affords(self, seconds: float) -> bool:
+        """Whether ``seconds`` of work started now ends by the current phase's deadline."""
+        return self.clock() + seconds <= self.deadline
+
+    @property
+    def spent(self) -> bool:
+        """At least ``SPENT`` of the whole budget is gone."""
+        return self.elapsed() >= SPENT * self.total_s
+
+    @contextmanager
+    def phase(self, name: str, seconds: float | None = None) -> Iterator[Budget]:
+        """Run a phase with ``seconds`` of its own (None: up to the end of the budget)."""
+        began = self.clock()
+        outer = self.deadline
+        self.deadline = self.end if seconds is None else min(self.end, began + max(0.0, seconds))
+        try:
+            yield self
+        finally:
+            self.deadline = outer
+            self.phases.append(PhaseTime(name, max(0.0, self.clock() - began), seconds))
