@@ -179,8 +179,18 @@ class SearchTrialRecord(_Strict):
     batch_size: PositiveInt
     fits: bool
     peak_memory_bytes: NonNegativeInt | None
-    seconds: float | None = Field(ge=0)
+    seconds: float | None = Field(ge=0, description="Wall time of the trial, warm-up included.")
     step: str = Field(description="Why this size: start, model, predict, verify, double, ...")
+    warmup_s: float | None = Field(
+        default=None, ge=0, description="The first step's cost beyond a steady step."
+    )
+    step_s: float | None = Field(default=None, ge=0, description="One steady training step.")
+    predicted_s: float | None = Field(
+        default=None, ge=0, description="What the time model predicted before the trial."
+    )
+    left_s: float | None = Field(
+        default=None, ge=0, description="Seconds the phase had left when the trial was decided."
+    )
 
 
 class ThroughputRecord(_Strict):
@@ -189,6 +199,43 @@ class ThroughputRecord(_Strict):
     batch_size: PositiveInt
     samples_per_s: float = Field(gt=0)
     relative_spread: float = Field(ge=0, description="(max - min) / median of the repeats.")
+    steady: bool = Field(
+        default=True,
+        description="The last timed blocks agreed within 5%; noisy points are not chosen.",
+    )
+    compiled: bool = Field(default=False, description="Measured under torch.compile.")
+    warmup_s: float | None = Field(
+        default=None, ge=0, description="The first step's cost beyond a steady step."
+    )
+    blocks: NonNegativeInt = Field(default=0, description="Timed blocks of steps.")
+    peak_memory_bytes: NonNegativeInt | None = Field(
+        default=None, description="Allocator peak during the point, when known."
+    )
+
+
+class PhaseRecord(_Strict):
+    """How long one phase of the probe took."""
+
+    name: str
+    seconds: float = Field(ge=0)
+    allowed_s: float | None = Field(default=None, ge=0, description="The phase's share.")
+
+
+class CompileRecord(_Strict):
+    """torch.compile measured against eager training, or why it was not."""
+
+    mode: str
+    measured: bool
+    kept: bool
+    reason: str
+    predicted_s: float | None = Field(default=None, ge=0, description="Compile time expected.")
+    compile_s: float | None = Field(default=None, ge=0, description="Compile time paid.")
+    batch_size: PositiveInt | None = None
+    eager_samples_per_s: float | None = Field(default=None, gt=0)
+    compiled_samples_per_s: float | None = Field(default=None, gt=0)
+    payoff_minutes: float | None = Field(
+        default=None, ge=0, description="Training time after which the compile has paid off."
+    )
 
 
 class LoaderRecord(_Strict):
@@ -207,7 +254,10 @@ class Evidence(_Strict):
     max_batch_size: PositiveInt = Field(description="Largest batch that trained.")
     fastest_batch_size: PositiveInt = Field(description="Smallest batch within 3% of the best.")
     batch_size: PositiveInt = Field(description="Recommended: margin, rounding, run once more.")
-    limited_by: str = Field(description="memory, cap, or budget")
+    limited_by: str = Field(description="memory, cap, host RAM, time, or budget")
+    limit_reason: str | None = Field(
+        default=None, description="What stopped the search, with the numbers."
+    )
     search: tuple[SearchTrialRecord, ...]
     throughput: tuple[ThroughputRecord, ...]
     loader: tuple[LoaderRecord, ...] = ()
@@ -220,6 +270,11 @@ class Evidence(_Strict):
     bench: BenchEvidence | None = Field(
         default=None, description="autotune bench: baseline, tuned and each setting's effect."
     )
+    phases: tuple[PhaseRecord, ...] = Field(default=(), description="Time per phase.")
+    compile: CompileRecord | None = Field(
+        default=None, description="torch.compile measured (speed mode, where it can run)."
+    )
+    warnings: tuple[str, ...] = Field(default=(), description="What the user should know.")
 
 
 class Profile(_Strict):
@@ -455,6 +510,8 @@ def _evidence_problems(profile: Profile) -> list[str]:
         return []
     evidence = profile.evidence
     ran = set() if evidence is None else {t.batch_size for t in evidence.search if t.fits}
+    if evidence is not None:
+        ran |= {t.batch_size for t in evidence.throughput}  # steady points ran for seconds
     if evidence is not None and evidence.bench is not None:
         ran |= evidence.bench.ran()  # the bench trains its baseline batch size too
     if batch not in ran:

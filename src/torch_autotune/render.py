@@ -15,7 +15,7 @@ from rich.text import Text
 
 from torch_autotune.bench import BenchEvidence, Effect
 from torch_autotune.hardware import Accelerator, HardwareSnapshot
-from torch_autotune.profile import Decision, Profile
+from torch_autotune.profile import CompileRecord, Decision, Evidence, Profile
 
 _GIB = 1 << 30
 
@@ -249,13 +249,17 @@ def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
         ("device", profile.settings.device),
     ]
     if evidence is not None:
+        limit = f"{evidence.max_batch_size} (limited by {evidence.limited_by}"
+        limit += f": {evidence.limit_reason})" if evidence.limit_reason else ")"
         facts += [
             ("workload", evidence.workload),
-            ("largest batch", f"{evidence.max_batch_size} (limited by {evidence.limited_by})"),
+            ("largest batch", limit),
             ("fastest batch", str(evidence.fastest_batch_size)),
             ("recommended", f"{evidence.batch_size} (ran again before it was recommended)"),
-            ("run time", f"{evidence.elapsed_s:.1f} s of {evidence.budget_s:.0f} s budget"),
+            ("run time", _run_time(evidence)),
         ]
+        if evidence.compile is not None:
+            facts.append(("torch.compile", _compile_text(evidence.compile)))
     s = profile.settings
     facts += [
         ("precision", s.precision.dtype + (" + GradScaler" if s.precision.grad_scaler else "")),
@@ -270,13 +274,17 @@ def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
     console.print(_facts("torch-autotune: measured profile", facts))
     if evidence is not None and evidence.throughput:
         table = Table(title="Throughput", title_justify="left", box=box.SIMPLE_HEAD)
-        for column in ("batch", "samples/s", "spread"):
-            table.add_column(column, justify="right")
+        for column in ("batch", "samples/s", "spread", "note"):
+            table.add_column(column, justify="right" if column != "note" else "left")
         for record in evidence.throughput:
+            notes = ["compiled" if record.compiled else "eager"]
+            if not record.steady:
+                notes.append("noisy: not used to choose")
             table.add_row(
                 str(record.batch_size),
                 f"{record.samples_per_s:.1f}",
                 f"{record.relative_spread * 100:.0f}%",
+                ", ".join(notes),
             )
         console.print(table)
     if evidence is not None and evidence.loader:
@@ -287,8 +295,24 @@ def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
             rate = "-" if loader.samples_per_s is None else f"{loader.samples_per_s:.1f}"
             table.add_row(str(loader.num_workers), rate, loader.error or "")
         console.print(table)
+    for warning in evidence.warnings if evidence is not None else ():
+        console.print(Text(f"warning: {warning}", style="yellow"))
     if saved is not None:
         console.print(f"saved to {saved}; torch_autotune.recommend() returns it on this machine")
+
+
+def _run_time(evidence: Evidence) -> str:
+    """'41.2 s of 120 s budget (search 12.0 s, throughput 20.1 s, ...)'."""
+    text = f"{evidence.elapsed_s:.1f} s of {evidence.budget_s:.0f} s budget"
+    if evidence.phases:
+        text += " (" + ", ".join(f"{p.name} {p.seconds:.1f} s" for p in evidence.phases) + ")"
+    return text
+
+
+def _compile_text(record: CompileRecord) -> str:
+    if not record.measured:
+        return f"not measured ({record.reason}); decided by the rules"
+    return record.reason
 
 
 def _effect_cell(effect: Effect | None) -> Text:

@@ -341,6 +341,8 @@ def search_workers(
     step_rate_samples_per_s: float | None = None,
     candidates: Iterable[int] | None = None,
     windows: bool = False,
+    until: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> WorkerChoice:
     """Measure worker counts in increasing order and choose one (the rules are in the module
     docstring). Pure: ``measure(num_workers)`` does the measuring.
@@ -348,7 +350,9 @@ def search_workers(
     ``max_workers`` caps every candidate (a count <= 0 allows only 0). ``candidates``
     replaces the default sequence (counts above ``max_workers`` are dropped); on Windows
     (``windows=True``) the default is 0 alone. If every candidate fails and 0 was not among
-    them, 0 is measured as well; if nothing runs, WorkloadError.
+    them, 0 is measured as well; if nothing runs, WorkloadError. With ``until`` (a time on
+    ``clock``), a candidate is started only when one as long as the longest so far still ends
+    by then; the first candidate always runs.
     """
     if step_rate_samples_per_s is not None and not (
         math.isfinite(step_rate_samples_per_s) and step_rate_samples_per_s > 0
@@ -356,7 +360,7 @@ def search_workers(
         raise ValueError(f"step rate must be > 0 samples/s, got {step_rate_samples_per_s}")
     counts = _candidate_list(max_workers, candidates, windows=windows)
     target = None if step_rate_samples_per_s is None else step_rate_samples_per_s * HEADROOM
-    trials, stop = _run_until_stop(measure, counts, target)
+    trials, stop = _run_until_stop(measure, counts, target, until, clock)
     if not any(t.ok for t in trials) and 0 not in counts:
         trials.append(measure(0))
         stop = "every candidate failed, so 0 workers was measured as well"
@@ -376,14 +380,23 @@ def _candidate_list(
 
 
 def _run_until_stop(
-    measure: Measure, counts: Sequence[int], target: float | None
+    measure: Measure,
+    counts: Sequence[int],
+    target: float | None,
+    until: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[list[LoaderTrial], str]:
     """Trials in order, and the sentence that says why the search stopped."""
     trials: list[LoaderTrial] = []
     best: float | None = None
     idle = 0
+    longest = 0.0
     for count in counts:
+        began = clock()
+        if trials and until is not None and began + longest > until:
+            return trials, f"stopped before {count}: the time budget ran out"
         trial = measure(count)
+        longest = max(longest, clock() - began)
         trials.append(trial)
         rate = trial.samples_per_s
         if rate is not None and target is not None and rate >= target:
@@ -485,6 +498,8 @@ def choose_workers(
     candidates: Iterable[int] | None = None,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     platform: str = sys.platform,
+    until: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> WorkerChoice:
     """Choose ``num_workers`` for ``dataset`` by measuring real DataLoaders on this machine.
 
@@ -519,4 +534,6 @@ def choose_workers(
         step_rate_samples_per_s=step_rate_samples_per_s,
         candidates=candidates,
         windows=platform == "win32",
+        until=until,
+        clock=clock,
     )

@@ -33,7 +33,9 @@ class TrialOutcome:
 
     fits: bool
     peak_memory_bytes: int | None = None  # allocator peak during the trial, when known
-    seconds: float | None = None  # wall time of the trial's timed steps, when measured
+    seconds: float | None = None  # wall time of the whole trial, when measured
+    warmup_s: float | None = None  # its first step's cost beyond a steady step
+    step_s: float | None = None  # one steady step
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Trial:
     peak_memory_bytes: int | None
     seconds: float | None
     step: str  # "start", "model", "predict", "double", "bisect"
+    warmup_s: float | None = None
+    step_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,18 @@ class SearchResult:
 Fits = Callable[[int], TrialOutcome]
 
 
+def _trial(batch_size: int, outcome: TrialOutcome, step: str) -> Trial:
+    return Trial(
+        batch_size,
+        outcome.fits,
+        outcome.peak_memory_bytes,
+        outcome.seconds,
+        step,
+        outcome.warmup_s,
+        outcome.step_s,
+    )
+
+
 class _Bracket:
     """Trials so far, and the bracket [lo, hi): lo ran, hi failed (cap + 1: nothing failed)."""
 
@@ -79,9 +95,7 @@ class _Bracket:
 
     def run(self, batch_size: int, step: str) -> bool:
         outcome = self.fits(batch_size)
-        self.trials.append(
-            Trial(batch_size, outcome.fits, outcome.peak_memory_bytes, outcome.seconds, step)
-        )
+        self.trials.append(_trial(batch_size, outcome, step))
         if outcome.fits:
             self.lo = max(self.lo, batch_size)
         else:
@@ -228,9 +242,7 @@ def confirm(fits: Fits, candidate: int, *, multiple: int = 1) -> Confirmed:
     size = candidate
     while size >= 1:
         outcome = fits(size)
-        trials.append(
-            Trial(size, outcome.fits, outcome.peak_memory_bytes, outcome.seconds, "confirm")
-        )
+        trials.append(_trial(size, outcome, "confirm"))
         if outcome.fits:
             return Confirmed(size, tuple(trials))
         smaller = round_down(size - 1, multiple) if size - 1 >= multiple else size - 1

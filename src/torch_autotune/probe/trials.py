@@ -14,12 +14,14 @@ interrupted.
 from __future__ import annotations
 
 import copy
+import math
 import random
+import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.apply import make_scaler
@@ -44,6 +46,9 @@ class StepSettings:
     compile_mode: str | None = None  # None: eager
     optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
     steps: int = DEFAULT_STEPS
+    cudnn_benchmark: bool = False  # the cuDNN autotuner (times kernels for every new shape)
+    tf32: bool | None = None  # None: torch's default; else through ``matmul_api``
+    matmul_api: str | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile, steps: int = DEFAULT_STEPS) -> StepSettings:
@@ -56,7 +61,22 @@ class StepSettings:
             compile_mode=s.compile.mode if s.compile.enabled else None,
             optimizer_kwargs=profile.optimizer_kwargs(),
             steps=steps,
+            cudnn_benchmark=s.backends.cudnn_benchmark,
+            tf32=s.matmul.tf32 if s.matmul.api is not None else None,
+            matmul_api=s.matmul.api,
         )
+
+    def describe(self) -> str:
+        """'bfloat16 autocast, channels_last, compiled (default), cuDNN autotuner'."""
+        parts = [f"{self.autocast_dtype} autocast" if self.autocast_dtype else "float32"]
+        if self.grad_scaler:
+            parts.append("GradScaler")
+        if self.channels_last:
+            parts.append("channels_last")
+        parts.append(f"compiled ({self.compile_mode})" if self.compile_mode else "eager")
+        if self.cudnn_benchmark:
+            parts.append("cuDNN autotuner")
+        return ", ".join(parts)
 
 
 # --- putting things back -------------------------------------------------------------------------
@@ -209,12 +229,47 @@ def sync_device(torch: Any, device: str) -> None:
         torch.mps.synchronize()
 
 
-class TrialRunner:
-    """``runner(batch_size)`` trains a few real steps and says whether they fit in memory.
+@dataclass(frozen=True)
+class PointOutcome:
+    """Steady throughput at one batch size (``fits`` False: it ran out of memory)."""
 
-    The model is built once (``workload.make_model()``), moved to the device, put in the
-    profile's memory format and compiled; each trial makes a fresh optimizer, so its state is
-    created inside the trial, as in the first steps of real training.
+    batch_size: int
+    fits: bool
+    samples_per_s: float | None = None  # median over the timed blocks
+    relative_spread: float | None = None  # (max - min) / median of the last ``MIN_BLOCKS``
+    steady: bool = False  # the last blocks agreed within ``max_spread``
+    warmup_s: float | None = None  # first step minus a steady step (compile, autotuner, ...)
+    step_s: float | None = None  # one steady step
+    blocks: int = 0
+    peak_memory_bytes: int | None = None
+    seconds: float = 0.0  # wall time of the whole point, warm-up included
+
+
+MIN_BLOCKS = 3  # a point is steady when this many timed blocks in a row agree
+BLOCK_S = 0.25  # each block trains for about this long
+MAX_SPREAD = 0.05  # ... within 5% of their median
+
+
+def spread(rates: Sequence[float]) -> float:
+    """(max - min) / median; 0 for fewer than two rates."""
+    if len(rates) < 2:
+        return 0.0
+    middle = statistics.median(rates)
+    return (max(rates) - min(rates)) / middle if middle > 0 else math.inf
+
+
+class TrialRunner:
+    """Real training steps at one batch size: ``runner(batch_size)`` (a search trial) and
+    ``runner.point(batch_size, until=...)`` (steady throughput).
+
+    The model is built once (``workload.make_model()``), moved to the device and put in the
+    profile's memory format; ``compiled(mode)`` gives a runner of the same model under
+    ``torch.compile`` with the batch dimension marked dynamic, so that it compiles once and
+    every later batch size reuses the compiled code (on an H100, ResNet-50: 80 s to compile,
+    then 0.2 s for each new size; a static compile recompiles at the second size). Each trial
+    makes a fresh optimizer, so its state is created inside the trial, as in the first steps
+    of real training. Global flags (cuDNN autotuner, TF32) are set by ``apply_flags``; the
+    caller restores them (``preserved``).
     """
 
     def __init__(
@@ -223,10 +278,12 @@ class TrialRunner:
         settings: StepSettings,
         *,
         clock: Callable[[], float] = time.perf_counter,
+        eager: TrialRunner | None = None,
     ) -> None:
         self.workload = workload
         self.settings = settings
         self.clock = clock
+        self._eager = eager
         self._model: Any = None
 
     @property
@@ -234,13 +291,42 @@ class TrialRunner:
         if self._model is None:
             import torch
 
-            model = self.workload.make_model().to(self.settings.device)
-            if self.settings.channels_last:
-                model = model.to(memory_format=torch.channels_last)
-            if self.settings.compile_mode is not None:
-                model = torch.compile(model, mode=self.settings.compile_mode)
-            self._model = model
+            if self._eager is not None:
+                self._model = torch.compile(self._eager.model, mode=self.settings.compile_mode)
+            else:
+                model = self.workload.make_model().to(self.settings.device)
+                if self.settings.channels_last:
+                    model = model.to(memory_format=torch.channels_last)
+                if self.settings.compile_mode is not None:
+                    model = torch.compile(model, mode=self.settings.compile_mode)
+                self._model = model
         return self._model
+
+    def memory_limit(self) -> int | None:
+        """Bytes the trials may use on the device (``device_memory_limit``)."""
+        return device_memory_limit(self.settings.device)
+
+    def leaf_modules(self) -> int:
+        """Modules without children in the model: what torch.compile has to trace."""
+        return sum(1 for module in self.model.modules() if not next(module.children(), None))
+
+    def compiled(self, mode: str) -> TrialRunner:
+        """A runner of this (eager) runner's model under ``torch.compile(mode=mode)``."""
+        return TrialRunner(
+            self.workload, replace(self.settings, compile_mode=mode), clock=self.clock, eager=self
+        )
+
+    def apply_flags(self, *, cudnn_benchmark: bool | None = None) -> None:
+        """Set the cuDNN autotuner and TF32 as the settings say, the autotuner overridden by
+        ``cudnn_benchmark`` when given; the caller restores them (``preserved``)."""
+        import torch
+
+        from torch_autotune.apply import apply_matmul
+
+        benchmark = self.settings.cudnn_benchmark if cudnn_benchmark is None else cudnn_benchmark
+        torch.backends.cudnn.benchmark = benchmark
+        if self.settings.tf32 is not None:
+            apply_matmul(torch, self.settings.matmul_api, self.settings.tf32)
 
     def _inputs(self, batch_size: int) -> tuple[Any, Any]:
         import torch
@@ -251,10 +337,13 @@ class TrialRunner:
             inputs = inputs.to(device, memory_format=torch.channels_last)
         else:
             inputs = inputs.to(device)
-        return inputs, targets.to(device)
+        targets = targets.to(device)
+        if self._eager is not None:
+            mark_dynamic_batch(torch, inputs, targets)
+        return inputs, targets
 
-    def steps(self, batch_size: int) -> float:
-        """Run the training steps; return the seconds of all but the first (warm-up) step."""
+    def _stepper(self, batch_size: int) -> Callable[[], None]:
+        """One training step at ``batch_size`` per call, synchronised with the device."""
         import torch
 
         s = self.settings
@@ -262,36 +351,122 @@ class TrialRunner:
         model.train()
         optimizer = make_optimizer(self.workload, model, s.optimizer_kwargs)
         scaler = make_scaler(torch, s.device, enabled=s.grad_scaler)
-        inputs, targets = self._inputs(batch_size)
-        started = 0.0
-        for step in range(s.steps):
-            if step == 1:
-                sync_device(torch, s.device)
-                started = self.clock()
+        batch = self._inputs(batch_size)
+
+        def step() -> None:
             train_step(
                 torch,
                 self.workload,
-                (inputs, targets),
+                batch,
                 model=model,
                 optimizer=optimizer,
                 scaler=scaler,
                 device=s.device,
                 dtype=s.autocast_dtype,
             )
-        sync_device(torch, s.device)
-        return self.clock() - started if s.steps > 1 else 0.0
+            sync_device(torch, s.device)
+
+        return step
+
+    def _timed(self, step: Callable[[], None], count: int = 1) -> float:
+        started = self.clock()
+        for _ in range(count):
+            step()
+        return self.clock() - started
+
+    def steps(self, batch_size: int) -> tuple[float, float]:
+        """Run ``settings.steps`` steps; (first step's extra seconds, median later step)."""
+        import torch
+
+        sync_device(torch, self.settings.device)
+        step = self._stepper(batch_size)
+        first = self._timed(step)
+        later = [self._timed(step) for _ in range(max(1, self.settings.steps - 1))]
+        steady = statistics.median(later)
+        return max(0.0, first - steady), steady
 
     def __call__(self, batch_size: int) -> TrialOutcome:
         import torch
 
         device = self.settings.device
         _peak_reset(torch, device)
-        seconds, oom = run_guarded(lambda: self.steps(batch_size))
+        timed, oom = run_guarded(lambda: self.steps(batch_size))
         peak = None if oom is not None else _peak_read(torch, device)
         release_memory(device)  # outside any except block: the failed step's frames are gone
-        if oom is not None:
+        if oom is not None or timed is None:
             return TrialOutcome(False)
-        return TrialOutcome(True, peak, seconds)
+        warmup, step = timed
+        return TrialOutcome(
+            True, peak, warmup + self.settings.steps * step, warmup_s=warmup, step_s=step
+        )
+
+    def point(
+        self,
+        batch_size: int,
+        *,
+        until: float,
+        block_s: float = BLOCK_S,
+        max_spread: float = MAX_SPREAD,
+    ) -> PointOutcome:
+        """Train at ``batch_size`` until ``MIN_BLOCKS`` timed blocks in a row agree within
+        ``max_spread``, or until the clock reaches ``until`` (then the point is not steady).
+
+        Two untimed steps come first: the first pays the new shape's warm-up (compile, the
+        cuDNN autotuner), the second measures a steady step to size the blocks.
+        """
+        import torch
+
+        device = self.settings.device
+        began = self.clock()
+        _peak_reset(torch, device)
+        result, oom = run_guarded(lambda: self._point(batch_size, until, block_s, max_spread))
+        peak = None if oom is not None else _peak_read(torch, device)
+        release_memory(device)
+        if oom is not None or result is None:
+            return PointOutcome(batch_size, False, seconds=self.clock() - began)
+        return replace(result, peak_memory_bytes=peak, seconds=self.clock() - began)
+
+    def _point(
+        self, batch_size: int, until: float, block_s: float, max_spread: float
+    ) -> PointOutcome:
+        import torch
+
+        sync_device(torch, self.settings.device)
+        step = self._stepper(batch_size)
+        first = self._timed(step)
+        one = max(self._timed(step), 1e-9)
+        per_block = max(1, math.ceil(block_s / one))
+        # A step as long as a block is a block: on a slow device it is the first one.
+        rates: list[float] = [batch_size / one] if per_block == 1 else []
+        while True:
+            elapsed = self._timed(step, per_block)
+            if elapsed > 0:
+                rates.append(per_block * batch_size / elapsed)
+            recent = rates[-MIN_BLOCKS:]
+            if len(recent) == MIN_BLOCKS and spread(recent) <= max_spread:
+                break
+            if self.clock() + max(elapsed, one) > until or len(rates) >= 1000:
+                break
+        recent = rates[-MIN_BLOCKS:]
+        return PointOutcome(
+            batch_size,
+            True,
+            samples_per_s=statistics.median(recent) if recent else None,
+            relative_spread=spread(recent) if len(recent) >= 2 else None,
+            steady=len(recent) == MIN_BLOCKS and spread(recent) <= max_spread,
+            warmup_s=max(0.0, first - one),
+            step_s=one,
+            blocks=len(rates),
+        )
+
+
+def mark_dynamic_batch(torch: Any, *tensors: Any) -> None:
+    """Mark dim 0 of ``tensors`` dynamic for torch.compile, so a compiled model compiles once
+    for every batch size (``maybe_mark_dynamic``: no error where the model specialises it)."""
+    mark = getattr(torch._dynamo, "maybe_mark_dynamic", None) or torch._dynamo.mark_dynamic
+    for tensor in tensors:
+        if tensor.dim() > 0:
+            mark(tensor, 0)
 
 
 def make_optimizer(workload: Workload, model: Any, options: Mapping[str, Any]) -> Any:

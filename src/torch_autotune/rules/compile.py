@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterator
 
 from torch_autotune.hardware import Accelerator, Vendor
-from torch_autotune.profile import Mode
+from torch_autotune.profile import Mode, Source
 from torch_autotune.rules.context import Context, Finding
 
 # Catalog D13: Inductor's is_big_gpu(): `min_sms = 16 if device.type == "xpu" else 68  # 3080`.
@@ -285,5 +285,18 @@ def compile_settings(ctx: Context) -> Iterator[Finding]:
             yield Finding("compile.enabled", False, rule, reason)
             yield Finding("compile.mode", None, rule, reason)
             return
-    yield Finding("compile.enabled", True, _enabled_rule(ctx), _enabled_reason(ctx))
+    measured = ctx.measurements
+    if measured is not None and measured.compile_enabled is not None:
+        reason = measured.compile_reason or "measured on this machine"
+        if not measured.compile_enabled:
+            yield Finding("compile.enabled", False, "M3", reason, Source.MEASURED)
+            yield Finding("compile.mode", None, "M3", reason, Source.MEASURED)
+            return
+        yield Finding("compile.enabled", True, "M3", reason, Source.MEASURED)
+        yield _mode_finding(ctx)
+        return
+    reason = _enabled_reason(ctx)
+    if measured is not None and measured.compile_reason:
+        reason += f"; not measured: {measured.compile_reason}"
+    yield Finding("compile.enabled", True, _enabled_rule(ctx), reason)
     yield _mode_finding(ctx)

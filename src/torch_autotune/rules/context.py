@@ -28,6 +28,8 @@ class Measurements(BaseModel):
     num_workers: int | None = None
     grad_accum_steps: PositiveInt | None = None  # set when a target global batch was given
     workers_reason: str | None = None  # how the probe chose num_workers, in words
+    compile_enabled: bool | None = None  # torch.compile kept or dropped by measurement
+    compile_reason: str | None = None  # measured: why, with the numbers; else why not measured
 
 
 @dataclass(frozen=True)

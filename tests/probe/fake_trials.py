@@ -1,0 +1,162 @@
+"""A simulated machine behind ``tune()``'s ``trials`` seam: recorded timings, simulated memory.
+
+Every call advances a simulated clock by what the real step would take, so the orchestration
+(search, time model, budget, steady points, compile) runs in milliseconds with the timing
+effects a real accelerator showed (gpu-h100-2026-11 and the H100 run of this session):
+
+- the very first step of the process pays start-up (CUDA context, allocator, first kernels);
+- every new shape pays a warm-up (the cuDNN autotuner: 6-9 s for ResNet-50 on an H100);
+- the first compiled step pays the compile (80 s for ResNet-50, 30 s for GPT-2 on an H100),
+  later sizes on the same dynamic-batch compiled module pay almost nothing;
+- a steady step costs ``fixed + per_sample * batch``;
+- some sizes can be noisy: their timed blocks alternate around the true rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.trials import MIN_BLOCKS, PointOutcome, StepSettings, spread
+
+
+@dataclass
+class Machine:
+    """One simulated accelerator and its timings (seconds, bytes)."""
+
+    limit: int = 1850  # the largest batch that fits (eager)
+    compiled_limit: int | None = None  # the largest batch that fits compiled (None: limit)
+    fixed_s: float = 0.012  # a step's fixed cost
+    per_sample_s: float = 0.000235  # ResNet-50 bf16 on an H100: 4250 samples/s at large batch
+    exponent: float = 1.0  # step = fixed + per_sample * batch ** exponent (< 1: a CPU)
+    first_s: float = 14.0  # the process's first step, beyond a steady step
+    new_shape_s: float = 0.2  # each new shape, beyond a steady step (autotuner off)
+    autotune_s: float = 7.0  # each new shape with the cuDNN autotuner on
+    compile_s: float = 80.0
+    compiled_speedup: float = 1.23
+    fixed_bytes: int = 2 << 30
+    per_sample_bytes: int = 44 << 20
+    memory_bytes: int = 80 << 30
+    noise: dict[int, float] = field(default_factory=dict)  # batch -> relative amplitude
+    leaves: int = 137
+    now: float = 0.0
+    started: bool = False
+    compiled_once: bool = False
+    shapes: set[int] = field(default_factory=set)  # sizes that ran (allocator warm)
+    autotuned: set[int] = field(default_factory=set)  # sizes the cuDNN autotuner has timed
+    log: list[str] = field(default_factory=list)
+
+    def clock(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def step_s(self, batch_size: int, *, compiled: bool) -> float:
+        step = self.fixed_s + self.per_sample_s * batch_size**self.exponent
+        return step / self.compiled_speedup if compiled else step
+
+    def fits(self, batch_size: int, *, compiled: bool) -> bool:
+        limit = self.compiled_limit if compiled and self.compiled_limit else self.limit
+        return batch_size <= limit
+
+    def peak(self, batch_size: int) -> int:
+        return self.fixed_bytes + self.per_sample_bytes * batch_size
+
+
+class FakeTrials:
+    """``Trials`` over a ``Machine``: what ``TrialRunner`` does, on simulated time."""
+
+    def __init__(self, machine: Machine, settings: StepSettings, *, compiled: bool = False) -> None:
+        self.machine = machine
+        self.settings = settings
+        self.is_compiled = compiled
+        self.benchmark = settings.cudnn_benchmark
+
+    # --- the protocol ---
+
+    def apply_flags(self, *, cudnn_benchmark: bool | None = None) -> None:
+        self.benchmark = (
+            self.settings.cudnn_benchmark if cudnn_benchmark is None else cudnn_benchmark
+        )
+
+    def memory_limit(self) -> int:
+        return self.machine.memory_bytes
+
+    def leaf_modules(self) -> int:
+        return self.machine.leaves
+
+    def compiled(self, mode: str) -> FakeTrials:
+        runner = FakeTrials(self.machine, replace(self.settings, compile_mode=mode), compiled=True)
+        runner.benchmark = self.benchmark
+        return runner
+
+    def __call__(self, batch_size: int) -> TrialOutcome:
+        m = self.machine
+        m.log.append(f"trial {batch_size}{' compiled' if self.is_compiled else ''}")
+        warmup = self._warmup(batch_size)
+        if not m.fits(batch_size, compiled=self.is_compiled):
+            m.advance(warmup)  # it fails in its first step
+            return TrialOutcome(False)
+        step = m.step_s(batch_size, compiled=self.is_compiled)
+        m.advance(warmup + self.settings.steps * step)
+        return TrialOutcome(
+            True, m.peak(batch_size), warmup + self.settings.steps * step, warmup, step
+        )
+
+    def point(self, batch_size: int, *, until: float) -> PointOutcome:
+        m = self.machine
+        m.log.append(f"point {batch_size}{' compiled' if self.is_compiled else ''}")
+        began = m.now
+        warmup = self._warmup(batch_size)
+        if not m.fits(batch_size, compiled=self.is_compiled):
+            m.advance(warmup)
+            return PointOutcome(batch_size, False, seconds=m.now - began)
+        step = m.step_s(batch_size, compiled=self.is_compiled)
+        m.advance(warmup + 2 * step)
+        per_block = max(1, math.ceil(0.25 / step))
+        amplitude = m.noise.get(batch_size, 0.0)
+        rates: list[float] = [batch_size / step * (1 - amplitude)] if per_block == 1 else []
+        while True:
+            m.advance(per_block * step)
+            sign = 1 if len(rates) % 2 else -1
+            rates.append(batch_size / step * (1 + sign * amplitude))
+            recent = rates[-MIN_BLOCKS:]
+            if len(recent) == MIN_BLOCKS and spread(recent) <= 0.05:
+                break
+            if m.now + per_block * step > until:
+                break
+        recent = rates[-MIN_BLOCKS:]
+        ordered = sorted(recent)
+        return PointOutcome(
+            batch_size,
+            True,
+            samples_per_s=ordered[len(ordered) // 2],
+            relative_spread=spread(recent) if len(recent) > 1 else None,
+            steady=len(recent) == MIN_BLOCKS and spread(recent) <= 0.05,
+            warmup_s=warmup,
+            step_s=step,
+            blocks=len(rates),
+            peak_memory_bytes=m.peak(batch_size),
+            seconds=m.now - began,
+        )
+
+    # --- the simulated costs ---
+
+    def _warmup(self, batch_size: int) -> float:
+        m = self.machine
+        warmup = 0.0
+        if not m.started:
+            m.started = True
+            warmup += m.first_s
+        if self.is_compiled and not m.compiled_once:
+            m.compiled_once = True
+            warmup += m.compile_s
+        if self.benchmark and batch_size not in m.autotuned:  # cuDNN's cache is per shape
+            m.autotuned.add(batch_size)
+            warmup += m.autotune_s
+        elif batch_size not in m.shapes:
+            warmup += m.new_shape_s
+        m.shapes.add(batch_size)
+        return warmup
