@@ -45,3 +45,67 @@ def test_the_probe_measures_the_gpu_with_allocator_readings() -> None:
     assert evidence.batch_size in ran
     if profile.settings.precision.autocast and profile.settings.precision.dtype == "float16":
         assert evidence.batch_size % 8 == 0 or evidence.batch_size < 8  # catalog K4
+
+
+def _memory_hungry() -> object:
+    """A tiny conv net on 512x512 images: about 60 MiB of activations per sample, so the
+    memory limit of any GPU lies at a modest batch that trains in milliseconds."""
+    import functools
+
+    import torch
+    from torch import nn
+
+    from torch_autotune.probe.workloads import as_workload
+
+    def model() -> nn.Module:
+        return nn.Sequential(
+            nn.Conv2d(3, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(64, 8, 3, padding=1),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(8, 10),
+        )
+
+    batch = (torch.randn(2, 3, 512, 512), torch.randint(0, 10, (2,)))
+    spec = {
+        "model": model,
+        "optimizer": functools.partial(torch.optim.AdamW, lr=1e-3),
+        "example_batch": batch,
+        "kind": "conv",
+    }
+    return as_workload(spec, name="memory-hungry")
+
+
+def test_the_probe_finds_the_real_limit_measures_compile_and_keeps_to_its_budget() -> None:
+    from torch_autotune.probe.run import tune
+    from torch_autotune.profile import Source
+
+    profile = tune(_memory_hungry(), mode="speed", budget_s=150)  # type: ignore[arg-type]
+    evidence = profile.evidence
+    assert evidence is not None
+    run = [t for t in evidence.search if t.seconds is not None]
+    largest = evidence.max_batch_size
+    # the largest batch ran, and a size at most 3% larger ran out of memory
+    assert largest in {t.batch_size for t in run if t.fits}
+    assert evidence.limited_by == "memory", evidence.limit_reason
+    failed = [t.batch_size for t in run if not t.fits]
+    assert failed
+    assert min(failed) <= largest * 1.03 + 1
+    # a size refused for time was refused only when the prediction exceeded what was left
+    for trial in evidence.search:
+        if "time-guard" in trial.step:
+            assert trial.predicted_s is not None
+            assert trial.left_s is not None
+            assert trial.left_s < 0.1 * evidence.budget_s or trial.predicted_s > trial.left_s
+    if evidence.limited_by == "budget":
+        assert evidence.elapsed_s >= 0.9 * evidence.budget_s
+    assert evidence.elapsed_s <= evidence.budget_s * 1.05
+    # compile, where the rules allow it, is decided by measurement with the numbers
+    if evidence.compile is not None and evidence.compile.measured:
+        decision = profile.decision("compile.enabled")
+        assert decision is not None
+        assert decision.source is Source.MEASURED
+        assert "x (" in decision.reason
+        assert evidence.compile.compile_s is not None
+    assert profile.settings.batch.batch_size in {t.batch_size for t in evidence.search if t.fits}
