@@ -50,8 +50,8 @@ class _Group(click.Group):
     "workload",
     default=None,
     metavar="NAME|package.module:factory",
-    help="What to probe: a built-in workload (conv, transformer, mlp; default conv) or your "
-    "own factory (see the README).",
+    help="What to probe: a built-in workload (resnet50, gpt2, conv, transformer, mlp; default "
+    "resnet50 on a GPU, conv on the CPU) or your own factory (see the README).",
 )
 @click.option(
     "--budget",
@@ -235,8 +235,8 @@ def _snapshot(snapshot_file: Path | None) -> Any:
     "workload",
     default=None,
     metavar="NAME|package.module:factory",
-    help="What to train: a built-in workload (conv, transformer, mlp) or your own factory; "
-    "default: the one the stored profile was measured on, else conv.",
+    help="What to train: a built-in workload (resnet50, gpt2, conv, transformer, mlp) or your "
+    "own factory; default: the one the stored profile was measured on, else autotune's default.",
 )
 @click.option(
     "--profile",
