@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -11,7 +12,8 @@ from click.testing import CliRunner, Result
 from tests.rules.helpers import snapshot
 
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE
+from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_PROBE, EXIT_USAGE, ProbeError
+from torch_autotune.probe import run as probe_run
 from torch_autotune.profile_io import dump_profile, load_profile
 from torch_autotune.rules.engine import build_profile
 
@@ -108,6 +110,30 @@ def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:
     assert result.exit_code == EXIT_BAD_INPUT
     assert "was not measured" in result.stderr
     assert "run 'autotune'" in result.stderr
+
+
+@pytest.fixture
+def this_machine_is_a_laptop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench finds the stored profile by detecting the machine: a recorded one here."""
+    detection = importlib.import_module("torch_autotune.detect")
+    monkeypatch.setattr(detection, "detect", lambda *_a, **_k: snapshot("cpu-laptop-linux"))
+
+
+@pytest.mark.usefixtures("this_machine_is_a_laptop")
+def test_the_budget_reaches_the_tuning_the_bench_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[tuple[object, float]] = []
+
+    def fake_tune(workload: object, *, budget_s: float, **_options: object) -> None:
+        asked.append((workload, budget_s))
+        raise ProbeError("stopped by the test after tuning was asked for")
+
+    monkeypatch.setattr(probe_run, "tune", fake_tune)
+    result = run("bench", "-m", "mlp", "--budget", "33", "--store", str(tmp_path))
+    assert result.exit_code == EXIT_PROBE, result.output
+    assert asked == [("mlp", 33.0)]
+    assert "tuning first" in result.stderr
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -330,6 +330,7 @@ def bench_command(  # click passes options by name
                 baseline=baseline,
                 rounds=rounds,
                 seconds=seconds,
+                budget_s=budget,
                 progress=report,
             )
 

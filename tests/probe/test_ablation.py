@@ -10,8 +10,10 @@ from tests.test_bench import measured
 
 from torch_autotune.bench import ArmFailed, TrainConfig, plan_arms, tuned_config
 from torch_autotune.errors import ProbeError
+from torch_autotune.probe import run
 from torch_autotune.probe.ablation import bench
 from torch_autotune.probe.loop import TrainingLoop
+from torch_autotune.probe.run import DEFAULT_BUDGET_S
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
 from torch_autotune.rules.engine import build_profile
@@ -118,6 +120,24 @@ def test_an_arm_that_runs_out_of_memory_costs_only_its_own_numbers(a100: Profile
 def test_a_rules_only_profile_is_refused_with_the_fix() -> None:
     with pytest.raises(ProbeError, match="run 'autotune' first"):
         bench(build_profile(snapshot("rtx-4090")), "conv", measure=lambda _c, _s: 1.0)
+
+
+@pytest.mark.parametrize(("budget_s", "expected"), [(37.0, 37.0), (None, DEFAULT_BUDGET_S)])
+def test_without_a_profile_the_bench_tunes_first_in_the_budget_given(
+    a100: Profile, monkeypatch: pytest.MonkeyPatch, budget_s: float | None, expected: float
+) -> None:
+    asked: list[tuple[object, float]] = []
+
+    def fake_tune(workload: object, *, budget_s: float, **_options: object) -> Profile:
+        asked.append((workload, budget_s))
+        return a100
+
+    monkeypatch.setattr(run, "tune", fake_tune)
+    model = SpeedModel(tuned_config(a100), {"precision": 2.0})
+    result = bench(None, "conv", rounds=1, seconds=0.1, budget_s=budget_s, measure=model)
+    assert asked == [("conv", expected)]
+    assert result.evidence is not None
+    assert result.evidence.bench is not None
 
 
 # --- the real loop on the CPU --------------------------------------------------------------------
