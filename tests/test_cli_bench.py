@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from tests.rules.helpers import snapshot
+from tests.test_bench import measured
 
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_PROBE, EXIT_USAGE, ProbeError
+from torch_autotune.probe import ablation
 from torch_autotune.probe import run as probe_run
+from torch_autotune.profile import Profile
 from torch_autotune.profile_io import dump_profile, load_profile
 from torch_autotune.rules.engine import build_profile
+from torch_autotune.store import ProfileStore
 
 QUICK = ("--rounds", "2", "--seconds", "0.05")
 
@@ -134,6 +138,29 @@ def test_the_budget_reaches_the_tuning_the_bench_starts(
     assert result.exit_code == EXIT_PROBE, result.output
     assert asked == [("mlp", 33.0)]
     assert "tuning first" in result.stderr
+
+
+@pytest.mark.usefixtures("this_machine_is_a_laptop")
+def test_the_bench_takes_the_profile_measured_on_the_workload_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ProfileStore(tmp_path)
+    for workload in ("conv", "mlp"):
+        store.save(measured("cpu-laptop-linux", workload=workload, workers=None))
+    benched: list[tuple[str | None, str | None]] = []
+
+    def fake_bench(profile: Profile, workload: str | None, **_options: object) -> Profile:
+        benched.append((profile.evidence.workload if profile.evidence else None, workload))
+        return profile
+
+    monkeypatch.setattr(ablation, "bench", fake_bench)
+    asked = run("bench", "-m", "conv", "--store", str(tmp_path))
+    assert asked.exit_code == 0, asked.output
+    assert "tuning first" not in asked.stderr
+    assert "recommend(workload='conv') returns it" in asked.stdout
+    plain = run("bench", "--store", str(tmp_path))  # the profile saved last: conv, just benched
+    assert plain.exit_code == 0, plain.output
+    assert benched == [("conv", "conv"), ("conv", None)]
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
