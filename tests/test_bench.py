@@ -54,10 +54,11 @@ def measured(
     model_kind: str = "conv",
     batch: int = 256,
     workers: int | None = 4,
+    workload: str = "conv",
 ) -> Profile:
     """A profile as the probe leaves it: a measured batch size with its search evidence."""
     evidence = Evidence(
-        workload="conv",
+        workload=workload,
         device="cuda",
         max_batch_size=batch,
         fastest_batch_size=batch,

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from tests.test_bench import measured
 
 from torch_autotune import __version__
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE
+from torch_autotune.store import ProfileStore
 
 
 def run(*args: str) -> Result:
@@ -137,6 +140,44 @@ def test_show_without_a_stored_profile_says_rules_only(snapshot_path: Path, tmp_
     result = run("show", "--snapshot", str(snapshot_path / "l4.json"), "--store", str(tmp_path))
     assert result.exit_code == 0
     assert "no profile stored for this machine" in result.stderr
+
+
+@pytest.fixture
+def l4_store(tmp_path: Path) -> Path:
+    """A store with profiles measured on resnet50, then gpt2, on the recorded L4."""
+    store = ProfileStore(tmp_path / "store")
+    for workload, batch in (("resnet50", 512), ("gpt2", 64)):
+        store.save(measured("l4", batch=batch, workload=workload))
+    return store.directory
+
+
+def on_the_l4(snapshot_path: Path, command: str, store: Path, *args: str) -> Result:
+    return run(command, "--snapshot", str(snapshot_path / "l4.json"), "--store", str(store), *args)
+
+
+def test_show_and_export_select_the_workload_with_m(snapshot_path: Path, l4_store: Path) -> None:
+    shown = on_the_l4(snapshot_path, "show", l4_store, "-m", "resnet50")
+    assert shown.exit_code == 0, shown.output
+    assert re.search(r"measured on this machine with the\s+resnet50 workload", shown.stdout)
+    assert "gpt2" in on_the_l4(snapshot_path, "show", l4_store).stdout  # saved last
+    exported = on_the_l4(snapshot_path, "export", l4_store, "--format", "json", "-m", "resnet50")
+    assert exported.exit_code == 0, exported.output
+    assert json.loads(exported.stdout)["evidence"]["workload"] == "resnet50"
+
+
+@pytest.mark.parametrize(
+    ("asked", "note"),
+    [("conv", "(measured here: gpt2, resnet50)"), ("resnet5", "perhaps you meant 'resnet50'?")],
+)
+def test_show_of_a_workload_not_measured_says_what_was_and_how_to_measure_it(
+    snapshot_path: Path, l4_store: Path, asked: str, note: str
+) -> None:
+    result = on_the_l4(snapshot_path, "show", l4_store, "-m", asked)
+    assert result.exit_code == 0
+    assert "rules only, not measured" in result.stdout
+    assert f"no profile measured on {asked} for this machine" in result.stderr
+    assert note in result.stderr
+    assert f"run 'autotune -m {asked}'" in result.stderr
 
 
 def test_export_to_json_on_stdout(snapshot_path: Path, tmp_path: Path) -> None:

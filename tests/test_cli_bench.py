@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -9,11 +10,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from tests.rules.helpers import snapshot
+from tests.test_bench import measured
 
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE
+from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_PROBE, EXIT_USAGE, ProbeError
+from torch_autotune.probe import ablation
+from torch_autotune.probe import run as probe_run
+from torch_autotune.profile import Profile
 from torch_autotune.profile_io import dump_profile, load_profile
 from torch_autotune.rules.engine import build_profile
+from torch_autotune.store import ProfileStore
 
 QUICK = ("--rounds", "2", "--seconds", "0.05")
 
@@ -27,7 +33,9 @@ def measured_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A profile the probe measured for the mlp workload on a recorded laptop (CPU)."""
     from torch_autotune.probe.run import tune
 
-    profile = tune("mlp", snapshot=snapshot("cpu-laptop-linux"), budget_s=15, max_batch_size=64)
+    # at most 48: the candidates (48, 24, 12) never equal the baseline's 32, so batch_size is
+    # always one of the settings benched
+    profile = tune("mlp", snapshot=snapshot("cpu-laptop-linux"), budget_s=15, max_batch_size=48)
     path = tmp_path_factory.mktemp("profiles") / "laptop.yaml"
     path.write_text(dump_profile(profile))
     return path
@@ -108,6 +116,53 @@ def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:
     assert result.exit_code == EXIT_BAD_INPUT
     assert "was not measured" in result.stderr
     assert "run 'autotune'" in result.stderr
+
+
+@pytest.fixture
+def this_machine_is_a_laptop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench finds the stored profile by detecting the machine: a recorded one here."""
+    detection = importlib.import_module("torch_autotune.detect")
+    monkeypatch.setattr(detection, "detect", lambda *_a, **_k: snapshot("cpu-laptop-linux"))
+
+
+@pytest.mark.usefixtures("this_machine_is_a_laptop")
+def test_the_budget_reaches_the_tuning_the_bench_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[tuple[object, float]] = []
+
+    def fake_tune(workload: object, *, budget_s: float, **_options: object) -> None:
+        asked.append((workload, budget_s))
+        raise ProbeError("stopped by the test after tuning was asked for")
+
+    monkeypatch.setattr(probe_run, "tune", fake_tune)
+    result = run("bench", "-m", "mlp", "--budget", "33", "--store", str(tmp_path))
+    assert result.exit_code == EXIT_PROBE, result.output
+    assert asked == [("mlp", 33.0)]
+    assert "tuning first" in result.stderr
+
+
+@pytest.mark.usefixtures("this_machine_is_a_laptop")
+def test_the_bench_takes_the_profile_measured_on_the_workload_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ProfileStore(tmp_path)
+    for workload in ("conv", "mlp"):
+        store.save(measured("cpu-laptop-linux", workload=workload, workers=None))
+    benched: list[tuple[str | None, str | None]] = []
+
+    def fake_bench(profile: Profile, workload: str | None, **_options: object) -> Profile:
+        benched.append((profile.evidence.workload if profile.evidence else None, workload))
+        return profile
+
+    monkeypatch.setattr(ablation, "bench", fake_bench)
+    asked = run("bench", "-m", "conv", "--store", str(tmp_path))
+    assert asked.exit_code == 0, asked.output
+    assert "tuning first" not in asked.stderr
+    assert "recommend(workload='conv') returns it" in asked.stdout
+    plain = run("bench", "--store", str(tmp_path))  # the profile saved last: conv, just benched
+    assert plain.exit_code == 0, plain.output
+    assert benched == [("conv", "conv"), ("conv", None)]
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -9,14 +9,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from tests.test_bench import measured
 
 from torch_autotune.api import recommend
 from torch_autotune.detect import RecordedMachine
 from torch_autotune.errors import EXIT_STORE, StaleProfileWarning, StoreError
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.profile import Mode, Preferences, fingerprint
+from torch_autotune.profile import Mode, Preferences, Profile, fingerprint
+from torch_autotune.profile_io import dump_profile
 from torch_autotune.rules.engine import build_profile
-from torch_autotune.store import ENV_HOME, ProfileStore, machine_id, store_dir
+from torch_autotune.store import ENV_HOME, ProfileStore, machine_id, store_dir, workload_key
 
 SNAPSHOT_DIR = Path(__file__).parent / "fixtures" / "snapshots"
 NOW = datetime(2026, 11, 1, tzinfo=timezone.utc)
@@ -102,6 +104,114 @@ def test_recommend_honours_the_mode_asked_for(tmp_path: Path) -> None:
     profile = recommend("reproducible", store=tmp_path, machine=RecordedMachine(snapshot()))
     assert profile.mode is Mode.REPRODUCIBLE
     assert profile.settings.backends.deterministic_algorithms is True
+
+
+# --- per workload ---------------------------------------------------------------------------------
+
+H100 = "h100-80gb-hbm3"
+
+
+def measured_on(workload: str, batch: int = 256) -> Profile:
+    """A profile the probe measured on ``workload`` (on the recorded H100)."""
+    return measured(H100, batch=batch, workload=workload)
+
+
+def on_the_h100(store: Path, mode: str | None = None, **options: str) -> Profile:
+    return recommend(mode, store=store, machine=RecordedMachine(snapshot()), **options)
+
+
+def test_each_workload_keeps_its_profile_and_recommend_returns_the_last_saved(
+    tmp_path: Path,
+) -> None:
+    resnet, gpt = measured_on("resnet50", batch=1536), measured_on("gpt2", batch=96)
+    store = ProfileStore(tmp_path)
+    store.save(resnet)
+    store.save(gpt)  # before, this replaced the resnet50 profile
+    assert on_the_h100(tmp_path, workload="resnet50") == resnet
+    assert on_the_h100(tmp_path, workload="gpt2") == gpt
+    assert on_the_h100(tmp_path) == gpt
+    store.save(resnet)  # measured again (or benched): the machine's profile again
+    assert on_the_h100(tmp_path) == resnet
+    assert store.measured_workloads(fingerprint(snapshot())) == ["gpt2", "resnet50"]
+
+
+def test_the_layout_is_the_machines_profile_and_one_file_per_workload(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path)
+    path = store.save(measured_on("resnet50"))
+    fp = fingerprint(snapshot())
+    assert path == tmp_path / "profiles" / fp / "resnet50.json"
+    files = {p.relative_to(store.profiles_dir).as_posix() for p in store.profiles_dir.rglob("*")}
+    assert files == {fp, f"{fp}.json", f"{fp}/resnet50.json"}
+    rules_only = store.save(build_profile(snapshot(), now=NOW))  # no workload: the machine's only
+    assert rules_only == tmp_path / "profiles" / f"{fp}.json"
+    assert [p.name for p in (store.profiles_dir / fp).iterdir()] == ["resnet50.json"]
+
+
+def test_a_store_from_an_earlier_version_is_read_as_it_is(tmp_path: Path) -> None:
+    """Earlier versions kept one profile per machine, in profiles/<fingerprint>.json."""
+    old = measured_on("conv")
+    legacy = tmp_path / "profiles" / f"{fingerprint(snapshot())}.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(dump_profile(old, "json"))
+    assert on_the_h100(tmp_path) == old
+    assert on_the_h100(tmp_path, workload="conv") == old
+    assert on_the_h100(tmp_path, workload="gpt2").measured is False
+    assert ProfileStore(tmp_path).measured_workloads(fingerprint(snapshot())) == ["conv"]
+
+
+def test_a_workload_never_measured_here_gets_the_rules_only_profile(tmp_path: Path) -> None:
+    ProfileStore(tmp_path).save(measured_on("resnet50"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StaleProfileWarning)
+        profile = on_the_h100(tmp_path, workload="gpt2")
+    assert profile.measured is False
+    assert profile.provenance.fingerprint == fingerprint(snapshot())
+
+
+def test_a_stale_profile_of_the_workload_is_reported_with_the_command_that_measures_it(
+    tmp_path: Path,
+) -> None:
+    ProfileStore(tmp_path).save(measured_on("gpt2"))
+    changed = RecordedMachine(upgraded_driver(snapshot()))
+    with pytest.warns(StaleProfileWarning, match="stored for gpt2.*'autotune -m gpt2'"):
+        profile = recommend(workload="gpt2", store=tmp_path, machine=changed)
+    assert profile.measured is False
+
+
+def test_the_mode_asked_for_holds_for_a_workload_too(tmp_path: Path) -> None:
+    ProfileStore(tmp_path).save(measured_on("resnet50"))
+    assert on_the_h100(tmp_path, "reproducible", workload="resnet50").mode is Mode.REPRODUCIBLE
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("resnet50", "resnet50"),
+        ("gpt2", "gpt2"),
+        ("my-model_v2.1", "my-model_v2.1"),
+        ("mypkg.models:make_workload", "mypkg.models_make_workload-"),
+        ("Conv", "conv-"),  # would meet 'conv' on a case-insensitive disk
+        ("con", "con-"),  # a device name on Windows
+        ("nul.big", "nul.big-"),
+        ("../../etc", "etc-"),
+        ("", "workload-"),
+    ],
+)
+def test_a_workload_key_is_a_file_name_on_every_os(name: str, key: str) -> None:
+    made = workload_key(name)
+    assert made.startswith(key)
+    assert made == key or len(made) == len(key) + 10
+    assert set(made) <= set("abcdefghijklmnopqrstuvwxyz0123456789._-")
+    assert not made.startswith(".")
+
+
+def test_a_factory_workload_round_trips_through_the_store(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path)
+    mine, other = measured_on("mypkg.models:make_workload"), measured_on("mypkg.models:Make")
+    store.save(mine)
+    store.save(other)
+    assert store.load(fingerprint(snapshot()), "mypkg.models:make_workload") == mine
+    assert store.load(fingerprint(snapshot()), "mypkg.models:Make") == other
 
 
 def test_machine_id_hides_the_host_name() -> None:

@@ -50,15 +50,15 @@ class _Group(click.Group):
     "workload",
     default=None,
     metavar="NAME|package.module:factory",
-    help="What to probe: a built-in workload (conv, transformer, mlp; default conv) or your "
-    "own factory (see the README).",
+    help="What to probe: a built-in workload (resnet50, gpt2, conv, transformer, mlp; default "
+    "resnet50 on a GPU, conv on the CPU) or your own factory (see the README).",
 )
 @click.option(
     "--budget",
     type=click.FloatRange(min=1),
-    default=120.0,
-    show_default=True,
-    help="Seconds the whole run may take; phases that would overrun it are skipped.",
+    default=None,
+    help="Seconds the whole run may take (default 120, or 180 where torch.compile is "
+    "measured); no phase runs past it.",
 )
 @click.option("--max-batch-size", type=click.IntRange(min=1), help="Never try a larger batch.")
 @click.option(
@@ -91,7 +91,7 @@ def cli(  # click passes options by name
     ctx: click.Context,
     *,
     workload: str | None,
-    budget: float,
+    budget: float | None,
     max_batch_size: int | None,
     target_batch: int | None,
     mode: str,
@@ -115,11 +115,11 @@ def cli(  # click passes options by name
     """
     if ctx.invoked_subcommand is not None:
         return
-    from torch_autotune.probe.run import tune
+    from torch_autotune.probe.run import DEFAULT_COMPILE_BUDGET_S, tune
     from torch_autotune.render import progress_reporter, render_run
 
     def run() -> Any:
-        with progress_reporter(budget) as report:
+        with progress_reporter(budget or DEFAULT_COMPILE_BUDGET_S) as report:
             return tune(
                 workload,
                 mode=mode,
@@ -207,6 +207,15 @@ _store_option = click.option(
     envvar="TORCH_AUTOTUNE_HOME",
     help="Profile store directory [env TORCH_AUTOTUNE_HOME; default: the user config dir].",
 )
+_workload_option = click.option(
+    "-m",
+    "--model",
+    "workload",
+    default=None,
+    metavar="NAME|package.module:factory",
+    help="The profile measured on this workload (as given to 'autotune -m'); default: the "
+    "profile saved last on this machine.",
+)
 _mode_option = click.option(
     "--mode",
     type=click.Choice(["speed", "balanced", "reproducible"]),
@@ -235,8 +244,8 @@ def _snapshot(snapshot_file: Path | None) -> Any:
     "workload",
     default=None,
     metavar="NAME|package.module:factory",
-    help="What to train: a built-in workload (conv, transformer, mlp) or your own factory; "
-    "default: the one the stored profile was measured on, else conv.",
+    help="What to train: a built-in workload (resnet50, gpt2, conv, transformer, mlp) or your "
+    "own factory; default: the one the stored profile was measured on, else autotune's default.",
 )
 @click.option(
     "--profile",
@@ -269,9 +278,9 @@ def _snapshot(snapshot_file: Path | None) -> Any:
 @click.option(
     "--budget",
     type=click.FloatRange(min=1),
-    default=120.0,
-    show_default=True,
-    help="Seconds for tuning first, when there is no measured profile for the workload.",
+    default=None,
+    help="Seconds for tuning first, when there is no measured profile for the workload "
+    "(default as for autotune).",
 )
 @click.option(
     "-o",
@@ -292,7 +301,7 @@ def bench_command(  # click passes options by name
     baseline_file: Path | None,
     rounds: int,
     seconds: float,
-    budget: float,
+    budget: float | None,
     output: Path | None,
     plot_file: Path | None,
     as_json: bool,
@@ -330,6 +339,7 @@ def bench_command(  # click passes options by name
                 baseline=baseline,
                 rounds=rounds,
                 seconds=seconds,
+                budget_s=budget,
                 progress=report,
             )
 
@@ -347,38 +357,36 @@ def bench_command(  # click passes options by name
     else:
         render_bench(benched, _console())
         if saved is not None:
-            click.echo(f"saved to {saved}; torch_autotune.recommend() returns it")
+            from torch_autotune.render import saved_note
+
+            click.echo(saved_note(benched, saved))
     if plot_file is not None:
         _plot(benched, plot_file)
 
 
 def _stored_measured(store: Path | None, workload: str | None) -> Any:
-    """This machine's stored profile when it was measured on ``workload``, else None (the
-    bench then tunes first)."""
+    """The stored profile measured on ``workload`` (default: the machine's profile, when it
+    was measured), else None: the bench then tunes first."""
     from torch_autotune.detect import detect
     from torch_autotune.profile import fingerprint
     from torch_autotune.store import ProfileStore
 
-    stored = ProfileStore(store).load(fingerprint(detect()))
-    if stored is None or stored.evidence is None:
-        click.echo("autotune: no measured profile for this machine yet: tuning first", err=True)
-        return None
-    if workload is not None and stored.evidence.workload != workload:
-        click.echo(
-            f"autotune: the stored profile was measured on {stored.evidence.workload}, not "
-            f"{workload}: tuning {workload} first",
-            err=True,
-        )
-        return None
-    return stored
+    stored = ProfileStore(store).load(fingerprint(detect()), workload)
+    if stored is not None and stored.evidence is not None:
+        return stored
+    what = "measured profile" if workload is None else f"profile measured on {workload}"
+    click.echo(f"autotune: no {what} for this machine yet: tuning first", err=True)
+    return None
 
 
-def _bench_estimate(profile: Any, rounds: int, seconds: float, budget: float) -> float:
+def _bench_estimate(profile: Any, rounds: int, seconds: float, budget: float | None) -> float:
     """Seconds the bench should take, for the progress bar: arms x rounds x (seconds + warm-up)."""
     from torch_autotune.bench import TrainConfig, plan_arms, tuned_config
 
     if profile is None:
-        return budget + rounds * 4 * (seconds + 1.0)
+        from torch_autotune.probe.run import DEFAULT_COMPILE_BUDGET_S
+
+        return (budget or DEFAULT_COMPILE_BUDGET_S) + rounds * 4 * (seconds + 1.0)
     plan = plan_arms(TrainConfig(), tuned_config(profile))
     return float(len(plan.configs) * rounds * (seconds + 1.0))
 
@@ -421,8 +429,11 @@ def _plot(profile: Any, path: Path) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Draw into a PNG file (needs the 'plot' extra) instead of the terminal.",
 )
+@_workload_option
 @_store_option
-def report_command(profile_file: Path | None, plot_file: Path | None, store: Path | None) -> None:
+def report_command(
+    profile_file: Path | None, plot_file: Path | None, workload: str | None, store: Path | None
+) -> None:
     """Draw what the probe and the bench measured: throughput against batch size with the
     memory limit, DataLoader throughput against workers, and each setting's speedup."""
     from torch_autotune import plot
@@ -431,7 +442,7 @@ def report_command(profile_file: Path | None, plot_file: Path | None, store: Pat
     if profile_file is not None:
         profile = load_profile(profile_file)
     else:
-        profile = _current_profile(store, None, None)
+        profile = _current_profile(store, None, None, workload)
     if plot_file is None:
         plot.render_charts(profile, _console())
         return
@@ -497,8 +508,14 @@ def recommend_command(  # click passes options by name
     render_profile(profile, _console())
 
 
-def _current_profile(store: Path | None, mode: str | None, snapshot_file: Path | None) -> Any:
-    """recommend() for this machine (or a recorded one): stored if fresh, else rules only."""
+def _current_profile(
+    store: Path | None,
+    mode: str | None,
+    snapshot_file: Path | None,
+    workload: str | None = None,
+) -> Any:
+    """recommend() for this machine (or a recorded one), for ``workload`` when one is named:
+    stored if fresh, else rules only, with a note on stderr that says which."""
     import warnings
 
     from torch_autotune.api import recommend
@@ -508,28 +525,50 @@ def _current_profile(store: Path | None, mode: str | None, snapshot_file: Path |
     machine = RecordedMachine.from_file(snapshot_file) if snapshot_file else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StaleProfileWarning)
-        profile = recommend(mode, store=store, machine=machine)
+        profile = recommend(mode, workload=workload, store=store, machine=machine)
     for warning in caught:
         click.echo(f"autotune: warning: {warning.message}", err=True)
     if not profile.measured and not caught:
-        click.echo(
-            "autotune: note: no profile stored for this machine; showing the rules-only "
-            "profile (run 'autotune' to measure)",
-            err=True,
-        )
+        click.echo(f"autotune: note: {_nothing_stored(store, profile, workload)}", err=True)
     return profile
 
 
+def _nothing_stored(store: Path | None, profile: Any, workload: str | None) -> str:
+    """Why the rules-only profile is shown, and the command that measures one."""
+    if workload is None:
+        return (
+            "no profile stored for this machine; showing the rules-only profile (run "
+            "'autotune' to measure)"
+        )
+    import difflib
+
+    from torch_autotune.store import ProfileStore
+
+    measured = ProfileStore(store).measured_workloads(profile.provenance.fingerprint)
+    text = f"no profile measured on {workload} for this machine"
+    close = difflib.get_close_matches(workload, measured, n=1)
+    if close:
+        text += f"; perhaps you meant '{close[0]}'?"
+    elif measured:
+        text += f" (measured here: {', '.join(measured)})"
+    return f"{text}; showing the rules-only profile (run 'autotune -m {workload}' to measure)"
+
+
 @cli.command("show")
+@_workload_option
 @_store_option
 @_mode_option
 @_snapshot_option
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def show_command(
-    store: Path | None, mode: str | None, snapshot_file: Path | None, as_json: bool
+    workload: str | None,
+    store: Path | None,
+    mode: str | None,
+    snapshot_file: Path | None,
+    as_json: bool,
 ) -> None:
     """Show this machine's profile: the stored one if it is fresh, else the rules-only one."""
-    profile = _current_profile(store, mode, snapshot_file)
+    profile = _current_profile(store, mode, snapshot_file, workload)
     if as_json:
         from torch_autotune.profile_io import dump_profile
 
@@ -556,19 +595,22 @@ def show_command(
     help="yaml/json: the profile itself; lightning: LightningCLI trainer config; hf: "
     "TrainingArguments JSON; accelerate: accelerate config file; env: shell exports.",
 )
+@_workload_option
 @_store_option
 @_mode_option
 @_snapshot_option
-def export_command(
+def export_command(  # click passes options by name
+    *,
     output: Path | None,
     fmt: str,
+    workload: str | None,
     store: Path | None,
     mode: str | None,
     snapshot_file: Path | None,
 ) -> None:
     """Write this machine's profile as YAML or JSON, or as a Lightning, Hugging Face,
     accelerate or shell-environment file."""
-    profile = _current_profile(store, mode, snapshot_file)
+    profile = _current_profile(store, mode, snapshot_file, workload)
     if fmt in ("yaml", "json"):
         from torch_autotune.profile_io import dump_profile
 

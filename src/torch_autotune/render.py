@@ -164,6 +164,8 @@ def render_profile(profile: Profile, console: Console, *, title: str | None = No
     snapshot = profile.provenance.snapshot
     gpus = ", ".join(sorted({a.name for a in snapshot.accelerators})) or "no GPU"
     measured = "measured on this machine" if profile.measured else "rules only, not measured"
+    if profile.evidence is not None:
+        measured += f" with the {profile.evidence.workload} workload"
     console.print(
         Text(
             title
@@ -298,7 +300,17 @@ def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
     for warning in evidence.warnings if evidence is not None else ():
         console.print(Text(f"warning: {warning}", style="yellow"))
     if saved is not None:
-        console.print(f"saved to {saved}; torch_autotune.recommend() returns it on this machine")
+        console.print(saved_note(profile, saved))
+
+
+def saved_note(profile: Profile, saved: Path) -> str:
+    """Where a profile was stored and the call that returns it."""
+    if profile.evidence is None:
+        return f"saved to {saved}; torch_autotune.recommend() returns it on this machine"
+    return (
+        f"saved to {saved}; torch_autotune.recommend(workload={profile.evidence.workload!r}) "
+        "returns it on this machine, and so does recommend() until another profile is saved"
+    )
 
 
 def _run_time(evidence: Evidence) -> str:

@@ -1,10 +1,22 @@
-"""The profile store: one profile per machine fingerprint, in the user's config directory.
+"""The profile store: this user's profiles, per machine fingerprint and per workload.
 
 Location, first match wins: an explicit directory (``--store``), the ``TORCH_AUTOTUNE_HOME``
 environment variable, then the per-user config directory (platformdirs: ~/.config/torch-autotune
-on Linux). Profiles are stored as ``profiles/<fingerprint>.json`` (JSON: ``recommend()`` reads it
-without importing a YAML parser) and written atomically: a temporary file in the same directory,
-flushed and renamed over the old one, so a crash never leaves half a profile.
+on Linux). Profiles are JSON (``recommend()`` reads them without importing a YAML parser) and
+written atomically: a temporary file in the same directory, flushed and renamed over the old
+one, so a crash never leaves half a profile. Under ``profiles/``:
+
+    <fingerprint>.json               the machine's profile: the last one saved for it, measured
+                                     or rules-only; what ``recommend()`` returns
+    <fingerprint>/<workload>.json    the profile measured on each workload (``evidence.workload``;
+                                     ``workload_key`` makes the name a file name);
+                                     what ``recommend(workload=...)`` returns
+
+A measured profile is written to both, so measuring a second workload no longer replaces the
+first one's profile (before, ``autotune bench -m transformer`` silently replaced the conv
+profile). Stores written by earlier versions hold only ``<fingerprint>.json``: it is read as it
+is, and it serves ``recommend(workload=W)`` when it was measured on ``W``. Earlier versions
+read a store written by this one the same way.
 
 A profile whose fingerprint differs from this machine's but that this machine wrote (same
 ``machine_id``) is *stale*: the GPU, driver, torch or CUDA changed since. It is reported, never
@@ -16,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +58,43 @@ def store_dir(explicit: str | Path | None = None, env: Mapping[str, str] | None 
     return Path(platformdirs.user_config_dir("torch-autotune", appauthor=False))
 
 
+_PLAIN_KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+# Names Windows keeps for devices, with or without an extension ("con.json" cannot be made).
+_RESERVED = {
+    "con",
+    "prn",
+    "aux",
+    "nul",
+    *(f"{port}{n}" for port in ("com", "lpt") for n in range(10)),
+}
+
+
+def workload_key(workload: str) -> str:
+    """The file name (less ``.json``) of the profile measured on ``workload``.
+
+    A plain name (lower-case letters, digits, ``.``, ``_``, ``-``, as every built-in) is kept.
+    Anything else (``mypkg.models:make_workload`` has a colon, which Windows refuses; capitals
+    would meet on a case-insensitive disk) becomes a readable slug plus 10 hex digits of the
+    name's SHA-256, so that two names do not share a file.
+    """
+    if (
+        _PLAIN_KEY.fullmatch(workload)
+        and not workload.endswith(".")
+        and workload.partition(".")[0] not in _RESERVED
+    ):
+        return workload
+    slug = re.sub(r"[^a-z0-9._-]+", "_", workload.lower()).strip("._-")[:40] or "workload"
+    return f"{slug}-{hashlib.sha256(workload.encode()).hexdigest()[:10]}"
+
+
+def measured_on(profile: Profile) -> str | None:
+    """The workload a profile was measured on; None for a rules-only profile."""
+    return None if profile.evidence is None else profile.evidence.workload
+
+
 @dataclass(frozen=True)
 class Lookup:
-    """What the store holds for a machine."""
+    """What the store holds for a machine (and a workload, when one was asked for)."""
 
     profile: Profile | None  # the fresh profile, when there is one
     stale: Profile | None  # the newest profile this machine wrote for another fingerprint
@@ -55,7 +102,7 @@ class Lookup:
 
 
 class ProfileStore:
-    """Profiles of the machines this user ran torch-autotune on."""
+    """Profiles of the machines this user ran torch-autotune on, per workload."""
 
     def __init__(self, directory: str | Path | None = None) -> None:
         self.directory = store_dir(directory)
@@ -64,27 +111,72 @@ class ProfileStore:
     def profiles_dir(self) -> Path:
         return self.directory / "profiles"
 
-    def path_for(self, fingerprint_hex: str) -> Path:
-        return self.profiles_dir / f"{fingerprint_hex}.json"
+    def path_for(self, fingerprint_hex: str, workload: str | None = None) -> Path:
+        """The machine's profile, or with ``workload`` the one measured on it."""
+        if workload is None:
+            return self.profiles_dir / f"{fingerprint_hex}.json"
+        return self.profiles_dir / fingerprint_hex / f"{workload_key(workload)}.json"
 
     def save(self, profile: Profile) -> Path:
-        """Write atomically (a crash never leaves half a profile); return the path."""
+        """Store ``profile`` as its machine's profile and, when measured, as its workload's.
+
+        Written atomically (a crash never leaves half a profile). Returns the workload's file
+        for a measured profile, else the machine's.
+        """
         from torch_autotune.profile_io import dump_profile
 
-        target = self.path_for(profile.provenance.fingerprint)
-        try:
-            write_atomically(target, dump_profile(profile, "json"))
-        except StoreError as exc:
-            raise StoreError(
-                f"{exc}; choose another place with --store DIR or {ENV_HOME}"
-            ) from None
-        return target
+        text = dump_profile(profile, "json")
+        machine = self.path_for(profile.provenance.fingerprint)
+        workload = measured_on(profile)
+        targets = [machine]
+        if workload is not None:
+            targets.insert(0, self.path_for(profile.provenance.fingerprint, workload))
+        for target in targets:
+            try:
+                write_atomically(target, text)
+            except StoreError as exc:
+                raise StoreError(
+                    f"{exc}; choose another place with --store DIR or {ENV_HOME}"
+                ) from None
+        return targets[0]
 
-    def load(self, fingerprint_hex: str) -> Profile | None:
-        """The stored profile for a fingerprint, None when there is none."""
+    def load(self, fingerprint_hex: str, workload: str | None = None) -> Profile | None:
+        """The machine's profile, or the one measured on ``workload``; None when there is none.
+
+        A workload without a file of its own gets the machine's profile when that was measured
+        on it (a store written by an earlier version).
+        """
+        if workload is None:
+            return self._read(self.path_for(fingerprint_hex))
+        own = self._read(self.path_for(fingerprint_hex, workload))
+        if own is not None and measured_on(own) == workload:
+            return own
+        machine = self._read(self.path_for(fingerprint_hex))
+        return machine if machine is not None and measured_on(machine) == workload else None
+
+    def measured_workloads(self, fingerprint_hex: str) -> list[str]:
+        """The workloads with a measured profile for this fingerprint, sorted by name."""
+        found = {measured_on(p) for p in self._profiles_in(self.profiles_dir / fingerprint_hex)}
+        machine = self._read_or_skip(self.path_for(fingerprint_hex))
+        if machine is not None:
+            found.add(measured_on(machine))
+        return sorted(name for name in found if name is not None)
+
+    def lookup(
+        self, snapshot: HardwareSnapshot, machine: str, workload: str | None = None
+    ) -> Lookup:
+        """The fresh profile for this snapshot (measured on ``workload`` when one is named), or
+        the stale one this machine left behind."""
+        wanted = fingerprint(snapshot)
+        fresh = self.load(wanted, workload)
+        if fresh is not None:
+            return Lookup(fresh, None, None)
+        stale = self._newest_other(wanted, machine, workload)
+        return Lookup(None, stale, None if stale is None else changes_since(stale, snapshot))
+
+    def _read(self, path: Path) -> Profile | None:
         from torch_autotune.profile_io import parse_profile
 
-        path = self.path_for(fingerprint_hex)
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -93,33 +185,36 @@ class ProfileStore:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
         return parse_profile(text, source=str(path), fmt="json")
 
-    def lookup(self, snapshot: HardwareSnapshot, machine: str) -> Lookup:
-        """The fresh profile for this snapshot, or the stale one this machine left behind."""
-        wanted = fingerprint(snapshot)
-        fresh = self.load(wanted)
-        if fresh is not None:
-            return Lookup(fresh, None, None)
-        stale = self._newest_other(wanted, machine)
-        return Lookup(None, stale, None if stale is None else changes_since(stale, snapshot))
+    def _read_or_skip(self, path: Path) -> Profile | None:
+        """The profile in ``path``; None when it is missing or unreadable."""
+        try:
+            return self._read(path)
+        except (StoreError, ProfileFileError):
+            return None  # an unreadable old profile is no evidence of anything
 
-    def _newest_other(self, wanted: str, machine: str) -> Profile | None:
-        from torch_autotune.profile_io import parse_profile
+    def _profiles_in(self, directory: Path) -> list[Profile]:
+        """Every readable profile directly in ``directory`` (temporary files left out)."""
+        if not directory.is_dir():
+            return []
+        paths = (p for p in directory.glob("*.json") if not p.name.startswith("."))
+        return [p for p in map(self._read_or_skip, paths) if p is not None]
 
-        if not self.profiles_dir.is_dir():
-            return None
-        newest: Profile | None = None
-        for path in self.profiles_dir.glob("*.json"):
-            if path.stem == wanted or path.name.startswith("."):
-                continue
-            try:
-                profile = parse_profile(path.read_text(encoding="utf-8"), str(path), "json")
-            except (OSError, ProfileFileError):
-                continue  # an unreadable old profile is no evidence of anything
-            if profile.provenance.machine_id != machine:
-                continue
-            if newest is None or profile.provenance.created_at > newest.provenance.created_at:
-                newest = profile
-        return newest
+    def _newest_other(self, wanted: str, machine: str, workload: str | None) -> Profile | None:
+        """The newest profile this machine wrote for another fingerprint (for ``workload``)."""
+        candidates = self._profiles_in(self.profiles_dir)
+        if workload is not None:
+            key = workload_key(workload)
+            candidates = [p for p in candidates if measured_on(p) == workload]
+            for own_path in self.profiles_dir.glob(f"*/{key}.json"):
+                own = self._read_or_skip(own_path)
+                if own is not None and measured_on(own) == workload:
+                    candidates.append(own)
+        others = [
+            p
+            for p in candidates
+            if p.provenance.fingerprint != wanted and p.provenance.machine_id == machine
+        ]
+        return max(others, key=lambda p: p.provenance.created_at, default=None)
 
 
 def changes_since(stored: Profile, now: HardwareSnapshot) -> str:

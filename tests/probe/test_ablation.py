@@ -10,6 +10,7 @@ from tests.test_bench import measured
 
 from torch_autotune.bench import ArmFailed, TrainConfig, plan_arms, tuned_config
 from torch_autotune.errors import ProbeError
+from torch_autotune.probe import run
 from torch_autotune.probe.ablation import bench
 from torch_autotune.probe.loop import TrainingLoop
 from torch_autotune.probe.workloads import Workload, resolve_workload
@@ -118,6 +119,25 @@ def test_an_arm_that_runs_out_of_memory_costs_only_its_own_numbers(a100: Profile
 def test_a_rules_only_profile_is_refused_with_the_fix() -> None:
     with pytest.raises(ProbeError, match="run 'autotune' first"):
         bench(build_profile(snapshot("rtx-4090")), "conv", measure=lambda _c, _s: 1.0)
+
+
+@pytest.mark.parametrize(("budget_s", "expected"), [(37.0, 37.0), (None, None)])
+def test_without_a_profile_the_bench_tunes_first_in_the_budget_given(
+    a100: Profile, monkeypatch: pytest.MonkeyPatch, budget_s: float | None, expected: float | None
+) -> None:
+    # None: tune() chooses its default (120 s, or 180 s where it measures torch.compile)
+    asked: list[tuple[object, float | None]] = []
+
+    def fake_tune(workload: object, *, budget_s: float | None, **_options: object) -> Profile:
+        asked.append((workload, budget_s))
+        return a100
+
+    monkeypatch.setattr(run, "tune", fake_tune)
+    model = SpeedModel(tuned_config(a100), {"precision": 2.0})
+    result = bench(None, "conv", rounds=1, seconds=0.1, budget_s=budget_s, measure=model)
+    assert asked == [("conv", expected)]
+    assert result.evidence is not None
+    assert result.evidence.bench is not None
 
 
 # --- the real loop on the CPU --------------------------------------------------------------------

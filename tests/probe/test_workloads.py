@@ -23,8 +23,11 @@ from torch_autotune.probe.workloads import (
     BUILTIN_WORKLOADS,
     DEFAULT_WORKLOAD,
     CpuHeavyDataset,
+    SyntheticImages,
+    SyntheticTokens,
     Workload,
     as_workload,
+    default_workload,
     load_workload,
     resolve_workload,
 )
@@ -38,8 +41,24 @@ BATCH_OF_8 = {
     "conv": ((8, 3, 64, 64), torch.float32, (8,), torch.int64, (8, 10)),
     "transformer": ((8, 128), torch.int64, (8, 128), torch.int64, (8, 128, 1000)),
     "mlp": ((8, 512), torch.float32, (8,), torch.int64, (8, 10)),
+    "resnet50": ((8, 3, 224, 224), torch.float32, (8,), torch.int64, (8, 1000)),
+    "gpt2": ((8, 512), torch.int64, (8, 512), torch.int64, (8, 512, 50257)),
 }
+KIND = {"conv": "conv", "transformer": "transformer", "mlp": "mlp"}
+KIND |= {"resnet50": "conv", "gpt2": "transformer"}
 BUILT = {key: make() for key, make in BUILTIN_WORKLOADS.items()}
+# Workloads a CPU test trains at batch 8; a step of the realistic ones takes seconds here.
+SMALL = ["conv", "transformer", "mlp"]
+REALISTIC = ["resnet50", "gpt2"]
+
+
+def quick_model(key: str) -> torch.nn.Module:
+    """The workload's model; a realistic one as the same classes at a tiny size."""
+    if key == "resnet50":
+        return workloads.BottleneckResNet(blocks=(1, 1, 1, 1), widths=(8, 8, 16, 16))
+    if key == "gpt2":
+        return workloads.GPT(vocab_size=64, max_len=32, d_model=32, nhead=4, num_layers=2)
+    return BUILT[key].make_model()
 
 
 def train_step(workload: Workload, model: torch.nn.Module, batch_size: int = 8) -> float:
@@ -55,10 +74,32 @@ def train_step(workload: Workload, model: torch.nn.Module, batch_size: int = 8) 
 # --- built-in workloads ---------------------------------------------------------------------------
 
 
-def test_the_builtins_are_conv_transformer_and_mlp_with_conv_the_default() -> None:
-    assert list(BUILTIN_WORKLOADS) == ["conv", "transformer", "mlp"]
+def test_the_builtins_are_the_small_three_and_the_realistic_two_with_conv_the_default() -> None:
+    assert list(BUILTIN_WORKLOADS) == [*SMALL, *REALISTIC]
     assert DEFAULT_WORKLOAD == "conv"
     assert resolve_workload(None).name == "conv"
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"),
+    [("cuda", "resnet50"), ("cuda:1", "resnet50"), ("mps", "resnet50"), ("cpu", "conv")],
+)
+def test_the_default_workload_is_resnet50_on_an_accelerator_and_conv_on_the_cpu(
+    device: str, expected: str
+) -> None:
+    assert default_workload(device) == expected
+    assert resolve_workload(None, device=device).name == expected
+    assert resolve_workload("mlp", device=device).name == "mlp"  # a name asked for wins
+
+
+def model_output_shape(key: str, inputs: torch.Tensor) -> tuple[int, ...]:
+    """The model's output shape: computed for real on the small workloads, on the meta device
+    (shapes only, no arithmetic) for the realistic ones."""
+    if key in SMALL:
+        return tuple(BUILT[key].make_model()(inputs).shape)
+    with torch.device("meta"):
+        model = BUILT[key].make_model()
+    return tuple(model(inputs.to("meta")).shape)
 
 
 @pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
@@ -68,13 +109,13 @@ def test_builtin_batch_and_output_have_the_documented_shapes(key: str) -> None:
     inputs, targets = workload.make_batch(8)
     assert (tuple(inputs.shape), inputs.dtype) == (inputs_shape, inputs_dtype)
     assert (tuple(targets.shape), targets.dtype) == (targets_shape, targets_dtype)
-    assert tuple(workload.make_model()(inputs).shape) == output_shape
-    assert workload.kind == key
+    assert model_output_shape(key, inputs) == output_shape
+    assert workload.kind == KIND[key]
     assert workload.sample_shape
     assert workload.max_batch_size is None
 
 
-@pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
+@pytest.mark.parametrize("key", SMALL)
 def test_builtin_training_step_runs_on_the_cpu_and_changes_the_weights(key: str) -> None:
     workload = BUILT[key]
     model = workload.make_model()
@@ -85,7 +126,7 @@ def test_builtin_training_step_runs_on_the_cpu_and_changes_the_weights(key: str)
     assert not any(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
 
 
-@pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
+@pytest.mark.parametrize("key", SMALL)
 def test_builtin_make_model_returns_independent_fresh_models(key: str) -> None:
     workload = BUILT[key]
     first, second = workload.make_model(), workload.make_model()
@@ -118,17 +159,18 @@ def test_builtin_batches_are_the_same_every_call() -> None:
     assert torch.equal(first[1], second[1])
 
 
-def test_builtin_token_targets_are_the_next_tokens() -> None:
-    inputs, targets = BUILT["transformer"].make_batch(3)
+@pytest.mark.parametrize(("key", "vocab_size"), [("transformer", 1000), ("gpt2", 50257)])
+def test_builtin_token_targets_are_the_next_tokens(key: str, vocab_size: int) -> None:
+    inputs, targets = BUILT[key].make_batch(3)
     assert torch.equal(inputs[:, 1:], targets[:, :-1])
-    assert 0 <= int(inputs.min()) <= int(inputs.max()) < 1000
+    assert 0 <= int(inputs.min()) <= int(inputs.max()) < vocab_size
 
 
 @pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
 def test_builtin_optimizer_is_adamw_at_1e_3_and_takes_fused(key: str) -> None:
     workload = BUILT[key]
     assert workload.optimizer_accepts(fused=True)
-    optimizer = workload.make_optimizer(workload.make_model().parameters(), fused=True)
+    optimizer = workload.make_optimizer(quick_model(key).parameters(), fused=True)
     assert isinstance(optimizer, torch.optim.AdamW)
     assert optimizer.defaults["lr"] == 1e-3
     assert optimizer.defaults["fused"] is True
@@ -136,7 +178,7 @@ def test_builtin_optimizer_is_adamw_at_1e_3_and_takes_fused(key: str) -> None:
 
 @pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
 def test_builtin_models_pickle(key: str) -> None:
-    model = BUILT[key].make_model()
+    model = quick_model(key)
     copy = pickle.loads(pickle.dumps(model))
     assert type(copy) is type(model)
     pairs = zip(model.state_dict().values(), copy.state_dict().values(), strict=True)
@@ -163,12 +205,133 @@ def test_make_batch_refuses_a_size_that_is_not_a_positive_int(bad: Any) -> None:
         BUILT["mlp"].make_batch(bad)
 
 
-def test_importing_workloads_does_not_import_torch() -> None:
-    code = "import sys, torch_autotune.probe.workloads; print('torch' in sys.modules)"
+def test_importing_workloads_and_building_the_builtins_does_not_import_torch() -> None:
+    code = (
+        "import sys; from torch_autotune.probe.workloads import BUILTIN_WORKLOADS as B; "
+        "[make() for make in B.values()]; print('torch' in sys.modules)"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+# --- the realistic built-ins: ResNet-50 and GPT-2 small -------------------------------------------
+
+
+def meta_model(key: str) -> torch.nn.Module:
+    """The workload's model on the meta device: shapes and parameter counts, no memory."""
+    with torch.device("meta"):
+        return BUILT[key].make_model()
+
+
+# torchvision's resnet50 has exactly 25,557,032; GPT-2 small 124,439,808 with 1024 positions,
+# 393,216 fewer with 512.
+@pytest.mark.parametrize(
+    ("key", "exact", "published"), [("resnet50", 25_557_032, 25.6e6), ("gpt2", 124_046_592, 124e6)]
+)
+def test_realistic_models_have_the_published_parameter_counts(
+    key: str, exact: int, published: float
+) -> None:
+    count = sum(p.numel() for p in meta_model(key).parameters())
+    assert count == exact
+    assert abs(count - published) / published < 0.01
+
+
+def test_resnet50_is_a_7x7_stem_and_3_4_6_3_bottlenecks_down_to_2048_channels_at_7x7() -> None:
+    model = meta_model("resnet50")
+    assert model.stem[0].kernel_size == (7, 7)
+    assert isinstance(model.stem[3], torch.nn.MaxPool2d)
+    assert all(isinstance(block, workloads.Bottleneck) for block in model.blocks)
+    strides = [block.conv2.stride[0] for block in model.blocks]
+    assert strides == [1, 1, 1, 2, 1, 1, 1, 2, 1, 1, 1, 1, 1, 2, 1, 1]
+    features = model.blocks(model.stem(torch.empty(2, 3, 224, 224, device="meta")))
+    assert tuple(features.shape) == (2, 2048, 7, 7)
+
+
+def test_gpt2_has_twelve_blocks_a_tied_head_and_gpt2_initialisation() -> None:
+    model = BUILT["gpt2"].make_model()
+    assert model.head.weight is model.tokens.weight
+    assert model.head.bias is None
+    assert (len(model.blocks), model.blocks[0].attention.nhead) == (12, 12)
+    assert tuple(model.positions.weight.shape) == (512, 768)
+    fc, proj = (layer.weight.detach() for layer in (model.blocks[5].fc, model.blocks[5].proj))
+    assert float(fc.std()) == pytest.approx(0.02, rel=0.05)
+    assert float(proj.std()) == pytest.approx(0.02 / math.sqrt(24), rel=0.05)
+    assert float(model.blocks[5].fc.bias.detach().abs().max()) == 0.0
+
+
+def test_gpt_attention_is_causal() -> None:
+    torch.manual_seed(0)
+    model = workloads.GPT(vocab_size=50, max_len=16, d_model=32, nhead=4, num_layers=2).eval()
+    tokens = torch.randint(0, 50, (1, 16))
+    changed = tokens.clone()
+    changed[0, 10] = (tokens[0, 10] + 1) % 50
+    before, after = model(tokens), model(changed)
+    assert torch.allclose(before[:, :10], after[:, :10])  # earlier positions cannot see it
+    assert not torch.allclose(before[:, 10:], after[:, 10:])
+
+
+@pytest.mark.parametrize("key", REALISTIC)
+def test_the_realistic_architectures_learn_at_a_tiny_size(key: str) -> None:
+    torch.manual_seed(0)
+    model = quick_model(key)
+    if key == "resnet50":
+        inputs, targets = SyntheticImages(size=32, num_classes=1000).batch(8)
+    else:
+        inputs, targets = SyntheticTokens(seq_len=32, vocab_size=64).batch(8)
+    optimizer = BUILT[key].make_optimizer(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(15):
+        loss = BUILT[key].loss_fn(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.7 * losses[0]
+
+
+@pytest.mark.parametrize("key", REALISTIC)
+def test_the_realistic_workloads_train_a_real_step_on_the_cpu(key: str) -> None:
+    """The full-size model with its optimizer and loss at batch 1; a crop of the batch (64x64
+    pixels, 64 tokens) keeps the step to seconds on two cores."""
+    workload = BUILT[key]
+    torch.manual_seed(0)
+    model = workload.make_model()
+    inputs, targets = workload.make_batch(1)
+    if key == "resnet50":
+        inputs = inputs[..., :64, :64]
+    else:
+        inputs, targets = inputs[:, :64], targets[:, :64]
+    last = next(reversed(list(model.parameters())))
+    before = last.detach().clone()
+    loss = workload.loss_fn(model(inputs), targets)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    workload.make_optimizer(model.parameters()).step()
+    assert math.isfinite(float(loss.detach()))
+    assert not torch.equal(before, last)
+    if key == "gpt2":  # GPT-2's initialisation starts near a uniform guess over the vocabulary
+        assert float(loss.detach()) == pytest.approx(math.log(50257), abs=0.5)
+
+
+def test_realistic_batches_repeat_a_pool_of_distinct_samples() -> None:
+    inputs, targets = BUILT["resnet50"].make_batch(100)
+    assert torch.equal(inputs[64:], inputs[:36])
+    assert torch.equal(targets[64:], targets[:36])
+    assert not torch.equal(inputs[0], inputs[1])
+    assert torch.equal(BUILT["resnet50"].make_batch(3)[0], inputs[:3])
+
+
+@pytest.mark.parametrize("key", REALISTIC)
+def test_realistic_datasets_pickle_as_a_few_numbers(key: str) -> None:
+    """DataLoader workers under spawn receive the dataset: a few ints, never the data."""
+    dataset = BUILT[key].dataset
+    payload = pickle.dumps(dataset)
+    assert len(payload) < 1000
+    copy = pickle.loads(payload)
+    assert torch.equal(copy[3][0], dataset[3][0])
+    assert torch.equal(copy[3][1], dataset[3][1])
 
 
 # --- CpuHeavyDataset ------------------------------------------------------------------------------
@@ -341,7 +504,8 @@ def test_resolve_workload_suggests_the_builtin_on_a_typo() -> None:
     with pytest.raises(WorkloadError) as raised:
         resolve_workload("tranformer")
     assert str(raised.value) == (
-        "'tranformer' is neither a built-in workload (conv, transformer, mlp) nor a"
+        "'tranformer' is neither a built-in workload (conv, transformer, mlp, resnet50, gpt2)"
+        " nor a"
         " package.module:factory reference; perhaps you meant 'transformer'?"
     )
 

@@ -95,6 +95,7 @@ def bench(
     baseline: TrainConfig | None = None,
     rounds: int = DEFAULT_ROUNDS,
     seconds: float = DEFAULT_SECONDS,
+    budget_s: float | None = None,
     progress: Progress | None = None,
     measure: Measure | None = None,
     clock: Callable[[], float] = time.perf_counter,
@@ -102,7 +103,8 @@ def bench(
     """Measure the profile against the baseline on this machine; return the profile with the
     bench in its evidence and the settings that measured slower dropped.
 
-    ``profile``: a measured profile (from ``tune()``); None tunes the workload first.
+    ``profile``: a measured profile (from ``tune()``); None tunes the workload first, in
+    ``budget_s`` seconds (None: ``tune()``'s default budget).
     ``workload``: default the one the profile was measured on. ``baseline``: default fp32,
     batch 32, no workers, no pinning, eager, torch's default backends. Every arm runs once per
     round, ``rounds`` rounds, each measurement at least ``seconds`` long after its warm-up.
@@ -116,7 +118,7 @@ def bench(
     report = progress or (lambda _phase, _what: None)
     started = clock()
     if profile is None:
-        profile = tune(workload, progress=progress, clock=clock)
+        profile = tune(workload, budget_s=budget_s, progress=progress, clock=clock)
     if profile.evidence is None:
         raise ProbeError(
             "this profile was not measured (rules only): the bench needs the batch size the "

@@ -652,17 +652,11 @@ def tune(
 
 
 def _resolve(workload: str | Workload | None, machine: HardwareSnapshot) -> Workload:
+    """The workload asked for; by default the one sized for the device the rules choose."""
     if workload is not None:
         return resolve_workload(workload)
-    from torch_autotune.probe import workloads
-
-    default = getattr(workloads, "default_workload", None)
-    if default is None:
-        return resolve_workload(None)
-    device = (
-        "cuda" if any(a.backend.value in ("cuda", "rocm") for a in machine.accelerators) else "cpu"
-    )
-    return resolve_workload(default(device))
+    device = build_profile(machine).settings.device
+    return resolve_workload(None, device=device)
 
 
 @dataclass

@@ -5,17 +5,22 @@ model builder, an optimizer factory, a synthetic batch of any size, a loss, and 
 dataset for the DataLoader measurement. Importing this module does not import torch; torch is
 imported when a workload is built or loaded.
 
-Built-in workloads (``BUILTIN_WORKLOADS``), each small enough for a few steps on a laptop CPU
-and each a real architecture trained on seeded synthetic data made on the fly per index:
+Built-in workloads (``BUILTIN_WORKLOADS``), each a real architecture trained on seeded
+synthetic data made on the fly per index. Three are small enough for a few steps on a laptop
+CPU; two have the size of what people train on a GPU, so that the batch the probe finds there
+means something (a 0.7 M-parameter net at 64x64 fits tens of thousands of samples on 80 GB):
 
     conv          ``resnet_like()``: a ResNet-style conv net, 3x64x64 images, 10 classes
     transformer   ``transformer_encoder()``: a causal Transformer encoder LM, 128 tokens of 1000
     mlp           ``mlp()``: Linear+GELU layers on 512-d vectors, 10 classes
+    resnet50      ``resnet50()``: ResNet-50 (25.6 M), 3x224x224 images, 1000 classes
+    gpt2          ``gpt2()``: a GPT-2-small decoder (124 M), 512 tokens of 50257
 
-``conv`` is the default (``DEFAULT_WORKLOAD``): it is the workload that most of the rules speak
-to (cuDNN autotuner, channels_last, image-style DataLoader), so ``autotune`` with no arguments
-shows the most. ``CpuHeavyDataset`` is a synthetic image dataset whose items cost CPU time, to
-compare DataLoader worker counts.
+``default_workload(device)`` is what ``autotune`` probes without ``--model``: ``resnet50`` on an
+accelerator and ``conv`` on the CPU, where a ResNet-50 step takes seconds. Both are conv nets,
+the kind most of the rules speak to (cuDNN autotuner, channels_last, image-style DataLoader),
+so ``autotune`` with no arguments shows the most. ``CpuHeavyDataset`` is a synthetic image
+dataset whose items cost CPU time, to compare DataLoader worker counts.
 
 The factory protocol
 --------------------
@@ -82,6 +87,7 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
 
 __all__ = [
+    "ACCELERATOR_WORKLOAD",
     "BUILTIN_WORKLOADS",
     "DEFAULT_WORKLOAD",
     "KINDS",
@@ -92,8 +98,11 @@ __all__ = [
     "SyntheticVectors",
     "Workload",
     "as_workload",
+    "default_workload",
+    "gpt2",
     "load_workload",
     "mlp",
+    "resnet50",
     "resnet_like",
     "resolve_workload",
     "transformer_encoder",
@@ -370,7 +379,16 @@ def _augment(image: Tensor, size: int, generator: Generator) -> Tensor:
 
 # --- built-in models ------------------------------------------------------------------------------
 
-_LAZY_CLASSES = ("BasicBlock", "ResNetLike", "TransformerLM")
+_LAZY_CLASSES = (
+    "BasicBlock",
+    "ResNetLike",
+    "TransformerLM",
+    "Bottleneck",
+    "BottleneckResNet",
+    "CausalSelfAttention",
+    "DecoderBlock",
+    "GPT",
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -381,6 +399,18 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY_CLASSES:
         return _model_classes()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _shortcut(in_channels: int, out_channels: int, stride: int) -> Module:
+    """A residual block's shortcut: the identity, or a strided 1x1 conv and BN where the shape
+    changes."""
+    from torch import nn
+
+    if stride == 1 and in_channels == out_channels:
+        return nn.Identity()
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels)
+    )
 
 
 @cache
@@ -399,12 +429,7 @@ def _model_classes() -> dict[str, type]:
             self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, padding=1, bias=False)
             self.bn2 = nn.BatchNorm2d(out_channels)
             self.relu = nn.ReLU(inplace=True)
-            self.shortcut: nn.Module = nn.Identity()
-            if stride != 1 or in_channels != out_channels:
-                self.shortcut = nn.Sequential(
-                    nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                    nn.BatchNorm2d(out_channels),
-                )
+            self.shortcut = _shortcut(in_channels, out_channels, stride)
 
         def forward(self, x: Tensor) -> Tensor:
             out = self.relu(self.bn1(self.conv1(x)))
@@ -475,11 +500,165 @@ def _model_classes() -> dict[str, type]:
             return self.head(self.norm(x))
 
     classes: dict[str, type] = {}
-    for cls in (BasicBlock, ResNetLike, TransformerLM):
+    for cls in (BasicBlock, ResNetLike, TransformerLM, *_realistic_model_classes()):
         cls.__qualname__ = cls.__name__
         cls.__module__ = __name__
         classes[cls.__name__] = cls
     return classes
+
+
+def _realistic_model_classes() -> tuple[type, ...]:
+    """Define ResNet-50 and GPT-2-small as ``nn.Module`` classes (``_model_classes`` registers
+    them). Both follow the published architectures, in plain torch (no torchvision)."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Bottleneck(nn.Module):  # type: ignore[misc]
+        """ResNet bottleneck block: 1x1 reduce, 3x3 (with the stride, as in ResNet v1.5), 1x1
+        expand to 4x ``width``, BN after each, ReLU, and a projected shortcut where the shape
+        changes."""
+
+        expansion = 4
+
+        def __init__(self, in_channels: int, width: int, stride: int = 1) -> None:
+            super().__init__()
+            out_channels = width * self.expansion
+            self.conv1 = nn.Conv2d(in_channels, width, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.conv2 = nn.Conv2d(width, width, 3, stride, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(width)
+            self.conv3 = nn.Conv2d(width, out_channels, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(out_channels)
+            self.relu = nn.ReLU(inplace=True)
+            self.shortcut = _shortcut(in_channels, out_channels, stride)
+
+        def forward(self, x: Tensor) -> Tensor:
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            return self.relu(out + self.shortcut(x))
+
+    class BottleneckResNet(nn.Module):  # type: ignore[misc]
+        """A ResNet of bottleneck blocks; the defaults are ResNet-50 (25.6 M parameters).
+
+        7x7 stride-2 stem conv to ``widths[0]`` channels, BN, ReLU, 3x3 stride-2 max pool;
+        one stage per entry of ``blocks`` (3, 4, 6, 3 blocks of widths 64, 128, 256, 512 with
+        outputs of 4x that, 256 to 2048 channels), every stage after the first starting with
+        stride 2; global average pool, linear head. ``(N, 3, H, W)`` float images ->
+        ``(N, num_classes)`` logits; at 224x224 the last stage is 7x7.
+        """
+
+        def __init__(
+            self,
+            blocks: Sequence[int] = (3, 4, 6, 3),
+            num_classes: int = 1000,
+            widths: Sequence[int] = (64, 128, 256, 512),
+        ) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(
+                nn.Conv2d(3, widths[0], 7, stride=2, padding=3, bias=False),
+                nn.BatchNorm2d(widths[0]),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(3, stride=2, padding=1),
+            )
+            layers: list[nn.Module] = []
+            channels = widths[0]
+            for stage, (count, width) in enumerate(zip(blocks, widths, strict=True)):
+                for index in range(count):
+                    stride = 2 if stage > 0 and index == 0 else 1
+                    layers.append(Bottleneck(channels, width, stride))
+                    channels = width * Bottleneck.expansion
+            self.blocks = nn.Sequential(*layers)
+            self.head = nn.Linear(channels, num_classes)
+
+        def forward(self, x: Tensor) -> Tensor:
+            features = self.blocks(self.stem(x))
+            return self.head(torch.flatten(F.adaptive_avg_pool2d(features, 1), 1))
+
+    class CausalSelfAttention(nn.Module):  # type: ignore[misc]
+        """Multi-head causal self-attention: one fused QKV projection, then
+        ``F.scaled_dot_product_attention(is_causal=True)`` (flash or memory-efficient kernels
+        where the device has them), then the output projection."""
+
+        def __init__(self, d_model: int, nhead: int) -> None:
+            super().__init__()
+            if d_model % nhead:
+                raise ValueError(f"d_model {d_model} is not a multiple of nhead {nhead}")
+            self.nhead = nhead
+            self.qkv = nn.Linear(d_model, 3 * d_model)
+            self.proj = nn.Linear(d_model, d_model)
+
+        def forward(self, x: Tensor) -> Tensor:
+            batch, length, d_model = x.shape
+            query, key, value = (
+                t.view(batch, length, self.nhead, d_model // self.nhead).transpose(1, 2)
+                for t in self.qkv(x).split(d_model, dim=2)
+            )
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=True)
+            return self.proj(out.transpose(1, 2).reshape(batch, length, d_model))
+
+    class DecoderBlock(nn.Module):  # type: ignore[misc]
+        """A pre-LN GPT-2 block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))`` with a 4x MLP and
+        GELU (tanh approximation, as GPT-2)."""
+
+        def __init__(self, d_model: int, nhead: int) -> None:
+            super().__init__()
+            self.norm1 = nn.LayerNorm(d_model)
+            self.attention = CausalSelfAttention(d_model, nhead)
+            self.norm2 = nn.LayerNorm(d_model)
+            self.fc = nn.Linear(d_model, 4 * d_model)
+            self.proj = nn.Linear(4 * d_model, d_model)
+
+        def forward(self, x: Tensor) -> Tensor:
+            x = x + self.attention(self.norm1(x))
+            return x + self.proj(F.gelu(self.fc(self.norm2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):  # type: ignore[misc]
+        """A GPT-2-style decoder LM; the defaults are GPT-2 small at 512 tokens (124 M
+        parameters).
+
+        Token and learned position embeddings, ``num_layers`` pre-LN ``DecoderBlock``, a final
+        LayerNorm, and an LM head tied to the token embedding (no bias). No dropout. GPT-2's
+        initialisation: normal(0, 0.02) weights, zero biases, and the residual projections
+        scaled by 1/sqrt(2 * num_layers). ``(N, S)`` int64 tokens, ``S <= max_len`` ->
+        ``(N, S, vocab_size)`` next-token logits.
+        """
+
+        def __init__(
+            self,
+            vocab_size: int = 50257,
+            max_len: int = 512,
+            d_model: int = 768,
+            nhead: int = 12,
+            num_layers: int = 12,
+        ) -> None:
+            super().__init__()
+            self.tokens = nn.Embedding(vocab_size, d_model)
+            self.positions = nn.Embedding(max_len, d_model)
+            self.blocks = nn.ModuleList(DecoderBlock(d_model, nhead) for _ in range(num_layers))
+            self.norm = nn.LayerNorm(d_model)
+            self.head = nn.Linear(d_model, vocab_size, bias=False)
+            self.head.weight = self.tokens.weight  # tied: initialised once, as the embedding
+            for module in self.modules():
+                if isinstance(module, nn.Linear | nn.Embedding) and module is not self.head:
+                    nn.init.normal_(module.weight, std=0.02)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            for block in self.blocks:
+                for projection in (block.attention.proj, block.proj):
+                    nn.init.normal_(projection.weight, std=0.02 / math.sqrt(2 * num_layers))
+
+        def forward(self, tokens: Tensor) -> Tensor:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            x = self.tokens(tokens) + self.positions(positions)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    return Bottleneck, BottleneckResNet, CausalSelfAttention, DecoderBlock, GPT
 
 
 def _adamw(params: Iterable[Parameter], **kwargs: Any) -> Optimizer:
@@ -495,6 +674,14 @@ def _build_resnet_like() -> Module:
 
 def _build_transformer_lm() -> Module:
     return _model_classes()["TransformerLM"](vocab_size=1000, max_len=128)
+
+
+def _build_resnet50() -> Module:
+    return _model_classes()["BottleneckResNet"]()
+
+
+def _build_gpt2() -> Module:
+    return _model_classes()["GPT"]()
 
 
 def _build_mlp() -> Module:
@@ -569,15 +756,76 @@ def mlp() -> Workload:
     )
 
 
+def resnet50() -> Workload:
+    """ResNet-50 on 3x224x224 images, 1000 classes (25.6 M parameters), as trained on ImageNet.
+
+    ``BottleneckResNet()``: 7x7 stem and max pool, bottleneck blocks [3, 4, 6, 3] of widths 64
+    to 512 (256 to 2048 channels out), global average pool, linear head. Batch:
+    ``(N, 3, 224, 224)`` float32 images, ``(N,)`` int64 labels; cross-entropy loss. A dataset
+    item costs about 0.6 ms of one CPU thread (a seeded 224x224 normal image), so a DataLoader
+    worker delivers some 1500 images/s: on a fast GPU the worker count matters, as it does for
+    real images.
+    """
+    data = SyntheticImages(size=224, num_classes=1000)
+    return Workload(
+        name="resnet50",
+        kind="conv",
+        make_model=_build_resnet50,
+        make_optimizer=_adamw,
+        make_batch=_PooledBatches(data),
+        dataset=data,
+        loss_fn=_cross_entropy,
+        sample_shape="image 3x224x224 float32, label int64 in [0, 1000)",
+    )
+
+
+def gpt2() -> Workload:
+    """A GPT-2-small decoder LM on 512 tokens of a 50257-token vocabulary (124 M parameters).
+
+    ``GPT()``: 12 pre-LN blocks of d_model 768 with 12 heads, causal attention through
+    ``F.scaled_dot_product_attention``, GELU (tanh) MLPs, the LM head tied to the token
+    embedding. Batch: ``(N, 512)`` int64 tokens and the ``(N, 512)`` next tokens;
+    cross-entropy over the vocabulary. A dataset item (513 random token ids) costs a few
+    microseconds, as reading pre-tokenised text does.
+    """
+    data = SyntheticTokens(seq_len=512, vocab_size=50257)
+    return Workload(
+        name="gpt2",
+        kind="transformer",
+        make_model=_build_gpt2,
+        make_optimizer=_adamw,
+        make_batch=_PooledBatches(data),
+        dataset=data,
+        loss_fn=_cross_entropy,
+        sample_shape="512 tokens int64 in [0, 50257), next-token targets",
+    )
+
+
 BUILTIN_WORKLOADS: dict[str, Callable[[], Workload]] = {
     "conv": resnet_like,
     "transformer": transformer_encoder,
     "mlp": mlp,
+    "resnet50": resnet50,
+    "gpt2": gpt2,
 }
-"""The built-in workloads by name (the ``kind`` each has)."""
+"""The built-in workloads by name."""
 
 DEFAULT_WORKLOAD = "conv"
-"""The workload ``autotune`` probes with no arguments: the conv net, which most rules speak to."""
+"""The workload ``resolve_workload(None)`` gives when no device is named: the CPU's default."""
+
+ACCELERATOR_WORKLOAD = "resnet50"
+"""The default workload on an accelerator (``default_workload``)."""
+
+
+def default_workload(device: str) -> str:
+    """The built-in workload ``autotune`` probes on ``device`` when none is asked for.
+
+    ``"resnet50"`` on an accelerator (``"cuda"``, ``"mps"``, also ``"cuda:1"``): a batch found
+    for a real ImageNet-sized net tells the user something, where a 0.7 M-parameter net fits
+    tens of thousands of samples. ``"conv"`` (``DEFAULT_WORKLOAD``) on the CPU, where one
+    ResNet-50 step takes seconds and a probe would fit a handful of trials in its budget.
+    """
+    return DEFAULT_WORKLOAD if device.partition(":")[0] == "cpu" else ACCELERATOR_WORKLOAD
 
 
 # --- losses ---------------------------------------------------------------------------------------
@@ -615,15 +863,19 @@ def _default_loss(targets: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
 # --- the user's factory ---------------------------------------------------------------------------
 
 
-def resolve_workload(choice: str | Workload | None = None) -> Workload:
+def resolve_workload(
+    choice: str | Workload | None = None, *, device: str | None = None
+) -> Workload:
     """The workload to probe: a ``Workload``, a built-in name, or ``"package.module:factory"``.
 
-    ``None`` gives the default built-in (``DEFAULT_WORKLOAD``).
+    ``None`` gives the default built-in for ``device`` (``default_workload``), or
+    ``DEFAULT_WORKLOAD`` when no device is named.
     """
     if isinstance(choice, Workload):
         return choice
     if choice is None:
-        return BUILTIN_WORKLOADS[DEFAULT_WORKLOAD]()
+        name = DEFAULT_WORKLOAD if device is None else default_workload(device)
+        return BUILTIN_WORKLOADS[name]()
     if choice in BUILTIN_WORKLOADS:
         return BUILTIN_WORKLOADS[choice]()
     if ":" in choice:
@@ -901,6 +1153,27 @@ class _RepeatedBatch:
     def __call__(self, batch_size: int) -> tuple[Tensor, Tensor]:
         _check_batch_size(batch_size)
         return _repeat(self.inputs, self.targets, batch_size)
+
+
+class _PooledBatches:
+    """``make_batch`` of a large built-in: ``DISTINCT`` samples drawn once, repeated to the size.
+
+    Drawing 1536 fresh 224x224 images for every trial would cost seconds of CPU that are no
+    part of training; repeated samples cost the model exactly what distinct ones do. The pool
+    is drawn on the first call, so building the workload imports no torch.
+    """
+
+    DISTINCT = 64
+
+    def __init__(self, data: _SyntheticDataset) -> None:
+        self.data = data
+        self._pool: tuple[Tensor, Tensor] | None = None
+
+    def __call__(self, batch_size: int) -> tuple[Tensor, Tensor]:
+        _check_batch_size(batch_size)
+        if self._pool is None:
+            self._pool = self.data.batch(self.DISTINCT)
+        return _repeat(*self._pool, batch_size)
 
 
 class _DatasetBatches:
