@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -13,6 +15,8 @@ from tests.test_bench import measured
 from torch_autotune import __version__
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE
+from torch_autotune.probe import run as probe_run
+from torch_autotune.profile import Profile
 from torch_autotune.store import ProfileStore
 
 
@@ -158,7 +162,7 @@ def on_the_l4(snapshot_path: Path, command: str, store: Path, *args: str) -> Res
 def test_show_and_export_select_the_workload_with_m(snapshot_path: Path, l4_store: Path) -> None:
     shown = on_the_l4(snapshot_path, "show", l4_store, "-m", "resnet50")
     assert shown.exit_code == 0, shown.output
-    assert re.search(r"measured on this machine with the\s+resnet50 workload", shown.stdout)
+    assert "measured on this machine with the resnet50 workload" in shown.stdout
     assert "gpt2" in on_the_l4(snapshot_path, "show", l4_store).stdout  # saved last
     exported = on_the_l4(snapshot_path, "export", l4_store, "--format", "json", "-m", "resnet50")
     assert exported.exit_code == 0, exported.output
@@ -226,3 +230,95 @@ def test_a_bug_in_the_users_model_shows_their_traceback_and_exits_5(
     assert "mat1 and mat2 shapes cannot be multiplied" in result.stderr
     assert "not out-of-memory" in result.stderr
     assert 'shape_bug.py", line' in result.stderr or "linear.py" in result.stderr
+
+
+# --- progress and output without a terminal -------------------------------------------------------
+
+PROGRESS = [
+    ("detect", "this machine"),
+    ("search", "batch 1"),
+    ("search", "batch 64"),
+    ("search", "batch 64"),  # the same call again: no second line
+    ("throughput", "batch 64"),
+    ("confirm", "batch 64"),
+    ("workers", "DataLoader worker counts"),
+]
+
+
+@pytest.fixture
+def fake_tune(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """tune() reports PROGRESS and returns a measured profile; the budgets it got are kept."""
+    budgets: list[float] = []
+
+    def tune(_workload: object, *, budget_s: float, progress: Any, **_options: object) -> Profile:
+        budgets.append(budget_s)
+        for phase, what in PROGRESS:
+            progress(phase, what)
+        return measured("cpu-laptop-linux", workload="conv", workers=None)
+
+    monkeypatch.setattr(probe_run, "tune", tune)
+    return budgets
+
+
+def test_without_a_terminal_each_phase_and_trial_is_one_plain_line(fake_tune: list[float]) -> None:
+    result = run("--budget", "30", "--no-save")
+    assert result.exit_code == 0, result.output
+    assert fake_tune == [30.0]
+    lines = result.stderr.splitlines()
+    assert all(re.match(r"autotune: \[\d+\.\d s of 30 s\] ", line) for line in lines), lines
+    assert [line.split("] ", 1)[1] for line in lines] == [
+        "detect: this machine",
+        "search: batch 1",
+        "search: batch 64",
+        "throughput: batch 64",
+        "confirm: batch 64",
+        "workers: DataLoader worker counts",
+    ]
+
+
+def test_piped_output_is_neither_wrapped_at_80_columns_nor_padded(
+    fake_tune: list[float], snapshot_path: Path, tmp_path: Path
+) -> None:
+    summary = run("--no-save")
+    shown = run(
+        "show", "--snapshot", str(snapshot_path / "tesla-t4.json"), "--store", str(tmp_path)
+    )
+    detected = run("detect", "--snapshot", str(snapshot_path / "a100-sxm4-80gb-8x.json"))
+    for result in (summary, shown, detected):
+        assert result.exit_code == 0, result.output
+        assert not [line for line in result.stdout.splitlines() if line != line.rstrip()]
+    reasons = [line.strip() for line in shown.stdout.splitlines() if line.startswith("    ")]
+    assert max(len(reason) for reason in reasons) > 200  # a long reason stays on one line
+    assert any(reason.endswith("do not underflow to zero") for reason in reasons)
+
+
+def test_on_a_terminal_progress_is_a_bar_that_leaves_no_lines() -> None:
+    from rich.console import Console
+
+    from torch_autotune.render import progress_reporter
+
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=100)
+    with progress_reporter(30, console=terminal) as report:
+        for phase, what in PROGRESS:
+            report(phase, what)
+    drawn = screen.getvalue()
+    assert "workers: DataLoader worker counts" in drawn  # the bar's last description
+    assert drawn.endswith("\x1b[2K")  # then erased
+    assert "autotune: [" not in drawn
+
+
+def test_a_plain_progress_line_says_the_time_spent_of_the_budget() -> None:
+    from rich.console import Console
+
+    from torch_autotune.render import progress_reporter
+
+    log = io.StringIO()
+    times = iter([100.0, 102.5, 190.0])
+    with progress_reporter(120, console=Console(file=log), clock=lambda: next(times)) as report:
+        report("search", "batch [8]")  # a name with brackets is text, not markup
+        report("workers", "0, 1, 2")
+    assert log.getvalue().splitlines() == [
+        "autotune: [2.5 s of 120 s] search: batch [8]",
+        "autotune: [90.0 s of 120 s] workers: 0, 1, 2",
+    ]

@@ -187,11 +187,9 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
     if as_json:
         click.echo(snapshot.model_dump_json(indent=2))
         return
-    from rich.console import Console
-
     from torch_autotune.render import render_snapshot
 
-    render_snapshot(snapshot, Console(highlight=False))  # writes to sys.stdout at print time
+    render_snapshot(snapshot, _console())
 
 
 _snapshot_option = click.option(
@@ -226,9 +224,9 @@ _mode_option = click.option(
 
 
 def _console() -> Any:
-    from rich.console import Console
+    from torch_autotune.render import make_console
 
-    return Console(highlight=False)  # writes to sys.stdout at print time
+    return make_console()
 
 
 def _snapshot(snapshot_file: Path | None) -> Any:
