@@ -10,7 +10,8 @@ settings count) measures:
   ``tune()`` makes it first, in ``--mode`` with ``--budget``);
 - a grid: fp32, fp32 with TF32, and bf16 (x channels_last for the conv net) at the tuned batch;
   the tuned settings, eager, at half the tuned batch and at the largest batch the probe ran;
-  the fastest eager arm of the grid compiled (one dynamic-batch compile) at its batch.
+  the settings of the fastest eager arm compiled (one dynamic-batch compile) at every batch
+  size of the grid.
 
 The oracle is the fastest arm of the grid. It prints tuned/oracle and tuned/baseline (targets:
 at least 0.95, and never below 1.0) and writes benchmarks/results/gpu_oracle_<device>.json and
@@ -88,6 +89,15 @@ def _measure(loop: TrainingLoop, config: TrainConfig, seconds: float) -> float |
         return str(failure)
 
 
+def _timed_arm(loop: TrainingLoop, label: str, config: TrainConfig, seconds: float) -> float | str:
+    """Measure one arm and print it with the seconds it took (warm-up and compile included)."""
+    began = time.perf_counter()
+    rate = _measure(loop, config, seconds)
+    shown = rate if isinstance(rate, str) else f"{rate:,.0f} samples/s"
+    print(f"  {label:<44} {shown} ({time.perf_counter() - began:.0f} s)", flush=True)
+    return rate
+
+
 def _resolve_best(
     arms: list[tuple[str, TrainConfig]], rates: dict[str, float | str]
 ) -> TrainConfig | None:
@@ -109,18 +119,15 @@ def _run_workload(name: str, args: argparse.Namespace, given: dict[str, str]) ->
     loop = TrainingLoop(workload, args.device)
     rates: dict[str, float | str] = {}
     for label, config in arms:
-        began = time.perf_counter()
-        rates[label] = _measure(loop, config, args.seconds)
-        shown = rates[label] if isinstance(rates[label], str) else f"{rates[label]:,.0f}"
-        print(f"  {label:<40} {shown} samples/s ({time.perf_counter() - began:.0f} s)", flush=True)
+        rates[label] = _timed_arm(loop, label, config, args.seconds)
     best = _resolve_best(arms, rates)
-    if best is not None and tuned.compile_mode is None:
-        compiled = best.model_copy(update={"compile_mode": "default"})
-        label = f"best eager, compiled @ {best.batch_size}"
-        arms.append((label, compiled))
-        began = time.perf_counter()
-        rates[label] = _measure(loop, compiled, args.seconds)
-        print(f"  {label:<40} {rates[label]} ({time.perf_counter() - began:.0f} s)", flush=True)
+    if best is not None:  # one dynamic-batch compile, measured at every size of the grid
+        sizes = sorted({config.batch_size for _, config in arms[2:]}, reverse=True)
+        for size in sizes:
+            compiled = best.model_copy(update={"compile_mode": "default", "batch_size": size})
+            label = f"fastest eager settings, compiled @ {size}"
+            arms.append((label, compiled))
+            rates[label] = _timed_arm(loop, label, compiled, args.seconds)
     measured = {k: v for k, v in rates.items() if isinstance(v, float)}
     oracle_label = max(measured, key=lambda k: measured[k])
     tuned_rate = rates["tuned"]

@@ -339,6 +339,17 @@ def test_one_count_that_does_not_help_does_not_stop_the_search() -> None:
     assert choice.num_workers == 2  # 200 is within 5% of the best, 204
 
 
+def test_far_behind_the_training_step_patience_does_not_stop_the_search() -> None:
+    # Recorded on an H100 host (16 CPUs), ResNet-50's 224x224 images against a compiled step of
+    # 4,972 samples/s: 1 and 2 workers were no faster than 0, and the search stopped at 0.
+    rates: dict[int, float | None] = {0: 970.0, 1: 794.0, 2: 1014.0, 4: 2000.0, 8: 3900.0}
+    rates[16] = 6100.0
+    fake = FakeMeasure(rates)
+    choice = search_workers(fake, max_workers=16, step_rate_samples_per_s=4972.0)
+    assert fake.calls == [0, 1, 2, 4, 8, 16]
+    assert choice.num_workers == 16  # 6,100 keeps 10% ahead of 4,972
+
+
 def test_picks_the_smallest_count_that_keeps_ahead_of_the_step() -> None:
     fake = FakeMeasure({0: 100.0, 1: 190.0, 2: 340.0, 4: 800.0, 8: 900.0})
     choice = search_workers(fake, max_workers=8, step_rate_samples_per_s=300.0)

@@ -429,6 +429,7 @@ class _CompileOutcome:
     record: CompileRecord
     point: ThroughputRecord | None  # the compiled point compared, when it ran
     runner: Trials  # the compiled runner (its compiled code is reused to confirm)
+    points: list[ThroughputRecord]  # every compiled point that ran
 
 
 def _measure_compile(
@@ -442,20 +443,34 @@ def _measure_compile(
     predicted_s: float,
 ) -> _CompileOutcome:
     """Compiled throughput at the fastest eager size (a smaller candidate if it does not fit
-    there), judged against the fastest eager point."""
+    there), then at the larger candidates on the same compiled code (a few seconds each: the
+    compiled model may gain more from a larger batch than eager did); the fastest compiled
+    point is judged against the fastest eager point."""
     compiled = runner.compiled(mode)
     failed: list[int] = []
     paid: float | None = None
-    measured: ThroughputRecord | None = None
-    for size in [s for s in sizes if s <= eager.batch_size]:
+    points: list[ThroughputRecord] = []
+    below = [s for s in sizes if s <= eager.batch_size]
+    above = sorted(s for s in sizes if s > eager.batch_size)
+    for size in below:
         progress("compile", f"batch {size}" + ("" if failed else " (compiling)"))
         point = compiled.point(size, until=budget.deadline)
         if paid is None:
             paid = point.warmup_s if point.warmup_s is not None else point.seconds
         measured = _record(point, compiled=True)
         if measured is not None:
+            points.append(measured)
             break
         failed.append(size)
+    for size in above if points else []:
+        if budget.left() <= 0:
+            break
+        progress("compile", f"batch {size}")
+        measured = _record(compiled.point(size, until=budget.deadline), compiled=True)
+        if measured is None:
+            failed.append(size)
+            break  # a larger size cannot fit either
+        points.append(measured)
     base = CompileRecord(
         mode=mode,
         measured=True,
@@ -464,16 +479,18 @@ def _measure_compile(
         predicted_s=round(predicted_s, 1),
         compile_s=None if paid is None else round(paid, 1),
     )
-    if measured is None:
+    best = fastest(points) or (points[0] if points else None)
+    if best is None:
         why = (
             f"the compiled model ran out of memory at batch {', '.join(map(str, failed))}"
             if failed
             else "the time budget ran out before the compiled model finished a step"
         )
         return _CompileOutcome(
-            base.model_copy(update={"reason": f"compile off: {why}"}), None, compiled
+            base.model_copy(update={"reason": f"compile off: {why}"}), None, compiled, points
         )
-    return _CompileOutcome(_judge_compile(base, eager, measured, paid or 0.0), measured, compiled)
+    judged = _judge_compile(base, eager, best, paid or 0.0)
+    return _CompileOutcome(judged, best, compiled, points)
 
 
 def _judge_compile(
@@ -805,8 +822,7 @@ class _Run:
                 predicted_s=plan.compile_predicted_s,
             )
         self.compile = outcome.record
-        if outcome.point is not None:
-            self.records.append(outcome.point)
+        self.records += outcome.points
         if outcome.record.kept and outcome.point is not None:
             return outcome.point, outcome.runner
         return best, self.runner
