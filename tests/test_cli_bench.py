@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from tests.rules.helpers import snapshot
 
+from tests.rules.helpers import snapshot
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE
 from torch_autotune.profile_io import dump_profile, load_profile
