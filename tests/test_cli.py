@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ from click.testing import CliRunner, Result
 
 from torch_autotune import __version__
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE
+from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE, EXIT_WORKLOAD
+from torch_autotune.hardware import HardwareSnapshot
 
 
 def run(*args: str) -> Result:
@@ -173,12 +175,10 @@ def test_diff_lists_the_settings_that_differ(snapshot_path: Path, tmp_path: Path
     assert "same settings" in same.output
 
 
-@pytest.mark.system  # tune() detects the real machine
 def test_a_bug_in_the_users_model_shows_their_traceback_and_exits_5(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, detected_as: Callable[[str], HardwareSnapshot]
 ) -> None:
-    from torch_autotune.errors import EXIT_WORKLOAD
-
+    detected_as("cpu-laptop-linux")  # trains on the CPU, also on a machine with a GPU
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "probe" / "sample_user_models"))
     result = run("--model", "shape_bug:make_workload", "--budget", "10", "--no-save")
     assert result.exit_code == EXIT_WORKLOAD
