@@ -94,6 +94,13 @@ def _no_real_hardware(
     yield
 
 
+@pytest.fixture(autouse=True)
+def _own_profile_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test has a profile store of its own (``TORCH_AUTOTUNE_HOME``): no test reads or
+    writes the user's, and tests run in parallel (``pytest -n``) share no files."""
+    monkeypatch.setenv("TORCH_AUTOTUNE_HOME", str(tmp_path / "autotune-home"))
+
+
 @pytest.fixture
 def snapshot_path() -> Path:
     """Directory of the recorded machine snapshots."""
