@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -185,3 +186,33 @@ def test_a_bug_in_the_users_model_shows_their_traceback_and_exits_5(
     assert "mat1 and mat2 shapes cannot be multiplied" in result.stderr
     assert "not out-of-memory" in result.stderr
     assert 'shape_bug.py", line' in result.stderr or "linear.py" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "exit_code"),
+    [
+        pytest.param("torch.jit._script", 0, id="torch's"),
+        pytest.param("torch_autotune.probe.trials", EXIT_WORKLOAD, id="ours"),
+    ],
+)
+def test_a_deprecation_from_torch_is_shown_and_not_blamed_on_the_model(
+    monkeypatch: pytest.MonkeyPatch, module: str, exit_code: int
+) -> None:
+    from tests.test_bench import measured
+    from tests.test_the_suite import TORCH_DEPRECATION, warn_from
+    from torch_autotune.probe import run as probe_run
+
+    def tune(*_args: object, **_kwargs: object) -> object:
+        warn_from(module, TORCH_DEPRECATION)  # torch.compile imports inductor in the first trial
+        return measured("h100-80gb-hbm3")
+
+    monkeypatch.setattr(probe_run, "tune", tune)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("error")  # as under python -W error or PYTHONWARNINGS=error
+        result = run("--no-save")
+    assert result.exit_code == exit_code, result.output
+    if exit_code == 0:
+        assert [str(w.message) for w in shown] == [TORCH_DEPRECATION]
+        assert "largest batch" in result.stdout
+    else:  # our own deprecations follow the filters: here they are errors
+        assert "raised DeprecationWarning" in result.stderr
