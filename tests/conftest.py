@@ -3,16 +3,24 @@
 Tiers: unit tests (the default) use recorded snapshots and fakes; ``@pytest.mark.system`` runs
 the installed command on this machine in a subprocess; ``@pytest.mark.gpu`` needs a real GPU and
 is skipped where there is none. A unit test that reaches real NVML or CUDA fails.
+
+Unit tests that train with real torch do so on the CPU, and say so (the device, a profile built for
+the CPU, or a snapshot without GPUs), so they pass alike on a machine with a GPU. There torch itself
+asks whether CUDA is available (the optimizer does, before every step); the guard tells torch "no
+GPU", as a CPU build would, and fails the test only when our own code asks.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from torch_autotune.detect import LiveMachine, load_snapshot
+from torch_autotune.hardware import HardwareSnapshot
 
 SNAPSHOT_DIR = Path(__file__).parent / "fixtures" / "snapshots"
 
@@ -42,6 +50,20 @@ def _refuse(what: str):  # type: ignore[no-untyped-def]
     return refuse
 
 
+def _no_gpu_for_torch(what: str, answer: object):  # type: ignore[no-untyped-def]
+    """``torch.cuda.<what>`` that answers torch's own code with ``answer`` (no GPU, as on a CPU
+    build) and refuses any other caller: our code must not ask the real machine in a unit test."""
+    refuse = _refuse(f"CUDA (torch.cuda.{what})")
+
+    def ask(*args: object, **kwargs: object) -> object:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller == "torch" or caller.startswith("torch."):
+            return answer
+        return refuse(*args, **kwargs)
+
+    return ask
+
+
 def _torch():  # type: ignore[no-untyped-def]
     """torch, imported once per session so that the guard covers tests importing it later."""
     if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
@@ -65,12 +87,50 @@ def _no_real_hardware(
         monkeypatch.setattr(pynvml, name, _refuse("NVML"))
     torch = _torch()
     if torch is not None:
-        for name in ("_lazy_init", "init", "is_available", "device_count", "mem_get_info"):
+        for name in ("_lazy_init", "init", "mem_get_info"):
             monkeypatch.setattr(torch.cuda, name, _refuse("CUDA"))
+        monkeypatch.setattr(torch.cuda, "is_available", _no_gpu_for_torch("is_available", False))
+        monkeypatch.setattr(torch.cuda, "device_count", _no_gpu_for_torch("device_count", 0))
     yield
+
+
+@pytest.fixture(autouse=True)
+def _own_profile_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test has a profile store of its own (``TORCH_AUTOTUNE_HOME``): no test reads or
+    writes the user's, and tests run in parallel (``pytest -n``) share no files."""
+    monkeypatch.setenv("TORCH_AUTOTUNE_HOME", str(tmp_path / "autotune-home"))
 
 
 @pytest.fixture
 def snapshot_path() -> Path:
     """Directory of the recorded machine snapshots."""
     return SNAPSHOT_DIR
+
+
+@pytest.fixture
+def detected_as(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], HardwareSnapshot]:
+    """``detected_as("cpu-laptop-linux")``: from then on, detecting this machine (``detect()``,
+    as ``tune()`` and ``autotune`` do) gives that recorded machine, here and on a GPU machine."""
+
+    def detect_as(name: str) -> HardwareSnapshot:
+        recorded = load_snapshot(SNAPSHOT_DIR / f"{name}.json")
+        monkeypatch.setattr(LiveMachine, "snapshot", lambda _self, *, deep=False: recorded)
+        return recorded
+
+    return detect_as
+
+
+@pytest.fixture
+def gpu_machine(
+    monkeypatch: pytest.MonkeyPatch, detected_as: Callable[[str], HardwareSnapshot]
+) -> HardwareSnapshot:
+    """This machine as the CPU tier sees a GPU machine: detection finds the recorded H100, and
+    torch is a CUDA build, so torch's own code asks ``torch.cuda`` whether a GPU is there (the
+    guard answers). Real CUDA stays out of reach: a test that trains on the detected GPU fails."""
+    import torch
+
+    # torch >= 2.6 asks torch.accelerator, whose compile-time answer is the CUDA build's
+    accelerator = torch.device("cuda")
+    monkeypatch.setattr(torch._C, "_accelerator_getAccelerator", lambda: accelerator, raising=False)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)  # older torch asks this
+    return detected_as("h100-80gb-hbm3")

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.rules.helpers import snapshot
 
+from tests.rules.helpers import snapshot
 from torch_autotune.bench import (
     KNOBS,
     MIN_EFFECT,

@@ -5,16 +5,19 @@ from __future__ import annotations
 import io
 import json
 import re
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from tests.test_bench import measured
 
+from tests.test_bench import measured
 from torch_autotune import __version__
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE
+from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE, EXIT_WORKLOAD
+from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe import run as probe_run
 from torch_autotune.profile import Profile
 from torch_autotune.store import ProfileStore
@@ -218,12 +221,10 @@ def test_diff_lists_the_settings_that_differ(snapshot_path: Path, tmp_path: Path
     assert "same settings" in same.output
 
 
-@pytest.mark.system  # tune() detects the real machine
 def test_a_bug_in_the_users_model_shows_their_traceback_and_exits_5(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, detected_as: Callable[[str], HardwareSnapshot]
 ) -> None:
-    from torch_autotune.errors import EXIT_WORKLOAD
-
+    detected_as("cpu-laptop-linux")  # trains on the CPU, also on a machine with a GPU
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "probe" / "sample_user_models"))
     result = run("--model", "shape_bug:make_workload", "--budget", "10", "--no-save")
     assert result.exit_code == EXIT_WORKLOAD
@@ -322,3 +323,33 @@ def test_a_plain_progress_line_says_the_time_spent_of_the_budget() -> None:
         "autotune: [2.5 s of 120 s] search: batch [8]",
         "autotune: [90.0 s of 120 s] workers: 0, 1, 2",
     ]
+
+
+@pytest.mark.parametrize(
+    ("module", "exit_code"),
+    [
+        pytest.param("torch.jit._script", 0, id="torch's"),
+        pytest.param("torch_autotune.probe.trials", EXIT_WORKLOAD, id="ours"),
+    ],
+)
+def test_a_deprecation_from_torch_is_shown_and_not_blamed_on_the_model(
+    monkeypatch: pytest.MonkeyPatch, module: str, exit_code: int
+) -> None:
+    from tests.test_bench import measured
+    from tests.test_the_suite import TORCH_DEPRECATION, warn_from
+    from torch_autotune.probe import run as probe_run
+
+    def tune(*_args: object, **_kwargs: object) -> object:
+        warn_from(module, TORCH_DEPRECATION)  # torch.compile imports inductor in the first trial
+        return measured("h100-80gb-hbm3")
+
+    monkeypatch.setattr(probe_run, "tune", tune)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("error")  # as under python -W error or PYTHONWARNINGS=error
+        result = run("--no-save")
+    assert result.exit_code == exit_code, result.output
+    if exit_code == 0:
+        assert [str(w.message) for w in shown] == [TORCH_DEPRECATION]
+        assert "largest batch" in result.stdout
+    else:  # our own deprecations follow the filters: here they are errors
+        assert "raised DeprecationWarning" in result.stderr

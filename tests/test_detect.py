@@ -11,7 +11,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from fake_nvml import FakeNvml, h100, jetson_orin, tesla_t4
+from tests.fake_nvml import FakeNvml, h100, jetson_orin, tesla_t4
 from torch_autotune import (
     HardwareSnapshot,
     LiveMachine,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fake_nvml import (
+from tests.fake_nvml import (
     MIB,
     FakeGpu,
     FakeMig,

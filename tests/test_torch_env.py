@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fake_torch import (
+from tests.fake_torch import (
     CudaNotBuilt,
     FakeGpu,
     gtx_1660_ti,

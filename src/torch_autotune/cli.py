@@ -142,10 +142,25 @@ def cli(  # click passes options by name
         _plot(profile, plot_file)
 
 
+# Modules outside torch_autotune: the user's, torch's and every other package's.
+_NOT_OURS = r"(?!torch_autotune(\.|$))"
+
+
 def _user_code(ctx: click.Context, run: Callable[[], T]) -> T:
-    """Run the probe or the bench; a failure of the user's model shows their traceback."""
+    """Run the probe or the bench; a failure of the user's model shows their traceback.
+
+    A deprecation warning from outside torch-autotune is no failure of the training step: it is
+    shown, never raised, even where the warning filters make warnings errors (torch 2.11 warns
+    about ``torch.jit.script_method`` when torch.compile first imports inductor). Ours still
+    follow the filters.
+    """
+    import warnings
+
     try:
-        return run()
+        with warnings.catch_warnings():
+            for category in (DeprecationWarning, PendingDeprecationWarning):
+                warnings.filterwarnings("default", category=category, module=_NOT_OURS)
+            return run()
     except AutotuneError:
         raise
     except Exception as error:  # the user's model raised: show their traceback, not ours

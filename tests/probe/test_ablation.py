@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from tests.rules.helpers import snapshot
 from tests.test_bench import measured
-
 from torch_autotune.bench import ArmFailed, TrainConfig, plan_arms, tuned_config
 from torch_autotune.errors import ProbeError
 from torch_autotune.probe import run

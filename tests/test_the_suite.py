@@ -1,0 +1,130 @@
+"""The test suite itself: the CPU tier trains on the CPU whether or not the machine has a GPU,
+the hardware guard fails our code and only ours, and warnings are errors for our code only.
+
+The first GPU run of the suite (H100, torch 2.11.0+cu130; issue 10) failed 30 tests that pass
+on a CPU machine. These tests run the same code paths here with the GPU machine simulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from tests.rules.helpers import snapshot
+from torch_autotune import detect
+from torch_autotune.bench import TrainConfig
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.probe.ablation import bench
+from torch_autotune.probe.loop import TrainingLoop
+from torch_autotune.probe.run import tune
+from torch_autotune.probe.workloads import resolve_workload
+
+TORCH_DEPRECATION = (
+    "`torch.jit.script_method` is deprecated. Please switch to `torch.compile` or `torch.export`."
+)
+
+
+def warn_from(module: str, message: str, category: type[Warning] = DeprecationWarning) -> None:
+    """``warnings.warn`` as code in ``module`` calls it (the filters match on that name)."""
+    code = compile("warnings.warn(message, category)", f"<{module}>", "exec")
+    exec(code, {"__name__": module, "warnings": warnings, "message": message, "category": category})
+
+
+def warn_as_torch_2_11_does() -> None:
+    """torch 2.11 when torch.compile imports inductor: ``torch.jit.script_method`` decorates a
+    class in torch.utils.mkldnn, and torch.jit._script warns about itself."""
+    warn_from("torch.jit._script", TORCH_DEPRECATION)
+
+
+# --- the CPU tier on a GPU machine ---------------------------------------------------------------
+
+
+def test_the_simulated_gpu_machine_has_a_gpu_and_a_cuda_build(
+    gpu_machine: HardwareSnapshot,
+) -> None:
+    assert [a.name for a in detect().accelerators] == ["NVIDIA H100 80GB HBM3"]
+    assert torch.accelerator.current_accelerator() == torch.device("cuda")
+    # torch's own question reaches the guard, which answers as a CPU build would
+    assert torch.accelerator.current_accelerator(check_available=True) is None
+    assert torch.accelerator.is_available() is False
+
+
+def test_the_guard_fails_our_code_asking_for_the_gpu() -> None:
+    with pytest.raises(pytest.fail.Exception, match=r"reached real CUDA \(torch.cuda.is_avail"):
+        torch.cuda.is_available()
+
+
+def test_on_a_gpu_machine_the_training_loop_trains_on_the_cpu(
+    gpu_machine: HardwareSnapshot,
+) -> None:
+    built: list[torch.nn.Module] = []
+    mlp = resolve_workload("mlp")
+
+    def make_model() -> torch.nn.Module:
+        built.append(mlp.make_model())
+        return built[-1]
+
+    workload = dataclasses.replace(mlp, make_model=make_model)
+    loop = TrainingLoop(workload, "cpu", warmup_steps=1, min_steps=2)
+    assert loop.measure(TrainConfig(batch_size=16), 0.05) > 0
+    assert {p.device.type for model in built for p in model.parameters()} == {"cpu"}
+    assert not torch.cuda.is_initialized()
+
+
+def test_on_a_gpu_machine_tune_and_bench_of_a_cpu_snapshot_train_on_the_cpu(
+    gpu_machine: HardwareSnapshot,
+) -> None:
+    profile = tune("mlp", snapshot=snapshot("cpu-laptop-linux"), budget_s=5, max_batch_size=16)
+    benched = bench(profile, rounds=1, seconds=0.05)
+    assert profile.settings.device == "cpu"
+    assert benched.evidence is not None
+    assert benched.evidence.device == "cpu"
+    assert benched.evidence.bench is not None
+    assert benched.evidence.bench.device == "cpu"
+    assert not torch.cuda.is_initialized()
+
+
+def test_on_a_gpu_machine_a_test_that_trains_on_the_detected_device_fails(
+    gpu_machine: HardwareSnapshot,
+) -> None:
+    """What the CPU tier must not do: tune() without a snapshot detects the GPU and trains there."""
+    with pytest.raises(pytest.fail.Exception, match="reached real CUDA"):
+        tune("mlp", budget_s=5, max_batch_size=16)
+
+
+def test_detection_can_be_pinned_to_a_machine_without_gpus(
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    laptop = detected_as("cpu-laptop-linux")
+    assert detect() == laptop
+    assert laptop.accelerators == ()
+
+
+# --- warnings as errors for our code only --------------------------------------------------------
+
+
+def test_a_deprecation_inside_another_package_is_shown_not_raised() -> None:
+    with warnings.catch_warnings(record=True) as caught:  # the filters stay as pytest set them
+        warn_as_torch_2_11_does()
+    assert [str(w.message) for w in caught] == [TORCH_DEPRECATION]
+
+
+@pytest.mark.parametrize("module", ["torch_autotune.probe.loop", "tests.test_the_suite"])
+@pytest.mark.parametrize("category", [DeprecationWarning, PendingDeprecationWarning, UserWarning])
+def test_our_own_warnings_stay_errors(module: str, category: type[Warning]) -> None:
+    with pytest.raises(category, match="ours"):
+        warn_from(module, "ours", category)
+
+
+def test_pytest_benchmark_turning_itself_off_under_xdist_is_no_error() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warn_from(
+            "pytest_benchmark.logger",
+            "Benchmarks are automatically disabled because xdist plugin is active.",
+            UserWarning,
+        )
+    assert caught == []
