@@ -35,7 +35,7 @@ def test_nvml_and_torch_agree_on_every_gpu() -> None:
 def test_the_probe_measures_the_gpu_with_allocator_readings() -> None:
     from torch_autotune.probe.run import tune
 
-    profile = tune("conv", budget_s=120)
+    profile = tune("conv", mode="balanced", budget_s=60)
     evidence = profile.evidence
     assert evidence is not None
     assert profile.settings.device == "cuda"
@@ -81,7 +81,7 @@ def test_the_probe_finds_the_real_limit_measures_compile_and_keeps_to_its_budget
     from torch_autotune.probe.run import tune
     from torch_autotune.profile import Source
 
-    profile = tune(_memory_hungry(), mode="speed", budget_s=150)  # type: ignore[arg-type]
+    profile = tune(_memory_hungry(), mode="speed", budget_s=90)  # type: ignore[arg-type]
     evidence = profile.evidence
     assert evidence is not None
     run = [t for t in evidence.search if t.seconds is not None]
