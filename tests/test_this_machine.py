@@ -113,17 +113,19 @@ def test_autotune_with_no_arguments_probes_saves_and_recommend_returns_it(
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert "largest batch" in done.stdout
-    assert elapsed < 120 + 30  # the default budget, plus interpreter and import time
     check = (
-        "import json, torch_autotune; p = torch_autotune.recommend(); "
-        "print(json.dumps([p.measured, p.settings.batch.batch_size, p.evidence.batch_size]))"
+        "import json, torch_autotune; p = torch_autotune.recommend(); e = p.evidence; "
+        "print(json.dumps([p.measured, p.settings.batch.batch_size, e.batch_size, e.budget_s]))"
     )
     shown = subprocess.run(
         [sys.executable, "-c", check], env=env, check=True, capture_output=True, text=True
     )
-    measured, batch, evidence_batch = json.loads(shown.stdout)
+    measured, batch, evidence_batch, budget = json.loads(shown.stdout)
     assert measured is True
     assert batch == evidence_batch
+    # the default budget (120 s; 180 s where torch.compile is measured), plus interpreter and
+    # import time
+    assert elapsed < budget + 30
 
 
 def test_autotune_bench_tunes_first_then_benches_and_stores_the_evidence(tmp_path: Path) -> None:

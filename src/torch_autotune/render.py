@@ -291,7 +291,7 @@ def progress_reporter(
         TextColumn("{task.description}"),
         BarColumn(),
         TimeElapsedColumn(),
-        TextColumn(f"of {budget_s:.0f} s budget"),
+        TextColumn("of {task.total:.0f} s budget"),
         console=console,
         transient=True,
     ) as progress:
@@ -299,9 +299,22 @@ def progress_reporter(
         started = clock()
 
         def report(phase: str, what: str) -> None:
+            total = _budget_told(phase, what)
+            if total is not None:
+                progress.update(task, total=total)
             progress.update(task, description=f"{phase}: {what}", completed=clock() - started)
 
         yield report
+
+
+def _budget_told(phase: str, what: str) -> float | None:
+    """The budget ``tune()`` chose, from its ``("budget", "180 s")`` report; None otherwise."""
+    if phase != "budget":
+        return None
+    try:
+        return float(what.removesuffix(" s"))
+    except ValueError:
+        return None
 
 
 def _plain_reporter(
@@ -310,12 +323,15 @@ def _plain_reporter(
     """One line per call (a call that repeats the one before is left out)."""
     started = clock()
     last: list[tuple[str, str]] = []
+    total = [budget_s]
 
     def report(phase: str, what: str) -> None:
         if last == [(phase, what)]:
             return
         last[:] = [(phase, what)]
-        line = f"autotune: [{clock() - started:.1f} s of {budget_s:.0f} s] {phase}: {what}"
+        told = _budget_told(phase, what)
+        total[0] = total[0] if told is None else told
+        line = f"autotune: [{clock() - started:.1f} s of {total[0]:.0f} s] {phase}: {what}"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     return report

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.probe.fake_trials import FakeTrials, Machine
 
+from tests.probe.fake_trials import FakeTrials, Machine
 from torch_autotune.errors import ProbeError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.run import compile_seconds, payoff_minutes, tune
@@ -44,6 +44,18 @@ def _tune(machine: Machine, snapshot: HardwareSnapshot = H100, **options: object
         clock=machine.clock,
         trials=trials,
         **options,  # type: ignore[arg-type]
+    )
+
+
+def _cpu(**timings: float) -> Machine:
+    """This 2-core CPU with the small conv net: memory never limits below the cap; 300 MiB
+    plus 2.3 MiB a sample (measured: 983 MiB at 256, 1575 MiB at 512)."""
+    return Machine(
+        limit=10**6,
+        leaves=1,
+        fixed_bytes=300 << 20,
+        per_sample_bytes=int(2.3 * 2**20),
+        **timings,  # type: ignore[arg-type]
     )
 
 
@@ -181,16 +193,7 @@ def test_a_size_too_slow_for_the_time_left_is_skipped_with_its_prediction() -> N
 
 def test_the_cpu_search_reaches_the_cap() -> None:
     # This 2-core CPU, small conv net: about 0.02 s per sample per step.
-    machine = Machine(
-        fixed_s=0.05,
-        per_sample_s=0.02,
-        first_s=0.3,
-        limit=10**6,
-        leaves=1,
-        autotune_s=0.0,
-        fixed_bytes=300 << 20,
-        per_sample_bytes=int(2.3 * 2**20),  # measured: 983 MiB at 256, 1575 MiB at 512
-    )
+    machine = _cpu(fixed_s=0.05, per_sample_s=0.02, first_s=0.3, autotune_s=0.0)
     profile = _tune(machine, snapshot=LAPTOP, budget_s=120)
     evidence = profile.evidence
     assert evidence is not None
@@ -203,17 +206,13 @@ def test_a_cpu_that_gets_more_efficient_with_the_batch_still_reaches_the_cap() -
     # Recorded on this 2-core CPU (small conv net, while other work ran): a step took 0.065 s
     # at batch 1, 0.39 s at 8 and 3.5 s at 191. Extrapolating from 1 and 8 alone predicts
     # 172 s for 512 and its measurement; sizes in between correct the model first.
-    machine = Machine(
+    machine = _cpu(
         fixed_s=0.02,
         per_sample_s=0.05,
         exponent=0.69,
         first_s=0.37,
         new_shape_s=0.3,
         autotune_s=0.3,
-        limit=10**6,
-        leaves=1,
-        fixed_bytes=300 << 20,
-        per_sample_bytes=int(2.3 * 2**20),
     )
     profile = _tune(machine, snapshot=LAPTOP, budget_s=120)
     evidence = profile.evidence
@@ -231,6 +230,29 @@ def test_a_cpu_that_gets_more_efficient_with_the_batch_still_reaches_the_cap() -
     assert evidence.limited_by in ("cap", "time")
     assert evidence.max_batch_size >= 128
     assert evidence.elapsed_s <= 60
+
+
+def test_when_the_smallest_candidate_is_fastest_smaller_sizes_are_measured_too() -> None:
+    # On this 2-core CPU the small conv net ran 238, 292 and 371 samples/s at 512, 256 and
+    # 128: throughput fell with the batch, so the fastest size lies lower.
+    machine = _cpu(
+        fixed_s=0.004,
+        per_sample_s=0.0006,
+        exponent=1.2,
+        first_s=0.3,
+        new_shape_s=0.1,
+        autotune_s=0.1,
+    )
+    profile = _tune(machine, snapshot=LAPTOP, budget_s=120)
+    evidence = profile.evidence
+    assert evidence is not None
+    measured = sorted(r.batch_size for r in evidence.throughput)
+    assert measured[0] < 128  # halvings below the candidates 512, 256, 128
+    best = max(evidence.throughput, key=lambda r: r.samples_per_s)
+    chosen = next(r for r in evidence.throughput if r.batch_size == evidence.batch_size)
+    assert evidence.batch_size < 128
+    assert chosen.samples_per_s >= 0.97 * best.samples_per_s
+    assert len(measured) <= 3 + 3
 
 
 machines = st.builds(
