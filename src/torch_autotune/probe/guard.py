@@ -1,0 +1,235 @@
+"""The batch-size search under a time budget: every trial guarded by host RAM and by the time
+model, every trial recorded for the evidence, and what limited the search said with numbers.
+No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.seam import Progress, Trials
+from torch_autotune.probe.search import TrialOutcome, find_max_batch_size
+from torch_autotune.probe.timemodel import StepTiming, TimeModel
+from torch_autotune.probe.trials import MIN_BLOCKS
+from torch_autotune.profile import SearchTrialRecord
+
+EXTRAPOLATE = 4  # a time prediction past 4x the largest measured size is checked first
+CLOSE_ENOUGH = 1.25  # a time-limited search stops within 25% of the size refused for time
+TIME_GUARD = "time-guard (not run)"
+
+
+class OutOfTime(Exception):
+    """The budget ran out before the next trial."""
+
+
+@dataclass
+class SearchGuard:
+    """The ``fits`` the search calls: guarded by RAM and by time, every trial recorded.
+
+    A trial is not started when the time model predicts that it, plus one throughput point
+    at that size afterwards, takes longer than what is left of the whole budget (less the
+    DataLoader's share); it then counts as too big, so the search settles on the largest size
+    that fits the time instead of stopping.
+    """
+
+    runner: Trials
+    budget: Budget
+    progress: Progress
+    reserve_s: float
+    model: TimeModel = field(default_factory=TimeModel)
+    records: list[SearchTrialRecord] = field(default_factory=list)
+    ram_budget_bytes: int | None = None  # CPU: never start a trial predicted to exceed it
+    refused: str | None = None  # why the smallest size refused for time was refused
+    calls: list[int | None] = field(default_factory=list)  # per search call: its record
+
+    def predicted_peak(self, batch_size: int) -> int | None:
+        """Peak memory at ``batch_size`` by the secant through the two largest readings."""
+        points = sorted(
+            (t.batch_size, t.peak_memory_bytes)
+            for t in self.records
+            if t.fits and t.peak_memory_bytes is not None
+        )
+        if len(points) < 2:
+            return None
+        (b1, m1), (b2, m2) = points[-2], points[-1]
+        per_sample = max(0.0, (m2 - m1) / (b2 - b1))
+        return int(m2 + per_sample * (batch_size - b2))
+
+    def needed_s(self, batch_size: int) -> tuple[float, float] | None:
+        """(the trial, the trial plus one throughput point after it), predicted; None: unknown."""
+        steps = self.runner.settings.steps
+        trial = self.model.predict(batch_size, steps)
+        later = self.model.predict(batch_size, 2 + MIN_BLOCKS)
+        if trial is None or later is None:
+            return None
+        return trial.seconds, trial.seconds + later.seconds
+
+    def __call__(self, batch_size: int) -> TrialOutcome:
+        count = len(self.records)
+        outcome = self._decide(batch_size)
+        self.calls.append(len(self.records) - 1 if len(self.records) > count else None)
+        return outcome
+
+    def _decide(self, batch_size: int) -> TrialOutcome:
+        if self.budget.left_in_run() <= 0:
+            raise OutOfTime
+        ran = [r.batch_size for r in self.records if r.fits]
+        if ran and batch_size <= max(ran):  # monotone: known to fit, not run again
+            return TrialOutcome(True)
+        predicted = self.predicted_peak(batch_size)
+        if self.ram_budget_bytes is not None and predicted and predicted > self.ram_budget_bytes:
+            # Running out of host RAM does not raise: the kernel kills the process. A size
+            # predicted to exceed the budget is treated as too big, and not run.
+            self.records.append(refused_record(batch_size, "ram-guard (not run)"))
+            return TrialOutcome(False)
+        failed = [r.batch_size for r in self.records if not r.fits and r.seconds is not None]
+        if failed and batch_size >= min(failed):  # monotone: it cannot fit either
+            self.records.append(refused_record(batch_size, f"above {min(failed)}, which failed"))
+            return TrialOutcome(False)
+        refusal = self._time_refusal(batch_size)
+        if refusal is not None:
+            self.records.append(refusal)
+            return TrialOutcome(False)
+        return self._run(batch_size, "search")
+
+    def _time_refusal(self, batch_size: int) -> SearchTrialRecord | None:
+        """A record refusing ``batch_size`` for time, or None when it may run.
+
+        A prediction more than ``EXTRAPOLATE`` times past the largest measured size is not
+        trusted to refuse: a size in between runs first (step "time model"), and the
+        prediction is made again from it. Next to a size refused for time, a size within
+        ``CLOSE_ENOUGH`` of the largest that ran is not worth its time: the limit is soft.
+        """
+        while True:
+            left = self.budget.left_in_run() - self.reserve_s
+            refused = [r.batch_size for r in self.records if r.step == TIME_GUARD]
+            ran = [r.batch_size for r in self.records if r.fits]
+            if (
+                refused
+                and ran
+                and batch_size > max(ran)
+                and min(refused) <= CLOSE_ENOUGH * max(ran)
+            ):
+                return refused_record(batch_size, TIME_GUARD, left_s=left)
+            needed = self.needed_s(batch_size)
+            if needed is None or needed[1] <= left:
+                return None
+            largest = self.model.largest() or batch_size
+            between = EXTRAPOLATE * largest
+            if batch_size <= between or not self._affordable(between, left):
+                self._note_refusal(batch_size, needed, left)
+                return refused_record(batch_size, TIME_GUARD, predicted_s=needed[0], left_s=left)
+            if not self._run(between, "time model").fits:
+                return refused_record(batch_size, f"above {between}, which failed")
+
+    def _affordable(self, batch_size: int, left: float) -> bool:
+        needed = self.needed_s(batch_size)
+        return needed is None or needed[1] <= left
+
+    def _run(self, batch_size: int, step: str) -> TrialOutcome:
+        needed = self.needed_s(batch_size)
+        left = self.budget.left_in_run() - self.reserve_s
+        self.progress("search", f"batch {batch_size}")
+        outcome = self.runner(batch_size)
+        if outcome.fits and outcome.step_s is not None:
+            self.model.learn(StepTiming(batch_size, outcome.warmup_s or 0.0, outcome.step_s))
+        self.records.append(
+            SearchTrialRecord(
+                batch_size=batch_size,
+                fits=outcome.fits,
+                peak_memory_bytes=outcome.peak_memory_bytes,
+                seconds=rounded_seconds(outcome.seconds if outcome.fits else 0.0),
+                step=step,
+                warmup_s=rounded_seconds(outcome.warmup_s),
+                step_s=rounded_seconds(outcome.step_s),
+                predicted_s=None if needed is None else round(needed[0], 3),
+                left_s=round(max(0.0, left), 3),
+            )
+        )
+        return outcome
+
+    def _note_refusal(self, batch_size: int, needed: tuple[float, float], left: float) -> None:
+        smallest = min(
+            (r.batch_size for r in self.records if r.step == TIME_GUARD),
+            default=batch_size,
+        )
+        if batch_size <= smallest:
+            self.refused = (
+                f"batch {batch_size} was predicted to take {needed[0]:.1f} s, and "
+                f"{needed[1]:.1f} s with its throughput measurement, more than the "
+                f"{max(0.0, left):.1f} s left"
+            )
+
+
+def refused_record(
+    batch_size: int, step: str, *, predicted_s: float | None = None, left_s: float | None = None
+) -> SearchTrialRecord:
+    return SearchTrialRecord(
+        batch_size=batch_size,
+        fits=False,
+        peak_memory_bytes=None,
+        seconds=None,
+        step=step,
+        predicted_s=None if predicted_s is None else round(predicted_s, 3),
+        left_s=None if left_s is None else round(max(0.0, left_s), 3),
+    )
+
+
+def rounded_seconds(value: float | None) -> float | None:
+    return None if value is None else round(max(0.0, value), 4)
+
+
+# --- phase 2: the search ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Found:
+    largest: int | None
+    limited_by: str
+    reason: str
+
+
+def search_with_guard(guarded: SearchGuard, cap: int, limit: int | None, cap_reason: str) -> Found:
+    """The largest size that ran, what limited it (with the numbers), every trial recorded."""
+    try:
+        result = find_max_batch_size(guarded, cap=cap, memory_limit_bytes=limit)
+        largest, limited_by = result.max_batch_size, result.limited_by
+        # Name each search trial by the search's reason for it (start, model, predict, ...);
+        # trials the guard ran on its own ("time model") and sizes it did not run keep theirs.
+        for index, trial in zip(guarded.calls, result.trials, strict=True):
+            if index is not None and guarded.records[index].step == "search":
+                record = guarded.records[index].model_copy(update={"step": trial.step})
+                guarded.records[index] = record
+        ran = [t.batch_size for t in guarded.records if t.fits]
+        largest = max(ran, default=largest)  # a size the guard ran may exceed the search's
+    except OutOfTime:
+        ran = [t.batch_size for t in guarded.records if t.fits]
+        largest, limited_by = (max(ran) if ran else None), "budget"
+    above = [t for t in guarded.records if not t.fits and t.batch_size > (largest or 0)]
+    bound = min(above, key=lambda t: t.batch_size) if above else None
+    if bound is not None and limited_by == "memory":
+        limited_by = {TIME_GUARD: "time", "ram-guard (not run)": "host RAM"}.get(
+            bound.step, "memory"
+        )
+    if limited_by == "time" and guarded.budget.spent:
+        limited_by = "budget"
+    reasons = {
+        "memory": f"batch {bound.batch_size if bound else '?'} ran out of memory",
+        "host RAM": (
+            f"batch {bound.batch_size if bound else '?'} was predicted to need more than the "
+            f"{gib(guarded.ram_budget_bytes)} of host RAM the probe may fill"
+        ),
+        "time": guarded.refused or "the next size did not fit in the time left",
+        "budget": (
+            f"{guarded.budget.elapsed():.0f} s of the {guarded.budget.total_s:.0f} s budget "
+            "were spent"
+        ),
+        "cap": cap_reason,
+        "start": "batch 1 ran out of memory",
+    }
+    return Found(largest, limited_by, reasons.get(limited_by, limited_by))
+
+
+def gib(value: int | None) -> str:
+    return "?" if value is None else f"{value / 2**30:.1f} GiB"

@@ -1,0 +1,231 @@
+"""Steady throughput points and the torch.compile measurement: which sizes to measure, how the
+phase's time is shared, the fastest steady point, and compile judged against eager. No torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.guard import rounded_seconds
+from torch_autotune.probe.seam import Progress, Trials
+from torch_autotune.probe.search import apply_margin, round_down
+from torch_autotune.probe.timemodel import TimeModel
+from torch_autotune.probe.trials import MIN_BLOCKS, PointOutcome
+from torch_autotune.profile import CompileRecord, SearchTrialRecord, ThroughputRecord
+
+FASTEST_WITHIN = 0.03  # "the smallest size within a few percent of the best"
+THROUGHPUT_POINTS = 3  # the top candidate and two halvings of it
+COMPILE_S_PER_MODULE = 0.6  # H100, 16 CPUs: ResNet-50 (137 leaf modules) 80 s, GPT-2 (76) 30 s
+COMPILE_MIN_S = 15.0
+COMPILE_NOISE = 0.03  # compile must be at least this much faster (and beyond the points' spread)
+
+
+# --- phase 3 and 4: throughput and compile ---------------------------------------------------
+
+
+def candidates(largest: int, limited_by: str, multiple: int, fixed_shapes: bool) -> list[int]:
+    """The sizes worth measuring, largest first: the largest (with the K2 margin when memory
+    limited it), rounded to ``multiple`` (K4), and two halvings of it."""
+    top = largest
+    if limited_by in ("memory", "host RAM"):
+        top = apply_margin(largest, 0.1 if fixed_shapes else 0.2)  # catalog K2
+    top = max(1, round_down(top, multiple))
+    sizes = {max(1, round_down(top >> shift, multiple)) for shift in range(THROUGHPUT_POINTS)}
+    return sorted(sizes, reverse=True)
+
+
+def point_record(point: PointOutcome, *, compiled: bool = False) -> ThroughputRecord | None:
+    if not point.fits or not point.samples_per_s or not math.isfinite(point.samples_per_s):
+        return None
+    return ThroughputRecord(
+        batch_size=point.batch_size,
+        samples_per_s=point.samples_per_s,
+        relative_spread=point.relative_spread if point.relative_spread is not None else 0.0,
+        steady=point.steady,
+        compiled=compiled,
+        warmup_s=rounded_seconds(point.warmup_s),
+        blocks=point.blocks,
+        peak_memory_bytes=point.peak_memory_bytes,
+    )
+
+
+def measure_points(
+    runner: Trials,
+    sizes: Sequence[int],
+    budget: Budget,
+    progress: Progress,
+    model: TimeModel,
+) -> list[ThroughputRecord | int]:
+    """A point per size, largest first, sharing the phase's time evenly; an int: that size
+    did not fit in memory. A size whose shortest point (warm-up and three steps, predicted)
+    does not fit in what is left of the phase is skipped; a smaller one may still fit."""
+    results: list[ThroughputRecord | int] = []
+    costs = [point_cost(model, size) for size in sizes]
+    for i, size in enumerate(sizes):
+        left = budget.left()
+        share = left * costs[i] / sum(costs[i:]) if sum(costs[i:]) > 0 else left / len(sizes)
+        shortest = model.predict(size, 3)
+        need = shortest.seconds if shortest is not None else 0.0
+        if need > left or left <= 0:
+            continue
+        progress("throughput", f"batch {size}")
+        point = runner.point(size, until=budget.now() + max(share, need))
+        record = point_record(point)
+        results.append(size if record is None else record)
+    return results
+
+
+def confirmation(point: ThroughputRecord) -> SearchTrialRecord:
+    """The steady point of the recommended size, as the run that confirms it."""
+    return SearchTrialRecord(
+        batch_size=point.batch_size,
+        fits=True,
+        peak_memory_bytes=point.peak_memory_bytes,
+        seconds=None,
+        step="confirm (its throughput point)",
+        warmup_s=point.warmup_s,
+    )
+
+
+def point_cost(model: TimeModel, size: int) -> float:
+    """The predicted seconds of a steady point at ``size``: what its share is weighed by."""
+    predicted = model.predict(size, 1 + MIN_BLOCKS)
+    return predicted.seconds if predicted is not None else 0.0
+
+
+def fastest(records: Sequence[ThroughputRecord]) -> ThroughputRecord | None:
+    """The smallest steady point within ``FASTEST_WITHIN`` of the best steady rate."""
+    steady = [r for r in records if r.steady]
+    if not steady:
+        return None
+    best = max(r.samples_per_s for r in steady)
+    near = [r for r in steady if r.samples_per_s >= best * (1 - FASTEST_WITHIN)]
+    return min(near, key=lambda r: r.batch_size)
+
+
+def compile_seconds(leaf_modules: int) -> float:
+    """The compile time to expect before any was measured (H100 figures, module docstring)."""
+    return max(COMPILE_MIN_S, COMPILE_S_PER_MODULE * leaf_modules)
+
+
+def payoff_minutes(compile_s: float, eager: float, compiled: float) -> float | None:
+    """Minutes of training after which compiling has paid for itself (None: it never does).
+
+    Eager training makes ``eager * t`` samples in ``t`` seconds, compiled ``compiled * (t - C)``:
+    they are equal at ``t = C * compiled / (compiled - eager)``.
+    """
+    if compiled <= eager:
+        return None
+    return compile_s * compiled / (compiled - eager) / 60
+
+
+@dataclass
+class CompileOutcome:
+    record: CompileRecord
+    point: ThroughputRecord | None  # the compiled point compared, when it ran
+    runner: Trials  # the compiled runner (its compiled code is reused to confirm)
+    points: list[ThroughputRecord]  # every compiled point that ran
+
+
+def measure_compile(
+    runner: Trials,
+    *,
+    mode: str,
+    eager: ThroughputRecord,
+    sizes: Sequence[int],
+    budget: Budget,
+    progress: Progress,
+    predicted_s: float,
+) -> CompileOutcome:
+    """Compiled throughput at the fastest eager size (a smaller candidate if it does not fit
+    there), then at the larger candidates on the same compiled code (a few seconds each: the
+    compiled model may gain more from a larger batch than eager did); the fastest compiled
+    point is judged against the fastest eager point."""
+    compiled = runner.compiled(mode)
+    failed: list[int] = []
+    paid: float | None = None
+    points: list[ThroughputRecord] = []
+    below = [s for s in sizes if s <= eager.batch_size]
+    above = sorted(s for s in sizes if s > eager.batch_size)
+    for size in below:
+        progress("compile", f"batch {size}" + ("" if failed else " (compiling)"))
+        point = compiled.point(size, until=budget.deadline)
+        if paid is None:
+            paid = point.warmup_s if point.warmup_s is not None else point.seconds
+        measured = point_record(point, compiled=True)
+        if measured is not None:
+            points.append(measured)
+            break
+        failed.append(size)
+    for size in above if points else []:
+        if budget.left() <= 0:
+            break
+        progress("compile", f"batch {size}")
+        measured = point_record(compiled.point(size, until=budget.deadline), compiled=True)
+        if measured is None:
+            failed.append(size)
+            break  # a larger size cannot fit either
+        points.append(measured)
+    base = CompileRecord(
+        mode=mode,
+        measured=True,
+        kept=False,
+        reason="",
+        predicted_s=round(predicted_s, 1),
+        compile_s=None if paid is None else round(paid, 1),
+    )
+    best = fastest(points) or (points[0] if points else None)
+    if best is None:
+        why = (
+            f"the compiled model ran out of memory at batch {', '.join(map(str, failed))}"
+            if failed
+            else "the time budget ran out before the compiled model finished a step"
+        )
+        return CompileOutcome(
+            base.model_copy(update={"reason": f"compile off: {why}"}), None, compiled, points
+        )
+    judged = judge_compile(base, eager, best, paid or 0.0)
+    return CompileOutcome(judged, best, compiled, points)
+
+
+def judge_compile(
+    base: CompileRecord, eager: ThroughputRecord, point: ThroughputRecord, paid: float
+) -> CompileRecord:
+    """Keep compile only when its steady point beats eager beyond noise, and say so."""
+    speedup = point.samples_per_s / eager.samples_per_s
+    noise = max(COMPILE_NOISE, point.relative_spread, eager.relative_spread)
+    kept = point.steady and speedup > 1 + noise
+    minutes = payoff_minutes(paid, eager.samples_per_s, point.samples_per_s)
+    numbers = (
+        f"{speedup:.2f}x ({point.samples_per_s:,.0f} samples/s compiled at batch "
+        f"{point.batch_size} against {eager.samples_per_s:,.0f} eager at batch "
+        f"{eager.batch_size}), {paid:.0f} s to compile"
+    )
+    if kept:
+        reason = f"compile measured faster: {numbers}"
+        if minutes is not None:
+            reason += f"; it pays off after {minutes_text(minutes)} of training"
+    elif not point.steady:
+        reason = f"compile off: the compiled point stayed noisy, so {numbers} is not trusted"
+    else:
+        reason = (
+            f"compile off: measured {numbers}, not faster beyond the {noise:.0%} noise; "
+            "eager training avoids the compile time"
+        )
+    return base.model_copy(
+        update={
+            "kept": kept,
+            "reason": reason,
+            "batch_size": point.batch_size,
+            "eager_samples_per_s": eager.samples_per_s,
+            "compiled_samples_per_s": point.samples_per_s,
+            "payoff_minutes": None if minutes is None else round(minutes, 2),
+        }
+    )
+
+
+def minutes_text(minutes: float) -> str:
+    return f"{minutes * 60:.0f} s" if minutes < 1 else f"{minutes:.1f} minutes"

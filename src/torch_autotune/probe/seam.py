@@ -1,0 +1,36 @@
+"""The seam between the probe's orchestration and real training steps. No torch.
+
+``TrialRunner`` (``probe.trials``) is the real implementation; tests pass a simulated machine
+with recorded timings through ``tune(trials=...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.trials import PointOutcome, StepSettings
+
+__all__ = ["Progress", "Trials"]
+
+Progress = Callable[[str, str], None]
+"""(phase, what is being tried); first ("budget", "120 s") once the budget is chosen."""
+
+
+class Trials(Protocol):
+    """The seam between the orchestration here and real training (``TrialRunner``)."""
+
+    settings: StepSettings
+
+    def __call__(self, batch_size: int) -> TrialOutcome: ...
+
+    def point(self, batch_size: int, *, until: float) -> PointOutcome: ...
+
+    def compiled(self, mode: str) -> Trials: ...
+
+    def apply_flags(self, *, cudnn_benchmark: bool | None = None) -> None: ...
+
+    def leaf_modules(self) -> int: ...
+
+    def memory_limit(self) -> int | None: ...
