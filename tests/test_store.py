@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from tests.test_bench import measured
 
+from tests.test_bench import measured
 from torch_autotune.api import recommend
 from torch_autotune.detect import RecordedMachine
 from torch_autotune.errors import EXIT_STORE, StaleProfileWarning, StoreError
