@@ -16,9 +16,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.probe.run import tune
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import MIN_BLOCKS, PointOutcome, StepSettings, spread
+from torch_autotune.probe.workloads import Workload
+from torch_autotune.profile import Profile
+
+SNAPSHOT_DIR = Path(__file__).parent.parent / "fixtures" / "snapshots"
+
+
+def recorded(name: str) -> HardwareSnapshot:
+    """A recorded machine from ``tests/fixtures/snapshots``."""
+    return HardwareSnapshot.model_validate_json((SNAPSHOT_DIR / f"{name}.json").read_text())
 
 
 @dataclass
@@ -160,3 +172,34 @@ class FakeTrials:
             warmup += m.new_shape_s
         m.shapes.add(batch_size)
         return warmup
+
+
+def cpu_machine(**timings: float) -> Machine:
+    """This 2-core CPU with the small conv net: memory never limits below the cap; 300 MiB
+    plus 2.3 MiB a sample (measured: 983 MiB at 256, 1575 MiB at 512)."""
+    return Machine(
+        limit=10**6,
+        leaves=1,
+        fixed_bytes=300 << 20,
+        per_sample_bytes=int(2.3 * 2**20),
+        **timings,  # type: ignore[arg-type]
+    )
+
+
+def tune_on(
+    machine: Machine, workload: str | Workload, snapshot: HardwareSnapshot, **options: object
+) -> Profile:
+    """``tune()`` with its training steps and its clock on ``machine``. A workload with a
+    dataset still measures real DataLoaders in the workers phase (milliseconds for the mlp's
+    in-memory samples at 0 workers, which keep ahead of a simulated step this slow)."""
+
+    def trials(_workload: Workload, step: StepSettings) -> FakeTrials:
+        return FakeTrials(machine, step)
+
+    return tune(
+        workload,
+        snapshot=snapshot,
+        clock=machine.clock,
+        trials=trials,
+        **options,  # type: ignore[arg-type]
+    )

@@ -1,88 +1,140 @@
-"""The whole probe on this CPU with a real model: measured profile, budget, errors, state."""
+"""``tune()`` from the outside: the measured profile, its budget and errors, the phases it
+reports, the user's settings, and the state it leaves. On the simulated machine of
+``fake_trials`` (milliseconds), and once end to end with real training on this CPU (slow)."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.probe.fake_trials import FakeTrials, Machine, cpu_machine, recorded, tune_on
 from torch_autotune.errors import EXIT_PROBE, ProbeError
-from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.run import tune
-from torch_autotune.profile import Source
+from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.trials import PointOutcome, StepSettings
+from torch_autotune.probe.workloads import Workload
+from torch_autotune.profile import Profile, Source
 
-SNAPSHOT_DIR = Path(__file__).parent.parent / "fixtures" / "snapshots"
-
-
-@pytest.fixture(scope="module")
-def laptop() -> HardwareSnapshot:
-    """A recorded CPU-only machine: the probe runs here for real, on this CPU."""
-    return HardwareSnapshot.model_validate_json(
-        (SNAPSHOT_DIR / "cpu-laptop-linux.json").read_text()
-    )
+LAPTOP = recorded("cpu-laptop-linux")  # a CPU-only machine: the real probe runs on this CPU
 
 
-def test_tune_measures_the_batch_and_says_so(laptop: HardwareSnapshot) -> None:
-    profile = tune("mlp", snapshot=laptop, budget_s=20, max_batch_size=64)
+def _mlp_machine() -> Machine:
+    """The mlp on a CPU: 0.05 s a step plus 2 ms a sample."""
+    return cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
+
+
+def _tune(**options: object) -> Profile:
+    """``tune("mlp")`` on the laptop, its training steps simulated."""
+    return tune_on(_mlp_machine(), "mlp", LAPTOP, **options)
+
+
+def _assert_measured_within(profile: Profile, cap: int) -> None:
+    """The batch size was measured, is one that ran, and the largest that ran is the limit."""
     evidence = profile.evidence
     assert evidence is not None
     assert profile.measured
     ran = {t.batch_size for t in evidence.search if t.fits}
     assert profile.settings.batch.batch_size == evidence.batch_size
     assert evidence.batch_size in ran  # never a size that did not run
-    assert evidence.max_batch_size == max(ran) <= 64
+    assert evidence.max_batch_size == max(ran) <= cap
     assert evidence.throughput  # samples/s measured at a few sizes
     decision = profile.decision("batch.batch_size")
     assert decision is not None
     assert decision.source is Source.MEASURED
 
 
-def test_tune_leaves_rng_and_flags_as_they_were(laptop: HardwareSnapshot) -> None:
+def test_tune_measures_the_batch_and_says_so() -> None:
+    _assert_measured_within(_tune(budget_s=20, max_batch_size=64), 64)
+
+
+class _Unruly(FakeTrials):
+    """Simulated trials that change what real training changes: the RNG, torch's thread
+    count and the cuDNN autotuner."""
+
+    def __call__(self, batch_size: int) -> TrialOutcome:
+        self._disturb()
+        return super().__call__(batch_size)
+
+    def point(self, batch_size: int, *, until: float) -> PointOutcome:
+        self._disturb()
+        return super().point(batch_size, until=until)
+
+    @staticmethod
+    def _disturb() -> None:
+        torch.rand(1)
+        torch.set_num_threads(torch.get_num_threads() + 1)
+        torch.backends.cudnn.benchmark = True
+
+
+def test_tune_leaves_rng_and_flags_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    threads = torch.get_num_threads()
     torch.manual_seed(3)
     expected = torch.rand(2)
     torch.manual_seed(3)
-    benchmark = torch.backends.cudnn.benchmark
-    tune("mlp", snapshot=laptop, budget_s=10, max_batch_size=16)
+    machine = _mlp_machine()
+
+    def trials(_workload: Workload, step: StepSettings) -> _Unruly:
+        return _Unruly(machine, step)
+
+    tune("mlp", snapshot=LAPTOP, budget_s=10, max_batch_size=16, clock=machine.clock, trials=trials)
+    assert machine.log  # the trials ran, and disturbed
     assert torch.equal(torch.rand(2), expected)
-    assert torch.backends.cudnn.benchmark is benchmark
+    assert torch.backends.cudnn.benchmark is False
+    assert torch.get_num_threads() == threads
 
 
-def test_a_budget_too_small_for_one_step_is_a_probe_error(laptop: HardwareSnapshot) -> None:
+def test_a_budget_too_small_for_one_step_is_a_probe_error() -> None:
     ticks: Iterator[float] = itertools.count(0.0, 100.0)  # every clock read is 100 s later
     with pytest.raises(ProbeError, match="--budget") as caught:
-        tune("mlp", snapshot=laptop, budget_s=50, clock=ticks.__next__)
+        tune("mlp", snapshot=LAPTOP, budget_s=50, clock=ticks.__next__)
     assert caught.value.exit_code == EXIT_PROBE
 
 
-def test_progress_reports_each_phase(laptop: HardwareSnapshot) -> None:
+def test_progress_reports_each_phase() -> None:
     seen: list[str] = []
-    tune(
-        "mlp",
-        snapshot=laptop,
-        budget_s=15,
-        max_batch_size=32,
-        progress=lambda p, _w: seen.append(p),
-    )
+    _tune(budget_s=15, max_batch_size=32, progress=lambda p, _w: seen.append(p))
     assert seen[0] == "detect"
     assert {"search", "throughput", "workers"} <= set(seen)
 
 
-def test_target_global_batch_sets_gradient_accumulation(laptop: HardwareSnapshot) -> None:
-    profile = tune("mlp", snapshot=laptop, budget_s=15, max_batch_size=16, target_global_batch=256)
+def test_target_global_batch_sets_gradient_accumulation() -> None:
+    profile = _tune(budget_s=15, max_batch_size=16, target_global_batch=256)
     batch = profile.settings.batch
     assert batch.batch_size is not None
     assert batch.grad_accum_steps * batch.batch_size >= 256
     assert (batch.grad_accum_steps - 1) * batch.batch_size < 256
 
 
-def test_the_users_worker_count_is_used_and_not_measured(laptop: HardwareSnapshot) -> None:
-    profile = tune("mlp", snapshot=laptop, budget_s=10, max_batch_size=8, num_workers=3)
+def test_the_users_worker_count_is_used_and_not_measured() -> None:
+    profile = _tune(budget_s=10, max_batch_size=8, num_workers=3)
     assert profile.settings.dataloader.num_workers == 3
     decision = profile.decision("dataloader.num_workers")
     assert decision is not None
     assert decision.source is Source.USER
     assert profile.evidence is not None
     assert profile.evidence.loader == ()
+
+
+@pytest.mark.slow
+def test_a_real_tune_on_this_cpu_measures_reports_and_restores() -> None:
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    benchmark = torch.backends.cudnn.benchmark
+    seen: list[str] = []
+    profile = tune(
+        "mlp",
+        snapshot=LAPTOP,
+        budget_s=20,
+        max_batch_size=64,
+        progress=lambda p, _w: seen.append(p),
+    )
+    _assert_measured_within(profile, 64)
+    assert seen[0] == "detect"
+    assert {"search", "throughput", "workers"} <= set(seen)
+    assert torch.equal(torch.rand(2), expected)
+    assert torch.backends.cudnn.benchmark is benchmark

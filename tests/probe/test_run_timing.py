@@ -4,13 +4,12 @@ and compile, driven by recorded timings through the ``trials`` seam (millisecond
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.probe.fake_trials import FakeTrials, Machine
+from tests.probe.fake_trials import FakeTrials, Machine, cpu_machine, recorded, tune_on
 from torch_autotune.errors import ProbeError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.points import compile_seconds, payoff_minutes
@@ -19,15 +18,8 @@ from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
 
-SNAPSHOT_DIR = Path(__file__).parent.parent / "fixtures" / "snapshots"
-
-
-def _snapshot(name: str) -> HardwareSnapshot:
-    return HardwareSnapshot.model_validate_json((SNAPSHOT_DIR / f"{name}.json").read_text())
-
-
-H100 = _snapshot("h100-80gb-hbm3")
-LAPTOP = _snapshot("cpu-laptop-linux")
+H100 = recorded("h100-80gb-hbm3")
+LAPTOP = recorded("cpu-laptop-linux")
 
 
 def _workload() -> Workload:
@@ -36,28 +28,7 @@ def _workload() -> Workload:
 
 
 def _tune(machine: Machine, snapshot: HardwareSnapshot = H100, **options: object) -> Profile:
-    def trials(_workload: Workload, step: StepSettings) -> FakeTrials:
-        return FakeTrials(machine, step)
-
-    return tune(
-        _workload(),
-        snapshot=snapshot,
-        clock=machine.clock,
-        trials=trials,
-        **options,  # type: ignore[arg-type]
-    )
-
-
-def _cpu(**timings: float) -> Machine:
-    """This 2-core CPU with the small conv net: memory never limits below the cap; 300 MiB
-    plus 2.3 MiB a sample (measured: 983 MiB at 256, 1575 MiB at 512)."""
-    return Machine(
-        limit=10**6,
-        leaves=1,
-        fixed_bytes=300 << 20,
-        per_sample_bytes=int(2.3 * 2**20),
-        **timings,  # type: ignore[arg-type]
-    )
+    return tune_on(machine, _workload(), snapshot, **options)
 
 
 def _ran(profile: Profile) -> set[int]:
@@ -194,7 +165,7 @@ def test_a_size_too_slow_for_the_time_left_is_skipped_with_its_prediction() -> N
 
 def test_the_cpu_search_reaches_the_cap() -> None:
     # This 2-core CPU, small conv net: about 0.02 s per sample per step.
-    machine = _cpu(fixed_s=0.05, per_sample_s=0.02, first_s=0.3, autotune_s=0.0)
+    machine = cpu_machine(fixed_s=0.05, per_sample_s=0.02, first_s=0.3, autotune_s=0.0)
     profile = _tune(machine, snapshot=LAPTOP, budget_s=120)
     evidence = profile.evidence
     assert evidence is not None
@@ -207,7 +178,7 @@ def test_a_cpu_that_gets_more_efficient_with_the_batch_still_reaches_the_cap() -
     # Recorded on this 2-core CPU (small conv net, while other work ran): a step took 0.065 s
     # at batch 1, 0.39 s at 8 and 3.5 s at 191. Extrapolating from 1 and 8 alone predicts
     # 172 s for 512 and its measurement; sizes in between correct the model first.
-    machine = _cpu(
+    machine = cpu_machine(
         fixed_s=0.02,
         per_sample_s=0.05,
         exponent=0.69,
@@ -236,7 +207,7 @@ def test_a_cpu_that_gets_more_efficient_with_the_batch_still_reaches_the_cap() -
 def test_when_the_smallest_candidate_is_fastest_smaller_sizes_are_measured_too() -> None:
     # On this 2-core CPU the small conv net ran 238, 292 and 371 samples/s at 512, 256 and
     # 128: throughput fell with the batch, so the fastest size lies lower.
-    machine = _cpu(
+    machine = cpu_machine(
         fixed_s=0.004,
         per_sample_s=0.0006,
         exponent=1.2,
