@@ -1,17 +1,23 @@
-"""`autotune bench` through click's runner: a measured profile file, real training on the CPU."""
+"""`autotune bench` and `autotune report` through click's runner: a profile file measured on the
+simulated machine of ``fake_trials``, and the bench's arms measured by a speed model (the real
+training loop runs in ``tests/probe/test_ablation.py`` and the system tier)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
+from tests.probe.fake_trials import cpu_machine, tune_on
 from tests.rules.helpers import snapshot
 from tests.test_bench import measured
+from torch_autotune.bench import TrainConfig
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_PROBE, EXIT_USAGE, ProbeError
 from torch_autotune.probe import ablation
@@ -28,14 +34,27 @@ def run(*args: str) -> Result:
     return CliRunner().invoke(cli, list(args), prog_name="autotune")
 
 
+def _arm_speed(config: TrainConfig, _seconds: float) -> float:
+    """Samples/s of an arm: larger batches train faster, as the mlp's do on a CPU."""
+    return 100.0 * config.batch_size**0.5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _simulated_arms() -> Iterator[None]:
+    """The bench the command runs measures its arms with ``_arm_speed``: no training."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ablation, "bench", functools.partial(ablation.bench, measure=_arm_speed))
+        yield
+
+
 @pytest.fixture(scope="module")
 def measured_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A profile the probe measured for the mlp workload on a recorded laptop (CPU)."""
-    from torch_autotune.probe.run import tune
-
+    """A profile the probe measured for the mlp workload on a recorded laptop (CPU), its
+    training steps simulated."""
+    machine = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
     # at most 48: the candidates (48, 24, 12) never equal the baseline's 32, so batch_size is
     # always one of the settings benched
-    profile = tune("mlp", snapshot=snapshot("cpu-laptop-linux"), budget_s=15, max_batch_size=48)
+    profile = tune_on(machine, "mlp", snapshot("cpu-laptop-linux"), budget_s=15, max_batch_size=48)
     path = tmp_path_factory.mktemp("profiles") / "laptop.yaml"
     path.write_text(dump_profile(profile))
     return path

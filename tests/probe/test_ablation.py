@@ -116,6 +116,41 @@ def test_an_arm_that_runs_out_of_memory_costs_only_its_own_numbers(a100: Profile
     assert evidence.tuned.verdict == "faster"
 
 
+class _Unruly(SpeedModel):
+    """A fake machine whose measurements change what real training changes: the RNG, torch's
+    thread count and the cuDNN autotuner."""
+
+    def __call__(self, config: TrainConfig, seconds: float) -> float:
+        torch.rand(1)
+        torch.set_num_threads(torch.get_num_threads() + 1)
+        torch.backends.cudnn.benchmark = True
+        return super().__call__(config, seconds)
+
+
+def test_a_bench_measures_every_arm_records_the_verdict_and_restores_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    threads = torch.get_num_threads()
+    profile = measured("cpu-laptop-linux", workload="mlp", model_kind="mlp", batch=48)
+    model = _Unruly(tuned_config(profile), {"batch_size": 1.3})
+    rng = torch.random.get_rng_state()
+    result = bench(profile, rounds=3, seconds=0.1, measure=model)
+    assert model.calls  # the arms ran, and disturbed
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert torch.get_num_threads() == threads
+    assert torch.backends.cudnn.benchmark is False
+    evidence = result.evidence.bench  # type: ignore[union-attr]
+    assert evidence is not None
+    assert evidence.workload == "mlp"
+    assert evidence.device == "cpu"
+    assert all(v is not None and v > 0 for a in evidence.arms for v in a.samples_per_s)
+    assert [s.setting for s in evidence.settings][:1] == ["batch_size"]  # 48, not 32
+    assert evidence.tuned is not None
+    assert evidence.tuned.rounds == 3
+    assert evidence.tuned.verdict == "faster"
+
+
 def test_a_rules_only_profile_is_refused_with_the_fix() -> None:
     with pytest.raises(ProbeError, match="run 'autotune' first"):
         bench(build_profile(snapshot("rtx-4090")), "conv", measure=lambda _c, _s: 1.0)
@@ -204,6 +239,7 @@ def test_a_bug_in_the_users_model_surfaces_as_their_own_error() -> None:
         loop.measure(TrainConfig(batch_size=4), 0.01)
 
 
+@pytest.mark.slow
 def test_bench_on_the_cpu_end_to_end() -> None:
     """A real (short) tune and bench: numbers for every arm, and the verdict is recorded."""
     from torch_autotune.probe.run import tune
