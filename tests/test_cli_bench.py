@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from tests.probe.fake_trials import cpu_machine, tune_on
+from tests.probe.fake_trials import mlp_machine, tune_on
 from tests.rules.helpers import snapshot
 from tests.test_bench import measured
 from torch_autotune.bench import TrainConfig
@@ -51,7 +51,7 @@ def _simulated_arms() -> Iterator[None]:
 def measured_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A profile the probe measured for the mlp workload on a recorded laptop (CPU), its
     training steps simulated."""
-    machine = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
+    machine = mlp_machine()
     # at most 48: the candidates (48, 24, 12) never equal the baseline's 32, so batch_size is
     # always one of the settings benched
     profile = tune_on(machine, "mlp", snapshot("cpu-laptop-linux"), budget_s=15, max_batch_size=48)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from tests.probe.fake_trials import FakeTrials, mlp_machine
 from tests.rules.helpers import snapshot
 from torch_autotune import detect
 from torch_autotune.bench import TrainConfig
@@ -21,7 +22,8 @@ from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.ablation import bench
 from torch_autotune.probe.loop import TrainingLoop
 from torch_autotune.probe.run import tune
-from torch_autotune.probe.workloads import resolve_workload
+from torch_autotune.probe.trials import StepSettings
+from torch_autotune.probe.workloads import Workload, resolve_workload
 
 TORCH_DEPRECATION = (
     "`torch.jit.script_method` is deprecated. Please switch to `torch.compile` or `torch.export`."
@@ -75,6 +77,24 @@ def test_on_a_gpu_machine_the_training_loop_trains_on_the_cpu(
     assert not torch.cuda.is_initialized()
 
 
+def test_on_a_gpu_machine_tune_of_a_cpu_snapshot_asks_for_trials_on_the_cpu(
+    gpu_machine: HardwareSnapshot,
+) -> None:
+    machine = mlp_machine()
+    devices: list[str] = []
+
+    def trials(_workload: Workload, step: StepSettings) -> FakeTrials:
+        devices.append(step.device)
+        return FakeTrials(machine, step)
+
+    laptop = snapshot("cpu-laptop-linux")
+    profile = tune("mlp", snapshot=laptop, budget_s=5, clock=machine.clock, trials=trials)
+    assert devices == ["cpu"]
+    assert profile.settings.device == "cpu"
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.slow
 def test_on_a_gpu_machine_tune_and_bench_of_a_cpu_snapshot_train_on_the_cpu(
     gpu_machine: HardwareSnapshot,
 ) -> None:

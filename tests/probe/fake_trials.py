@@ -186,12 +186,17 @@ def cpu_machine(**timings: float) -> Machine:
     )
 
 
+def mlp_machine() -> Machine:
+    """The mlp workload on a CPU: 0.05 s a step plus 2 ms a sample. A loader at 0 workers
+    keeps well ahead of it, so the workers phase measures 0 alone."""
+    return cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
+
+
 def tune_on(
     machine: Machine, workload: str | Workload, snapshot: HardwareSnapshot, **options: object
 ) -> Profile:
     """``tune()`` with its training steps and its clock on ``machine``. A workload with a
-    dataset still measures real DataLoaders in the workers phase (milliseconds for the mlp's
-    in-memory samples at 0 workers, which keep ahead of a simulated step this slow)."""
+    dataset still measures real DataLoaders in the workers phase (``mlp_machine``: ms)."""
 
     def trials(_workload: Workload, step: StepSettings) -> FakeTrials:
         return FakeTrials(machine, step)

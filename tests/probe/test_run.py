@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.probe.fake_trials import FakeTrials, Machine, cpu_machine, recorded, tune_on
+from tests.probe.fake_trials import FakeTrials, mlp_machine, recorded, tune_on
 from torch_autotune.errors import EXIT_PROBE, ProbeError
 from torch_autotune.probe.run import tune
 from torch_autotune.probe.search import TrialOutcome
@@ -21,14 +21,9 @@ from torch_autotune.profile import Profile, Source
 LAPTOP = recorded("cpu-laptop-linux")  # a CPU-only machine: the real probe runs on this CPU
 
 
-def _mlp_machine() -> Machine:
-    """The mlp on a CPU: 0.05 s a step plus 2 ms a sample."""
-    return cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
-
-
 def _tune(**options: object) -> Profile:
     """``tune("mlp")`` on the laptop, its training steps simulated."""
-    return tune_on(_mlp_machine(), "mlp", LAPTOP, **options)
+    return tune_on(mlp_machine(), "mlp", LAPTOP, **options)
 
 
 def _assert_measured_within(profile: Profile, cap: int) -> None:
@@ -75,7 +70,7 @@ def test_tune_leaves_rng_and_flags_as_they_were(monkeypatch: pytest.MonkeyPatch)
     torch.manual_seed(3)
     expected = torch.rand(2)
     torch.manual_seed(3)
-    machine = _mlp_machine()
+    machine = mlp_machine()
 
     def trials(_workload: Workload, step: StepSettings) -> _Unruly:
         return _Unruly(machine, step)
