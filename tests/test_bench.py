@@ -31,6 +31,7 @@ from torch_autotune.bench import (
     round_order,
     tuned_config,
 )
+from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import (
     Evidence,
     Mode,
@@ -48,7 +49,7 @@ DRIFT = (1.0, 0.62, 1.35, 0.8, 1.1)  # the machine's speed in each round: noise 
 
 
 def measured(
-    machine: str,
+    machine: str | HardwareSnapshot,
     *,
     mode: Mode = Mode.SPEED,
     model_kind: str = "conv",
@@ -56,7 +57,8 @@ def measured(
     workers: int | None = 4,
     workload: str = "conv",
 ) -> Profile:
-    """A profile as the probe leaves it: a measured batch size with its search evidence."""
+    """A profile as the probe leaves it: a measured batch size with its search evidence.
+    ``machine``: a recorded snapshot's name, or a snapshot (the GPU tier's: this machine)."""
     evidence = Evidence(
         workload=workload,
         device="cuda",
@@ -74,7 +76,7 @@ def measured(
         elapsed_s=60,
     )
     return build_profile(
-        snapshot(machine),
+        snapshot(machine) if isinstance(machine, str) else machine,
         Measurements(batch_size=batch, num_workers=workers),
         Preferences(mode=mode, model_kind=model_kind),  # type: ignore[arg-type]
         evidence=evidence,

@@ -1,4 +1,6 @@
-"""GPU tier: fast (NVML) and deep (torch) detection agree on a real GPU.
+"""GPU tier: fast (NVML) and deep (torch) detection agree on a real GPU, the probe measures it
+with the real allocator (OOM at the limit, torch.compile) within its budget, and the bench
+trains its arms on it. Each asserts what holds on any NVIDIA GPU.
 
 Skipped where no NVIDIA driver is loaded; run it wherever a GPU is available.
 """
@@ -109,3 +111,55 @@ def test_the_probe_finds_the_real_limit_measures_compile_and_keeps_to_its_budget
         assert "x (" in decision.reason
         assert evidence.compile.compile_s is not None
     assert profile.settings.batch.batch_size in {t.batch_size for t in evidence.search if t.fits}
+
+
+def test_the_bench_trains_every_arm_on_the_gpu_or_says_why_not() -> None:
+    """A short bench of a measured mlp profile on this GPU (balanced mode: no compile arm;
+    8 to 16 arms, 3 rounds of 0.1 s; tens of seconds). Which arm is faster is the GPU's own
+    business, so only what holds on any NVIDIA GPU is asserted: every arm trained on the GPU in
+    every round or failed with its reason, and every effect has its numbers."""
+    import math
+
+    import torch
+
+    from tests.test_bench import measured
+    from torch_autotune.probe.ablation import bench
+    from torch_autotune.profile import Mode
+
+    profile = measured(
+        detect(), mode=Mode.BALANCED, model_kind="mlp", batch=256, workers=2, workload="mlp"
+    )
+    assert profile.settings.device == "cuda"
+    rng = torch.random.get_rng_state()
+    torch.cuda.reset_peak_memory_stats()
+    result = bench(profile, rounds=3, seconds=0.1)
+    assert torch.cuda.max_memory_allocated() > 0  # the arms trained on the GPU
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert result.evidence is not None
+    evidence = result.evidence.bench
+    assert evidence is not None
+    assert (evidence.workload, evidence.device, evidence.rounds) == ("mlp", "cuda", 3)
+    assert evidence.arms[0].names[0] == "baseline"
+    assert all(v is not None and v > 0 for v in evidence.arms[0].samples_per_s)
+    for arm in evidence.arms:
+        assert len(arm.samples_per_s) == 3
+        every_round = all(v is not None and v > 0 for v in arm.samples_per_s)
+        assert every_round or arm.error, arm.names
+    benched = {s.setting for s in evidence.settings}
+    assert "batch_size" in benched  # 32 against 256
+    assert ("precision" in benched) is profile.settings.precision.autocast  # none on Pascal
+    effects = [evidence.tuned, evidence.final] + [
+        e for s in evidence.settings for e in (s.on_alone, s.off_alone)
+    ]
+    failed = any(arm.error for arm in evidence.arms)
+    assert evidence.tuned is not None or failed
+    for e in effects:
+        if e is None:
+            continue
+        assert math.isfinite(e.speedup)
+        assert e.low <= e.speedup <= e.high
+        assert 1 <= e.rounds <= 3
+    for setting in evidence.settings:
+        assert setting.reason
+        assert (setting.on_alone is not None and setting.off_alone is not None) or failed
+    assert evidence.elapsed_s > 0
