@@ -113,6 +113,15 @@ def _own_profile_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCH_AUTOTUNE_HOME", str(tmp_path / "autotune-home"))
 
 
+@pytest.fixture(autouse=True)
+def _no_terminal_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Output goes to a pipe that asks for no width, with or without ``pytest -n``: the
+    workers of pytest-xdist 3.8 run with ``COLUMNS=80`` and ``LINES=24``, and ``autotune``
+    wraps at ``COLUMNS`` where it is set."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @pytest.fixture
 def snapshot_path() -> Path:
     """Directory of the recorded machine snapshots."""
