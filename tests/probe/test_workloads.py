@@ -249,6 +249,7 @@ def test_resnet50_is_a_7x7_stem_and_3_4_6_3_bottlenecks_down_to_2048_channels_at
     assert tuple(features.shape) == (2, 2048, 7, 7)
 
 
+@pytest.mark.slow  # 124M parameters initialised: 2 s
 def test_gpt2_has_twelve_blocks_a_tied_head_and_gpt2_initialisation() -> None:
     model = BUILT["gpt2"].make_model()
     assert model.head.weight is model.tokens.weight
@@ -371,6 +372,7 @@ def test_cpu_heavy_dataset_pickles_with_its_settings() -> None:
     assert tuple(copy[2][0].shape) == (3, 32, 32)
 
 
+@pytest.mark.slow  # the spawned worker is a new interpreter that imports torch: 2-3 s
 def test_cpu_heavy_dataset_loads_in_spawned_workers() -> None:
     loader = torch.utils.data.DataLoader(
         CpuHeavyDataset(length=4, passes=1),
