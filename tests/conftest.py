@@ -1,8 +1,12 @@
 """Test tiers and the guard that keeps unit tests off real hardware.
 
-Tiers: unit tests (the default) use recorded snapshots and fakes; ``@pytest.mark.system`` runs
-the installed command on this machine in a subprocess; ``@pytest.mark.gpu`` needs a real GPU and
-is skipped where there is none. A unit test that reaches real NVML or CUDA fails.
+Tiers: unit tests (the default) use recorded snapshots and fakes, and real torch on the CPU for
+a few steps at most; ``@pytest.mark.slow`` runs real torch on the CPU for seconds (a real
+``tune()`` or bench, the full-size GPT-2); ``@pytest.mark.system`` runs the installed command
+on this machine in a subprocess; ``@pytest.mark.gpu`` needs a real GPU and is skipped where
+there is none. A unit or slow test that reaches real NVML or CUDA fails. ``python -m pytest``
+runs them all; the quick loop leaves out the last three
+(``-m "not slow and not system and not gpu"``).
 
 Unit tests that train with real torch do so on the CPU, and say so (the device, a profile built for
 the CPU, or a snapshot without GPUs), so they pass alike on a machine with a GPU. There torch itself
