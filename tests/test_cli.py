@@ -14,11 +14,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.test_bench import measured
-from torch_autotune import __version__
+from torch_autotune import __version__, api
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE, EXIT_WORKLOAD
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.probe import run as probe_run
 from torch_autotune.profile import Profile
 from torch_autotune.store import ProfileStore
 
@@ -257,7 +256,7 @@ def fake_tune(monkeypatch: pytest.MonkeyPatch) -> list[float]:
             progress(phase, what)
         return measured("cpu-laptop-linux", workload="conv", workers=None)
 
-    monkeypatch.setattr(probe_run, "tune", tune)
+    monkeypatch.setattr(api, "tune", tune)
     return budgets
 
 
@@ -337,13 +336,12 @@ def test_a_deprecation_from_torch_is_shown_and_not_blamed_on_the_model(
 ) -> None:
     from tests.test_bench import measured
     from tests.test_the_suite import TORCH_DEPRECATION, warn_from
-    from torch_autotune.probe import run as probe_run
 
     def tune(*_args: object, **_kwargs: object) -> object:
         warn_from(module, TORCH_DEPRECATION)  # torch.compile imports inductor in the first trial
         return measured("h100-80gb-hbm3")
 
-    monkeypatch.setattr(probe_run, "tune", tune)
+    monkeypatch.setattr(api, "tune", tune)
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("error")  # as under python -W error or PYTHONWARNINGS=error
         result = run("--no-save")

@@ -115,12 +115,12 @@ def cli(  # click passes options by name
     """
     if ctx.invoked_subcommand is not None:
         return
-    from torch_autotune.probe.run import DEFAULT_COMPILE_BUDGET_S, tune
+    from torch_autotune import api
     from torch_autotune.render import progress_reporter, render_run
 
     def run() -> Any:
-        with progress_reporter(budget or DEFAULT_COMPILE_BUDGET_S) as report:
-            return tune(
+        with progress_reporter(budget or api.default_tune_budget_s()) as report:
+            return api.tune(
                 workload,
                 mode=mode,
                 budget_s=budget,
@@ -132,11 +132,7 @@ def cli(  # click passes options by name
             )
 
     profile = _user_code(ctx, run)
-    saved = None
-    if not no_save:
-        from torch_autotune.store import ProfileStore
-
-        saved = ProfileStore(store).save(profile)
+    saved = None if no_save else api.save(profile, store)
     render_run(profile, _console(), saved)
     if plot_file is not None:
         _plot(profile, plot_file)
@@ -195,10 +191,11 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
 
     Fast by default: reads NVML and the OS without importing torch or starting CUDA.
     """
-    from torch_autotune.detect import RecordedMachine, detect
+    from torch_autotune import api
+    from torch_autotune.detect import RecordedMachine
 
     machine = RecordedMachine.from_file(snapshot_file) if snapshot_file else None
-    snapshot = detect(machine, deep=deep)
+    snapshot = api.detect(machine, deep=deep)
     if as_json:
         click.echo(snapshot.model_dump_json(indent=2))
         return
@@ -245,9 +242,10 @@ def _console() -> Any:
 
 
 def _snapshot(snapshot_file: Path | None) -> Any:
-    from torch_autotune.detect import RecordedMachine, detect
+    from torch_autotune import api
+    from torch_autotune.detect import RecordedMachine
 
-    return detect(RecordedMachine.from_file(snapshot_file) if snapshot_file else None)
+    return api.detect(RecordedMachine.from_file(snapshot_file) if snapshot_file else None)
 
 
 @cli.command("bench")
@@ -328,7 +326,7 @@ def bench_command(  # click passes options by name
     profile without it (in every round, by more than 2%) is dropped from the profile, with the
     measurement as its reason. The results go into the profile's evidence and the store.
     """
-    from torch_autotune.probe.ablation import bench
+    from torch_autotune import api
     from torch_autotune.profile_io import load_baseline, load_profile
     from torch_autotune.render import progress_reporter, render_bench
 
@@ -342,11 +340,11 @@ def bench_command(  # click passes options by name
             )
     else:
         profile = _stored_measured(store, workload)
-    estimate = _bench_estimate(profile, rounds, seconds, budget)
+    estimate = api.bench_estimate_s(profile, rounds, seconds, budget)
 
     def run() -> Any:
         with progress_reporter(estimate) as report:
-            return bench(
+            return api.bench(
                 profile,
                 workload,
                 baseline=baseline,
@@ -359,9 +357,7 @@ def bench_command(  # click passes options by name
     benched = _user_code(ctx, run)
     saved = None
     if profile_file is None and not no_save:
-        from torch_autotune.store import ProfileStore
-
-        saved = ProfileStore(store).save(benched)
+        saved = api.save(benched, store)
     if output is not None:
         _write_profile(benched, output)
     if as_json:
@@ -380,28 +376,14 @@ def bench_command(  # click passes options by name
 def _stored_measured(store: Path | None, workload: str | None) -> Any:
     """The stored profile measured on ``workload`` (default: the machine's profile, when it
     was measured), else None: the bench then tunes first."""
-    from torch_autotune.detect import detect
-    from torch_autotune.profile import fingerprint
-    from torch_autotune.store import ProfileStore
+    from torch_autotune import api
 
-    stored = ProfileStore(store).load(fingerprint(detect()), workload)
-    if stored is not None and stored.evidence is not None:
+    stored = api.stored_measured(store, workload)
+    if stored is not None:
         return stored
     what = "measured profile" if workload is None else f"profile measured on {workload}"
     click.echo(f"autotune: no {what} for this machine yet: tuning first", err=True)
     return None
-
-
-def _bench_estimate(profile: Any, rounds: int, seconds: float, budget: float | None) -> float:
-    """Seconds the bench should take, for the progress bar: arms x rounds x (seconds + warm-up)."""
-    from torch_autotune.bench import TrainConfig, plan_arms, tuned_config
-
-    if profile is None:
-        from torch_autotune.probe.run import DEFAULT_COMPILE_BUDGET_S
-
-        return (budget or DEFAULT_COMPILE_BUDGET_S) + rounds * 4 * (seconds + 1.0)
-    plan = plan_arms(TrainConfig(), tuned_config(profile))
-    return float(len(plan.configs) * rounds * (seconds + 1.0))
 
 
 def _write_profile(profile: Any, output: Path) -> None:
@@ -495,8 +477,8 @@ def recommend_command(  # click passes options by name
     store: Path | None,
 ) -> None:
     """Show the profile the rules give, each setting with its reason."""
+    from torch_autotune import api
     from torch_autotune.profile import Mode, Preferences
-    from torch_autotune.rules.engine import build_profile
 
     snapshot = _snapshot(snapshot_file)
     preferences = Preferences(
@@ -505,11 +487,9 @@ def recommend_command(  # click passes options by name
         fixed_shapes=not variable_shapes,
         optimizer=optimizer,  # type: ignore[arg-type]
     )
-    profile = build_profile(snapshot, preferences=preferences)
+    profile = api.rules_profile(snapshot, preferences)
     if save:
-        from torch_autotune.store import ProfileStore
-
-        path = ProfileStore(store).save(profile)
+        path = api.save(profile, store)
         click.echo(f"saved to {path}", err=True)
     if as_json:
         from torch_autotune.profile_io import dump_profile
@@ -531,14 +511,14 @@ def _current_profile(
     stored if fresh, else rules only, with a note on stderr that says which."""
     import warnings
 
-    from torch_autotune.api import recommend
+    from torch_autotune import api
     from torch_autotune.detect import RecordedMachine
     from torch_autotune.errors import StaleProfileWarning
 
     machine = RecordedMachine.from_file(snapshot_file) if snapshot_file else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StaleProfileWarning)
-        profile = recommend(mode, workload=workload, store=store, machine=machine)
+        profile = api.recommend(mode, workload=workload, store=store, machine=machine)
     for warning in caught:
         click.echo(f"autotune: warning: {warning.message}", err=True)
     if not profile.measured and not caught:
@@ -555,9 +535,9 @@ def _nothing_stored(store: Path | None, profile: Any, workload: str | None) -> s
         )
     import difflib
 
-    from torch_autotune.store import ProfileStore
+    from torch_autotune import api
 
-    measured = ProfileStore(store).measured_workloads(profile.provenance.fingerprint)
+    measured = api.measured_workloads(profile, store)
     text = f"no profile measured on {workload} for this machine"
     close = difflib.get_close_matches(workload, measured, n=1)
     if close:
@@ -659,27 +639,12 @@ def validate_command(file: Path) -> None:
 @click.argument("second", type=click.Path(dir_okay=False, path_type=Path))
 def diff_command(first: Path, second: Path) -> None:
     """Show the settings two profile files disagree on."""
+    from torch_autotune import api
     from torch_autotune.profile_io import load_profile
     from torch_autotune.render import render_diff
 
-    a, b = load_profile(first), load_profile(second)
-    flat_a, flat_b = _flatten(a.settings.model_dump()), _flatten(b.settings.model_dump())
-    rows = [
-        (key, flat_a.get(key), flat_b.get(key))
-        for key in sorted(set(flat_a) | set(flat_b))
-        if flat_a.get(key) != flat_b.get(key)
-    ]
+    rows = api.settings_diff(load_profile(first), load_profile(second))
     render_diff(rows, _console())
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def main() -> None:
