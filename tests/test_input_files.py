@@ -113,10 +113,10 @@ DEEP = {
 def test_deep_nesting_is_refused_before_the_parser_recurses(loader: str, case: str) -> None:
     load, error = LOADERS[loader]
     reads_it = loader not in JSON_ONLY or case.startswith("json") or case == "yaml-flow-sequences"
-    started = time.perf_counter()
+    started = time.process_time()
     with pytest.raises(error) as caught:
         load(DEEP[case])
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
     if reads_it:  # a JSON-only loader refuses YAML text as not JSON, before any nesting
         assert f"nested more than {MAX_NESTING} levels deep" in str(caught.value)
 
@@ -178,14 +178,14 @@ def _alias_bomb(levels: int) -> str:
 def test_an_alias_bomb_is_refused_quickly_in_little_memory(loader: str) -> None:
     load, error = LOADERS[loader]
     tracemalloc.start()
-    started = time.perf_counter()
+    started = time.process_time()
     try:
         with pytest.raises(error, match=f"more than {MAX_VALUES:,} keys and values"):
             load(_alias_bomb(9))  # 10**9 values written out
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
     assert peak < 16 * 2**20
 
 
@@ -220,14 +220,14 @@ def test_a_huge_file_is_refused_from_its_size_without_reading_it(tmp_path: Path,
     with path.open("wb") as file:
         file.truncate(200 * 2**20)  # sparse: 200 MiB that take no disk space
     tracemalloc.start()
-    started = time.perf_counter()
+    started = time.process_time()
     try:
         with pytest.raises(error, match=r"huge.yaml is 200.0 MiB, larger than 1 MiB, the limit"):
             load(path)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert time.perf_counter() - started < 0.5
+    assert time.process_time() - started < 0.5
     assert peak < 2**20
 
 
@@ -290,14 +290,16 @@ def test_the_worst_input_within_the_limit_costs_bounded_time_and_memory(
 ) -> None:
     load, error = LOADERS[loader]
     tracemalloc.start()
-    started = time.perf_counter()
+    started = time.process_time()
     try:
         with pytest.raises(error):
             load(text)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert time.perf_counter() - started < 5.0  # about 1 s on a 2-core CPU
+    # CPU time, not wall time, so that other work on the machine does not count: at most
+    # 0.8 s here on a 2-core CPU, with tracemalloc slowing every allocation.
+    assert time.process_time() - started < 5.0
     assert peak < 64 * 2**20
 
 

@@ -1,6 +1,8 @@
 """Profiles to and from YAML and JSON, with one clear message for every way a file can be bad.
 
-YAML is read with the safe loader only: a tag that would construct a Python object is refused.
+Text is read and parsed through ``input_files`` (size, nesting and value limits; JSON tried
+before YAML). YAML is read with the safe loader only: a tag that would construct a Python object
+is refused.
 A key that is not in the schema gets "did you mean ...?". A file from a newer release asks for an
 upgrade. ``dump(load(x)) == x`` for every file this module writes.
 """
