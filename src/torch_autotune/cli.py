@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
-from torch_autotune import __version__
 from torch_autotune.errors import EXIT_WORKLOAD, AutotuneError, ProfileFileError
+from torch_autotune.version import __version__
 
 T = TypeVar("T")
 
