@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 
 import click
 
-from torch_autotune import __version__
 from torch_autotune.errors import (
     EXIT_BAD_INPUT,
     EXIT_WORKLOAD,
@@ -21,6 +20,7 @@ from torch_autotune.errors import (
     ProfileFileError,
     SnapshotFileError,
 )
+from torch_autotune.version import __version__
 
 T = TypeVar("T")
 
