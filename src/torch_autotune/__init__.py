@@ -7,8 +7,6 @@ torch when they run. All four are defined in ``torch_autotune.api``, the one fro
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from torch_autotune.api import bench, detect, recommend, tune
 from torch_autotune.bench import TrainConfig
 from torch_autotune.detect import LiveMachine, RecordedMachine, load_snapshot
@@ -37,6 +35,7 @@ from torch_autotune.hardware import (
 )
 from torch_autotune.profile import Mode, Preferences, Profile
 from torch_autotune.profile_io import load_profile
+from torch_autotune.version import __version__
 
 __all__ = [
     "Accelerator",

@@ -129,26 +129,21 @@ def tune(
     when this returns or raises. ``trials`` replaces the real training steps and ``clock`` the
     timer (tests drive the orchestration with recorded timings through them).
     """
-    from torch_autotune import compose
-    from torch_autotune.rules.engine import build_profile
-
     if trials is None and importlib.util.find_spec("torch") is None:
         raise ProbeError(
             "torch is not installed, so nothing can be probed; install the build for this "
             "machine (https://pytorch.org/get-started/locally/) and run autotune again"
         )
+    from torch_autotune import compose
     from torch_autotune.probe.run import default_budget_s, measure
-    from torch_autotune.probe.workloads import resolve_workload
+    from torch_autotune.rules.engine import build_profile
 
     report = progress or _silent
     started = clock()
     report("detect", "this machine")
     machine = snapshot or detect()
     host = machine_id()
-    if workload is None:  # the built-in sized for the device the rules choose
-        chosen = resolve_workload(None, device=build_profile(machine, host_id=host).settings.device)
-    else:
-        chosen = resolve_workload(workload)
+    chosen = _workload(workload, machine, host)
     preferences = Preferences(
         mode=Mode(mode),
         model_kind=chosen.kind,
@@ -171,6 +166,16 @@ def tune(
     )
     measured = compose.measurements(result, machine, target_global_batch)
     return build_profile(machine, measured, preferences, evidence=result.evidence, host_id=host)
+
+
+def _workload(workload: str | Workload | None, machine: HardwareSnapshot, host: str) -> Workload:
+    """The workload asked for; by default the built-in sized for the device the rules choose."""
+    from torch_autotune.probe.workloads import resolve_workload
+    from torch_autotune.rules.engine import build_profile
+
+    if workload is not None:
+        return resolve_workload(workload)
+    return resolve_workload(None, device=build_profile(machine, host_id=host).settings.device)
 
 
 def bench(
@@ -203,15 +208,11 @@ def bench(
     started = clock()
     if profile is None:
         profile = tune(workload, budget_s=budget_s, progress=progress, clock=clock)
-    if profile.evidence is None:
-        raise ProbeError(
-            "this profile was not measured (rules only): the bench needs the batch size the "
-            "probe ran; run 'autotune' first"
-        )
+    measured_on = _measured_on(profile)
     from torch_autotune.probe.ablation import run_arms
     from torch_autotune.probe.workloads import resolve_workload
 
-    chosen = resolve_workload(workload if workload is not None else profile.evidence.workload)
+    chosen = resolve_workload(workload if workload is not None else measured_on)
     plan, not_ablated = compose.bench_plan(
         profile, baseline, has_dataset=chosen.dataset is not None, workload=chosen.name
     )
@@ -237,6 +238,16 @@ def bench(
         elapsed_s=clock() - started,
     )
     return apply_bench(profile, plan, evidence)
+
+
+def _measured_on(profile: Profile) -> str:
+    """The workload ``profile`` was measured on; a rules-only profile cannot be benched."""
+    if profile.evidence is None:
+        raise ProbeError(
+            "this profile was not measured (rules only): the bench needs the batch size the "
+            "probe ran; run 'autotune' first"
+        )
+    return profile.evidence.workload
 
 
 # --- what the command line asks ---------------------------------------------------------------

@@ -12,10 +12,22 @@ from typing import Any, TypeVar
 
 import click
 
-from torch_autotune import __version__
-from torch_autotune.errors import EXIT_WORKLOAD, AutotuneError, ProfileFileError
+from torch_autotune.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_WORKLOAD,
+    AutotuneError,
+    InputFileError,
+    ProfileFileError,
+    SnapshotFileError,
+)
+from torch_autotune.version import __version__
 
 T = TypeVar("T")
+
+# A file torch-autotune reads. Every check (missing, a directory, unreadable, too large, not
+# parseable) is left to the loaders, so each one is exit code 3 with one line, as the README
+# says, and not click's usage error (2). '-' is standard input.
+_INPUT_FILE = click.Path(path_type=Path, allow_dash=True, readable=False)
 
 
 _plot_option = click.option(
@@ -183,8 +195,9 @@ def _user_code(ctx: click.Context, run: Callable[[], T]) -> T:
 @click.option(
     "--snapshot",
     "snapshot_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Describe the machine recorded in FILE (from 'autotune detect --json') instead.",
+    type=_INPUT_FILE,
+    help="Describe the machine recorded in FILE (from 'autotune detect --json'; '-' reads "
+    "standard input) instead.",
 )
 def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> None:
     """Describe this machine: GPUs, usable CPUs, RAM, Python and torch.
@@ -192,10 +205,8 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
     Fast by default: reads NVML and the OS without importing torch or starting CUDA.
     """
     from torch_autotune import api
-    from torch_autotune.detect import RecordedMachine
 
-    machine = RecordedMachine.from_file(snapshot_file) if snapshot_file else None
-    snapshot = api.detect(machine, deep=deep)
+    snapshot = api.detect(_recorded_machine(snapshot_file), deep=deep)
     if as_json:
         click.echo(snapshot.model_dump_json(indent=2))
         return
@@ -207,8 +218,9 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
 _snapshot_option = click.option(
     "--snapshot",
     "snapshot_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Reason about the machine recorded in FILE (from 'autotune detect --json').",
+    type=_INPUT_FILE,
+    help="Reason about the machine recorded in FILE (from 'autotune detect --json'; '-' reads "
+    "standard input).",
 )
 _store_option = click.option(
     "--store",
@@ -243,9 +255,48 @@ def _console() -> Any:
 
 def _snapshot(snapshot_file: Path | None) -> Any:
     from torch_autotune import api
-    from torch_autotune.detect import RecordedMachine
 
-    return api.detect(RecordedMachine.from_file(snapshot_file) if snapshot_file else None)
+    return api.detect(_recorded_machine(snapshot_file))
+
+
+def _is_stdin(path: Path) -> bool:
+    return str(path) == "-"
+
+
+def _stdin_text(error: type[InputFileError]) -> str:
+    """Standard input as text, within the input limits; a terminal is refused, not waited on."""
+    import sys
+
+    from torch_autotune.input_files import read_stream
+
+    stream = sys.stdin.buffer
+    if stream.isatty():
+        raise click.UsageError(
+            "'-' reads standard input, which is a terminal here; pipe a file in, such as "
+            "'autotune detect --json | autotune recommend --snapshot -'"
+        )
+    return read_stream(stream, "standard input", error)
+
+
+def _recorded_machine(snapshot_file: Path | None) -> Any:
+    """The machine recorded in ``snapshot_file`` ('-': standard input); None for this one."""
+    from torch_autotune.detect import RecordedMachine, parse_snapshot
+
+    if snapshot_file is None:
+        return None
+    if _is_stdin(snapshot_file):
+        text = _stdin_text(SnapshotFileError)
+        return RecordedMachine(parse_snapshot(text, source="standard input"))
+    return RecordedMachine.from_file(snapshot_file)
+
+
+def _load_profile(path: Path) -> Any:
+    """The profile in the file ``path`` ('-': standard input)."""
+    from torch_autotune.profile_io import load_profile, parse_profile
+
+    if _is_stdin(path):
+        return parse_profile(_stdin_text(ProfileFileError), source="standard input")
+    return load_profile(path)
 
 
 @cli.command("bench")
@@ -261,14 +312,14 @@ def _snapshot(snapshot_file: Path | None) -> Any:
 @click.option(
     "--profile",
     "profile_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=_INPUT_FILE,
     help="Bench this measured profile file instead of the machine's stored one (the store is "
     "then left alone; see --output).",
 )
 @click.option(
     "--baseline",
     "baseline_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=_INPUT_FILE,
     help="Your own baseline: a YAML mapping such as 'batch_size: 64' and 'num_workers: 4' "
     "(default: float32, batch 32, no workers, no pinning, eager, torch's default backends).",
 )
@@ -327,12 +378,17 @@ def bench_command(  # click passes options by name
     measurement as its reason. The results go into the profile's evidence and the store.
     """
     from torch_autotune import api
-    from torch_autotune.profile_io import load_baseline, load_profile
+    from torch_autotune.profile_io import load_baseline, parse_baseline
     from torch_autotune.render import progress_reporter, render_bench
 
-    baseline = load_baseline(baseline_file) if baseline_file is not None else None
+    if baseline_file is None:
+        baseline = None
+    elif _is_stdin(baseline_file):
+        baseline = parse_baseline(_stdin_text(ProfileFileError), source="standard input")
+    else:
+        baseline = load_baseline(baseline_file)
     if profile_file is not None:
-        profile = load_profile(profile_file)
+        profile = _load_profile(profile_file)
         if profile.evidence is None:
             raise ProfileFileError(
                 f"{profile_file} was not measured (rules only): the bench needs the batch size "
@@ -415,7 +471,7 @@ def _plot(profile: Any, path: Path) -> None:
 @click.option(
     "--profile",
     "profile_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=_INPUT_FILE,
     help="Draw this measured profile file instead of the machine's stored profile.",
 )
 @click.option(
@@ -432,10 +488,9 @@ def report_command(
     """Draw what the probe and the bench measured: throughput against batch size with the
     memory limit, DataLoader throughput against workers, and each setting's speedup."""
     from torch_autotune import plot
-    from torch_autotune.profile_io import load_profile
 
     if profile_file is not None:
-        profile = load_profile(profile_file)
+        profile = _load_profile(profile_file)
     else:
         profile = _current_profile(store, None, None, workload)
     if plot_file is None:
@@ -512,10 +567,9 @@ def _current_profile(
     import warnings
 
     from torch_autotune import api
-    from torch_autotune.detect import RecordedMachine
     from torch_autotune.errors import StaleProfileWarning
 
-    machine = RecordedMachine.from_file(snapshot_file) if snapshot_file else None
+    machine = _recorded_machine(snapshot_file)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StaleProfileWarning)
         profile = api.recommend(mode, workload=workload, store=store, machine=machine)
@@ -622,28 +676,41 @@ def export_command(  # click passes options by name
 
 
 @cli.command("validate")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-def validate_command(file: Path) -> None:
-    """Check a profile file: syntax, schema, and every cross-field invariant."""
-    from torch_autotune.profile_io import load_profile
+@click.argument("files", nargs=-1, required=True, type=_INPUT_FILE)
+@click.pass_context
+def validate_command(ctx: click.Context, files: tuple[Path, ...]) -> None:
+    """Check profile files: syntax, schema, and every cross-field invariant.
 
-    profile = load_profile(file)
-    click.echo(
-        f"{file}: valid profile (schema {profile.schema_version}, mode {profile.mode.value}, "
-        f"device {profile.settings.device}, {len(profile.decisions)} decisions)"
-    )
+    One line for each FILE ('-' reads standard input): on stdout when it is valid, on stderr
+    when it is not. The exit code is 3 when any file is not valid.
+    """
+    invalid = 0
+    for file in files:
+        try:
+            profile = _load_profile(file)
+        except InputFileError as error:
+            click.echo(f"autotune: error: {error}", err=True)
+            invalid += 1
+            continue
+        name = "standard input" if _is_stdin(file) else file
+        click.echo(
+            f"{name}: valid profile (schema {profile.schema_version}, mode "
+            f"{profile.mode.value}, device {profile.settings.device}, "
+            f"{len(profile.decisions)} decisions)"
+        )
+    if invalid:
+        ctx.exit(EXIT_BAD_INPUT)
 
 
 @cli.command("diff")
-@click.argument("first", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("second", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("first", type=_INPUT_FILE)
+@click.argument("second", type=_INPUT_FILE)
 def diff_command(first: Path, second: Path) -> None:
     """Show the settings two profile files disagree on."""
     from torch_autotune import api
-    from torch_autotune.profile_io import load_profile
     from torch_autotune.render import render_diff
 
-    rows = api.settings_diff(load_profile(first), load_profile(second))
+    rows = api.settings_diff(_load_profile(first), _load_profile(second))
     render_diff(rows, _console())
 
 

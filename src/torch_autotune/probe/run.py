@@ -82,8 +82,6 @@ CPU_CAP = 512  # on the CPU memory rarely limits; throughput flattens long befor
 GPU_CAP = 1 << 16
 EXTRA_HALVINGS = 3  # further halvings while the smallest size is faster beyond noise
 
-# --- helpers ---------------------------------------------------------------------------------
-
 
 def _ram_budget(machine: HardwareSnapshot) -> int | None:
     """Host RAM a CPU probe may fill: 70% of what is available (or of the container limit)."""
