@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -317,3 +318,29 @@ def test_the_users_data_failing_in_a_real_step_is_theirs(
     assert result.exit_code == EXIT_WORKLOAD, result.output
     assert "no learning rate given" in result.stderr
     assert 'bad_optimizer.py", line' in result.stderr
+
+
+# --- torch's warning that numpy is missing --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("module", "shown"),
+    [("torch._subclasses.functional_tensor", False), ("mypkg.models", True)],
+)
+def test_torchs_numpy_warning_does_not_open_the_output(
+    monkeypatch: pytest.MonkeyPatch, module: str, shown: bool
+) -> None:
+    from tests.test_the_suite import warn_from
+
+    message = "Failed to initialize NumPy: No module named 'numpy'"
+
+    def tune(*_args: object, **_kwargs: object) -> Profile:
+        warn_from(module, message, UserWarning)  # as torch does on its first import
+        return measured("cpu-laptop-linux", workload="conv")
+
+    monkeypatch.setattr(probe_run, "tune", tune)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run("--no-save")
+    assert result.exit_code == 0, result.output
+    assert [str(w.message) for w in caught] == ([message] if shown else [])

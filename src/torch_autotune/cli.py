@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,7 +103,11 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             try:
-                return super().invoke(ctx)
+                with warnings.catch_warnings():
+                    warnings.filterwarnings(
+                        "ignore", message=_NUMPY_MISSING, category=UserWarning, module=r"torch\."
+                    )
+                    return super().invoke(ctx)
             finally:
                 sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         except AutotuneError as error:
@@ -119,6 +124,13 @@ class _Group(click.Group):
         except Exception as error:
             _report_bug(error)
             ctx.exit(EXIT_INTERNAL)
+
+
+# torch warns "Failed to initialize NumPy: No module named 'numpy'" when it is first imported
+# without numpy (from torch._subclasses.functional_tensor, torch 2.x). numpy is optional for
+# torch and for torch-autotune (only seeded DataLoader workers use it, when it is there), so
+# the command does not depend on it to keep its first line from being torch's warning.
+_NUMPY_MISSING = "Failed to initialize NumPy"
 
 
 def _usage_line(error: click.ClickException) -> str:
