@@ -206,6 +206,8 @@ def _first_line(error: BaseException) -> str:
     type=click.Choice(["speed", "balanced", "reproducible"]),
     default="speed",
     show_default=True,
+    help="speed: fastest; balanced: no torch.compile start-up cost; reproducible: "
+    "deterministic kernels, TF32 off, seeded workers.",
 )
 @click.option("--variable-shapes", is_flag=True, help="Input shapes change from batch to batch.")
 @click.option(
@@ -768,9 +770,14 @@ def export_command(  # click passes options by name
 
         text = dump_profile(profile, fmt)  # type: ignore[arg-type]
     else:
-        from torch_autotune.integrations import EXPORT_FORMATS
+        from torch_autotune.integrations import EXPORT_FORMATS, hf_notes
 
         text = EXPORT_FORMATS[fmt](profile)
+        notes = hf_notes(profile) if fmt == "hf" else []
+        if notes:  # JSON holds no comments: what TrainingArguments cannot set goes beside it
+            click.echo("autotune: note: TrainingArguments has no argument for these:", err=True)
+            for note in notes:
+                click.echo(f"autotune: note:   {note}", err=True)
     if output is None:
         click.echo(text, nl=False)
         return
