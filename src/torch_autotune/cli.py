@@ -6,28 +6,63 @@ error class carries (see ``torch_autotune.errors``); only this module exits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_ROUNDS, MAX_WORKERS
 from torch_autotune.errors import (
     EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_DIFFERENT,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
     EXIT_WORKLOAD,
     AutotuneError,
     InputFileError,
     ProfileFileError,
     SnapshotFileError,
+    raised_by_user_code,
 )
 from torch_autotune.version import __version__
 
 T = TypeVar("T")
 
-# A file torch-autotune reads. Every check (missing, a directory, unreadable, too large, not
-# parseable) is left to the loaders, so each one is exit code 3 with one line, as the README
-# says, and not click's usage error (2). '-' is standard input.
-_INPUT_FILE = click.Path(path_type=Path, allow_dash=True, readable=False)
+
+class _InputFile(click.Path):
+    """A file to read ('-': standard input). Click checks nothing: the loader that reads it
+    reports a missing, unreadable or invalid file as an InputFileError (exit 3, one line),
+    where click's own checks would make it a usage error (exit 2)."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, allow_dash=True, readable=False)
+        self.name = "file"
+
+
+class _Directory(click.Path):
+    """The profile store's directory; the store reports what is wrong with it (exit 4)."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, readable=False)
+        self.name = "directory"
+
+
+class _Finite(click.FloatRange):
+    """A number in a range, and finite: click's FloatRange lets 'inf' through where there is
+    no maximum, and 'nan' through every bound (a comparison with NaN is always false)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 _plot_option = click.option(
@@ -40,14 +75,101 @@ _plot_option = click.option(
 
 
 class _Group(click.Group):
-    """A click group that maps AutotuneError to its message and exit code."""
+    """The one place where errors become messages and exit codes (see ``errors.py``).
+
+    AutotuneError: its one line and its code. Ctrl-C: 'interrupted', 130. A closed standard
+    output (``autotune show | head -1``): nothing said, 141, as a process SIGPIPE ends. A
+    usage error: one line, 2. Any other exception is a bug of ours: the traceback, a line that
+    asks for a report, 1. The user's own code failing is handled where it runs (_user_code).
+    """
+
+    def main(  # click's own signature, with the handling of its standalone mode
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as error:
+            click.echo(f"autotune: error: {_usage_line(error)}", err=True)
+            sys.exit(error.exit_code)
+        except click.Abort:  # Ctrl-C while click parsed the arguments
+            click.echo("autotune: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else EXIT_OK)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings(
+                        "ignore", message=_NUMPY_MISSING, category=UserWarning, module=r"torch\."
+                    )
+                    return super().invoke(ctx)
+            finally:
+                sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         except AutotuneError as error:
             click.echo(f"autotune: error: {error}", err=True)
             ctx.exit(error.exit_code)
+        except KeyboardInterrupt:
+            click.echo("autotune: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            _silence_stdout()
+            ctx.exit(EXIT_BROKEN_PIPE)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as error:
+            _report_bug(error)
+            ctx.exit(EXIT_INTERNAL)
+
+
+# torch warns "Failed to initialize NumPy: No module named 'numpy'" when it is first imported
+# without numpy (from torch._subclasses.functional_tensor, torch 2.x). numpy is optional for
+# torch and for torch-autotune (only seeded DataLoader workers use it, when it is there), so
+# the command does not depend on it to keep its first line from being torch's warning.
+_NUMPY_MISSING = "Failed to initialize NumPy"
+
+
+def _usage_line(error: click.ClickException) -> str:
+    """Click's message on one line, with where to read the usage."""
+    message = " ".join(error.format_message().split())
+    context = getattr(error, "ctx", None)
+    if context is None:
+        return message
+    return f"{message.rstrip('.')}; see '{context.command_path} --help'"
+
+
+def _silence_stdout() -> None:
+    """Point standard output at the null device after a broken pipe, so that the interpreter's
+    last flush does not fail again (the recipe of Python's signal documentation)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    except (OSError, ValueError):  # a stream without a descriptor (a test runner's): no flush
+        return
+
+
+def _report_bug(error: Exception) -> None:
+    """A bug of torch-autotune: the traceback and one line asking for a report."""
+    import traceback
+
+    traceback.print_exception(error)
+    click.echo(
+        f"autotune: internal error: {type(error).__name__}: {_first_line(error)}; this is a bug "
+        "in torch-autotune, please report it with the traceback above",
+        err=True,
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0].rstrip(".") if text else "(no message)"
 
 
 @click.group(
@@ -67,15 +189,19 @@ class _Group(click.Group):
 )
 @click.option(
     "--budget",
-    type=click.FloatRange(min=1),
+    type=_Finite(min=1),
     default=None,
     help="Seconds the whole run may take (default 120, or 180 where torch.compile is "
     "measured); no phase runs past it.",
 )
-@click.option("--max-batch-size", type=click.IntRange(min=1), help="Never try a larger batch.")
+@click.option(
+    "--max-batch-size",
+    type=click.IntRange(1, MAX_BATCH_SIZE),
+    help="Never try a larger batch (default: 512 on the CPU, 65536 on a GPU).",
+)
 @click.option(
     "--target-batch",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_GLOBAL_BATCH),
     help="Global batch to keep: gradient accumulation makes up what does not fit.",
 )
 @click.option(
@@ -83,18 +209,20 @@ class _Group(click.Group):
     type=click.Choice(["speed", "balanced", "reproducible"]),
     default="speed",
     show_default=True,
+    help="speed: fastest; balanced: no torch.compile start-up cost; reproducible: "
+    "deterministic kernels, TF32 off, seeded workers.",
 )
 @click.option("--variable-shapes", is_flag=True, help="Input shapes change from batch to batch.")
 @click.option(
     "--workers",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, MAX_WORKERS),
     help="Use this many DataLoader workers instead of measuring (Windows measures none).",
 )
 @_plot_option
 @click.option("--no-save", is_flag=True, help="Show the profile without storing it.")
 @click.option(
     "--store",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=_Directory(),
     envvar="TORCH_AUTOTUNE_HOME",
     help="Profile store directory [env TORCH_AUTOTUNE_HOME].",
 )
@@ -123,7 +251,9 @@ def cli(  # click passes options by name
     Exit codes: 0 success, 1 internal error (a bug), 2 usage error,
     3 an input file is missing or invalid, 4 the profile store cannot be
     read or written, 5 the workload cannot be built or trained,
-    6 the probe could not measure (no torch, budget too small).
+    6 the probe could not measure (no torch, budget too small),
+    130 interrupted, 141 standard output closed early.
+    'autotune diff' exits 1 when the profiles differ, as diff(1).
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -159,7 +289,9 @@ _NOT_OURS = r"(?!torch_autotune(\.|$))"
 
 
 def _user_code(ctx: click.Context, run: Callable[[], T]) -> T:
-    """Run the probe or the bench; a failure of the user's model shows their traceback.
+    """Run the probe or the bench; a failure of the user's model shows their traceback and
+    exits 5. Only an exception the probe marked as raised in the user's code does
+    (``errors.blame_user_code``); any other one is a bug of ours.
 
     A deprecation warning from outside torch-autotune is no failure of the training step: it is
     shown, never raised, even where the warning filters make warnings errors (torch 2.11 warns
@@ -173,10 +305,10 @@ def _user_code(ctx: click.Context, run: Callable[[], T]) -> T:
             for category in (DeprecationWarning, PendingDeprecationWarning):
                 warnings.filterwarnings("default", category=category, module=_NOT_OURS)
             return run()
-    except AutotuneError:
-        raise
-    except Exception as error:  # the user's model raised: show their traceback, not ours
-        import traceback
+    except Exception as error:
+        if not raised_by_user_code(error):
+            raise  # ours: an AutotuneError, or a bug (_Group says which)
+        import traceback  # the user's model or data raised: show their traceback, not ours
 
         traceback.print_exception(error)
         click.echo(
@@ -199,7 +331,7 @@ def _user_code(ctx: click.Context, run: Callable[[], T]) -> T:
 @click.option(
     "--snapshot",
     "snapshot_file",
-    type=_INPUT_FILE,
+    type=_InputFile(),
     help="Describe the machine recorded in FILE (from 'autotune detect --json'; '-' reads "
     "standard input) instead.",
 )
@@ -222,14 +354,14 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
 _snapshot_option = click.option(
     "--snapshot",
     "snapshot_file",
-    type=_INPUT_FILE,
+    type=_InputFile(),
     help="Reason about the machine recorded in FILE (from 'autotune detect --json'; '-' reads "
     "standard input).",
 )
 _store_option = click.option(
     "--store",
     "store",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=_Directory(),
     envvar="TORCH_AUTOTUNE_HOME",
     help="Profile store directory [env TORCH_AUTOTUNE_HOME; default: the user config dir].",
 )
@@ -316,34 +448,34 @@ def _load_profile(path: Path) -> Any:
 @click.option(
     "--profile",
     "profile_file",
-    type=_INPUT_FILE,
+    type=_InputFile(),
     help="Bench this measured profile file instead of the machine's stored one (the store is "
     "then left alone; see --output).",
 )
 @click.option(
     "--baseline",
     "baseline_file",
-    type=_INPUT_FILE,
+    type=_InputFile(),
     help="Your own baseline: a YAML mapping such as 'batch_size: 64' and 'num_workers: 4' "
     "(default: float32, batch 32, no workers, no pinning, eager, torch's default backends).",
 )
 @click.option(
     "--rounds",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_ROUNDS),
     default=5,
     show_default=True,
     help="Interleaved rounds; each runs every arm once (3 or more to call an effect).",
 )
 @click.option(
     "--seconds",
-    type=click.FloatRange(min=0.05),
+    type=_Finite(min=0.05),
     default=2.0,
     show_default=True,
     help="Seconds of training per arm and round, after its warm-up.",
 )
 @click.option(
     "--budget",
-    type=click.FloatRange(min=1),
+    type=_Finite(min=1),
     default=None,
     help="Seconds for tuning first, when there is no measured profile for the workload "
     "(default as for autotune).",
@@ -491,7 +623,7 @@ def _plot(profile: Any, path: Path) -> None:
 @click.option(
     "--profile",
     "profile_file",
-    type=_INPUT_FILE,
+    type=_InputFile(),
     help="Draw this measured profile file instead of the machine's stored profile.",
 )
 @click.option(
@@ -685,9 +817,14 @@ def export_command(  # click passes options by name
 
         text = dump_profile(profile, fmt)  # type: ignore[arg-type]
     else:
-        from torch_autotune.integrations import EXPORT_FORMATS
+        from torch_autotune.integrations import EXPORT_FORMATS, hf_notes
 
         text = EXPORT_FORMATS[fmt](profile)
+        notes = hf_notes(profile) if fmt == "hf" else []
+        if notes:  # JSON holds no comments: what TrainingArguments cannot set goes beside it
+            click.echo("autotune: note: TrainingArguments has no argument for these:", err=True)
+            for note in notes:
+                click.echo(f"autotune: note:   {note}", err=True)
     if output is None:
         click.echo(text, nl=False)
         return
@@ -698,7 +835,7 @@ def export_command(  # click passes options by name
 
 
 @cli.command("validate")
-@click.argument("files", nargs=-1, required=True, type=_INPUT_FILE)
+@click.argument("files", nargs=-1, required=True, type=_InputFile())
 @click.pass_context
 def validate_command(ctx: click.Context, files: tuple[Path, ...]) -> None:
     """Check profile files: syntax, schema, and every cross-field invariant.
@@ -725,10 +862,15 @@ def validate_command(ctx: click.Context, files: tuple[Path, ...]) -> None:
 
 
 @cli.command("diff")
-@click.argument("first", type=_INPUT_FILE)
-@click.argument("second", type=_INPUT_FILE)
-def diff_command(first: Path, second: Path) -> None:
-    """Show the settings two profile files disagree on."""
+@click.argument("first", type=_InputFile())
+@click.argument("second", type=_InputFile())
+@click.pass_context
+def diff_command(ctx: click.Context, first: Path, second: Path) -> None:
+    """Show the settings two profile files disagree on.
+
+    Exit status as diff(1): 0 when the settings are the same, 1 when they differ; a missing
+    or invalid file is 3, as for every command.
+    """
     from torch_autotune.render import render_diff
 
     a, b = _load_profile(first), _load_profile(second)
@@ -739,6 +881,8 @@ def diff_command(first: Path, second: Path) -> None:
         if flat_a.get(key) != flat_b.get(key)
     ]
     render_diff(rows, _console())
+    if rows:
+        ctx.exit(EXIT_DIFFERENT)
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -752,9 +896,6 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Run the command (``torch_autotune.__main__.main`` is the console script: it also catches
+    a Ctrl-C while this module is imported)."""
     cli(prog_name="autotune")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
