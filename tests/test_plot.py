@@ -34,7 +34,8 @@ from torch_autotune.bench import (
 )
 from torch_autotune.errors import EXIT_USAGE, PlotUnavailableError, ProfileFileError, StoreError
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.plot import build_figure, render_charts, save_png
+from torch_autotune.plot import build_figure, png, render_charts, save_png
+from torch_autotune.plot.text import text_bar
 from torch_autotune.profile import (
     Evidence,
     LoaderRecord,
@@ -187,7 +188,7 @@ def test_the_png_is_written_whole_and_has_the_figure_size(full: Profile, tmp_pat
     assert path == tmp_path / "charts" / "report.png"
     assert data.startswith(PNG_MAGIC)
     assert len(data) > 10_000
-    width, height = build_figure(full).get_size_inches() * plot.DPI
+    width, height = build_figure(full).get_size_inches() * png.DPI
     assert imread(path).shape[:2] == (round(height), round(width))
     assert [p.name for p in path.parent.iterdir()] == ["report.png"]  # no temporary left
 
@@ -271,7 +272,7 @@ def test_a_failed_drawing_leaves_the_existing_file_alone(
     def broken(*_args: object, **_kwargs: object) -> None:
         raise ValueError("drawing failed")
 
-    monkeypatch.setattr(plot, "_draw_bench", broken)
+    monkeypatch.setattr(png, "draw_bench", broken)
     with pytest.raises(ValueError, match="drawing failed"):
         save_png(full, path)
     assert path.read_bytes() == b"the previous report"
@@ -351,11 +352,11 @@ def test_the_text_charts_fit_the_width(full: Profile, width: int) -> None:
 
 
 def test_text_bars_are_scaled_in_eighths() -> None:
-    assert plot.text_bar(1.0, 4) == "████"
-    assert plot.text_bar(0.5, 4) == "██  "
-    assert plot.text_bar(1 / 32, 4) == "▏   "
-    assert plot.text_bar(0.0, 3) == "   "
-    assert plot.text_bar(2.0, 2) == "██"  # clipped to the cells
+    assert text_bar(1.0, 4) == "████"
+    assert text_bar(0.5, 4) == "██  "
+    assert text_bar(1 / 32, 4) == "▏   "
+    assert text_bar(0.0, 3) == "   "
+    assert text_bar(2.0, 2) == "██"  # clipped to the cells
 
 
 def test_a_size_not_run_for_the_budget_says_so() -> None:
