@@ -1,5 +1,5 @@
-"""Charts of a measured profile: the PNG (panels, marks, atomic writes, no matplotlib) and the
-text rendering for terminals.
+"""Charts of a measured profile: the chart data, the PNG (panels, marks, atomic writes, no
+matplotlib) and the text rendering for terminals.
 
 Profiles are built from made-up measurements, without torch: an H100 whose search ran out of
 memory at 832, a DataLoader whose 8-worker candidate failed, and a bench in which channels_last
@@ -34,7 +34,7 @@ from torch_autotune.bench import (
 )
 from torch_autotune.errors import EXIT_USAGE, PlotUnavailableError, ProfileFileError, StoreError
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.plot import build_figure, png, render_charts, save_png
+from torch_autotune.plot import build_figure, data, png, render_charts, save_png
 from torch_autotune.plot.text import text_bar
 from torch_autotune.profile import (
     Evidence,
@@ -307,6 +307,75 @@ def test_importing_the_module_imports_neither_matplotlib_nor_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+# Each module of the package, and the packages it must not import: the chart data draws
+# nothing, the PNG knows no terminal, the text charts no matplotlib; none of them needs torch
+# or the CLI's click.
+BOUNDARIES = {
+    "data": ("matplotlib", "rich", "torch", "click"),
+    "png": ("matplotlib", "rich", "torch", "click"),  # matplotlib: only when a PNG is drawn
+    "panels": ("matplotlib", "rich", "torch", "click"),
+    "text": ("matplotlib", "torch", "click"),
+}
+
+
+@pytest.mark.parametrize(("module", "banned"), BOUNDARIES.items())
+def test_each_module_imports_without_what_it_must_not_use(
+    module: str, banned: tuple[str, ...]
+) -> None:
+    """The banned packages are made unimportable, and the package's front (which re-exports
+    both the PNG and the text charts) is bypassed, so the module is imported on its own."""
+    code = (
+        "import importlib, sys, types\n"
+        "import torch_autotune\n"
+        f"for name in {banned!r}:\n"
+        "    sys.modules[name] = None\n"
+        "front = types.ModuleType('torch_autotune.plot')\n"
+        f"front.__path__ = [{str(Path(data.__file__).parent)!r}]\n"
+        "sys.modules['torch_autotune.plot'] = front\n"
+        f"importlib.import_module('torch_autotune.plot.{module}')\n"
+        "print('imported')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.stdout.strip() == "imported", result.stderr
+
+
+def test_the_public_names_are_pinned() -> None:
+    assert sorted(plot.__all__) == [
+        "PlotUnavailableError",
+        "build_figure",
+        "matplotlib_available",
+        "render_charts",
+        "save_png",
+    ]
+    assert all(hasattr(plot, name) for name in plot.__all__)
+
+
+def test_the_chart_data_is_what_both_renderings_draw() -> None:
+    evidence = h100_evidence()
+    rows = data.batch_rows(evidence)
+    assert [(r.batch_size, r.status, r.marks) for r in rows] == [
+        (64, "timed", ()),
+        (128, "timed", ()),
+        (256, "timed", ()),
+        (512, "timed", ("recommended",)),
+        (768, "timed", ("largest that ran",)),
+        (832, "out of memory", ()),
+    ]
+    assert data.first_misfit(evidence) == (832, "out of memory")
+    assert data.step_rate(evidence) == 2300.0
+    assert data.memory_peaks(evidence) == [
+        (1, pytest.approx(2.1)),
+        (8, pytest.approx(3.0)),
+        (512, pytest.approx(52.0)),
+        (512, pytest.approx(52.2)),
+        (768, pytest.approx(74.5)),
+    ]
+    assert data.panels(evidence) == ["throughput", "loader"]
+    assert data.shorten("a  long\n error text", 12) == "a long erro…"
 
 
 # --- the terminal -------------------------------------------------------------------------------
