@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torch_autotune import compose
 from torch_autotune.bench import TrainConfig
 from torch_autotune.detect import Machine
 from torch_autotune.detect import detect as detect_machine
@@ -129,12 +130,12 @@ def tune(
     when this returns or raises. ``trials`` replaces the real training steps and ``clock`` the
     timer (tests drive the orchestration with recorded timings through them).
     """
+    compose.check_tune_arguments(budget_s, max_batch_size, target_global_batch, num_workers)
     if trials is None and importlib.util.find_spec("torch") is None:
         raise ProbeError(
             "torch is not installed, so nothing can be probed; install the build for this "
             "machine (https://pytorch.org/get-started/locally/) and run autotune again"
         )
-    from torch_autotune import compose
     from torch_autotune.probe.run import default_budget_s, measure
     from torch_autotune.rules.engine import build_profile
 
@@ -200,11 +201,9 @@ def bench(
     round, ``rounds`` rounds, each measurement at least ``seconds`` long after its warm-up.
     ``measure`` replaces the real training loop: (config, seconds) -> samples/s.
     """
-    from torch_autotune import compose
     from torch_autotune.bench import apply_bench
 
-    if rounds < 1 or seconds <= 0:
-        raise ValueError("rounds must be >= 1 and seconds > 0")
+    compose.check_bench_arguments(rounds, seconds)
     started = clock()
     if profile is None:
         profile = tune(workload, budget_s=budget_s, progress=progress, clock=clock)
@@ -283,14 +282,10 @@ def bench_estimate_s(
 ) -> float:
     """Seconds ``bench(profile, rounds=..., seconds=...)`` should take, for a progress bar;
     with no measured profile, the tuning it does first (``budget_s`` or the longest default)."""
-    from torch_autotune import compose
-
     tune_s = budget_s if budget_s is not None else default_tune_budget_s()
     return compose.bench_estimate_s(profile, rounds, seconds, tune_s)
 
 
 def settings_diff(first: Profile, second: Profile) -> list[tuple[str, Any, Any]]:
     """The settings two profiles disagree on: (dotted setting, first's value, second's)."""
-    from torch_autotune import compose
-
     return compose.settings_diff(first, second)

@@ -33,15 +33,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    ValidationError,
-    model_validator,
+from pydantic import BaseModel, Field, PositiveFloat, ValidationError, model_validator
+
+from torch_autotune.bounds import (
+    STRICT,
+    BatchSize,
+    CpuCount,
+    PrefetchFactor,
+    Rounds,
+    WorkerCount,
 )
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class ArmFailed(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = STRICT
 
 
 class TrainConfig(_Strict):
@@ -76,17 +76,17 @@ class TrainConfig(_Strict):
     as the process found it.
     """
 
-    batch_size: PositiveInt = BASELINE_BATCH_SIZE
+    batch_size: BatchSize = BASELINE_BATCH_SIZE
     precision: Dtype = Field(default="float32", description="float16 trains with a GradScaler.")
     channels_last: bool = False
     compile_mode: CompileMode | None = Field(default=None, description="None: eager.")
     cudnn_benchmark: bool | None = None
     tf32: bool | None = None
     fused_optimizer: bool = False
-    num_workers: NonNegativeInt = 0
-    prefetch_factor: PositiveInt | None = None
+    num_workers: WorkerCount = 0
+    prefetch_factor: PrefetchFactor | None = None
     pin_memory: bool = False
-    cpu_threads: PositiveInt | None = None
+    cpu_threads: CpuCount | None = None
 
     @model_validator(mode="after")
     def _loader(self) -> TrainConfig:
@@ -258,7 +258,7 @@ class Effect(_Strict):
     speedup: PositiveFloat = Field(description="Median over rounds of with / without.")
     low: PositiveFloat = Field(description="Lowest ratio of a round.")
     high: PositiveFloat = Field(description="Highest ratio of a round.")
-    rounds: PositiveInt = Field(description="Rounds in which both arms ran.")
+    rounds: Rounds = Field(description="Rounds in which both arms ran.")
     verdict: Verdict
 
     def describe(self) -> str:
@@ -339,7 +339,7 @@ class BenchEvidence(_Strict):
 
     workload: str
     device: str
-    rounds: PositiveInt
+    rounds: Rounds
     seconds_per_measurement: PositiveFloat
     arms: tuple[ArmRecord, ...]
     tuned: Effect | None = Field(description="The profile as the probe made it vs baseline.")

@@ -18,6 +18,7 @@ from torch_autotune.bench import (
     plan_arms,
     tuned_config,
 )
+from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_ROUNDS, MAX_WORKERS
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile
 
@@ -32,6 +33,34 @@ TUNE_FIRST_ARMS = 4
 """Arms the estimate assumes when the bench tunes first and cannot plan its arms yet."""
 
 _LOADER_FIELDS = ("num_workers", "prefetch_factor", "pin_memory")
+
+
+def check_tune_arguments(
+    budget_s: float | None,
+    max_batch_size: int | None,
+    target_global_batch: int | None,
+    num_workers: int | None,
+) -> None:
+    """ValueError for a number no run can use: a budget that is not finite and positive, a
+    count outside what a machine can have (``torch_autotune.bounds``)."""
+    if budget_s is not None and not (math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"budget_s must be a finite number of seconds > 0, got {budget_s}")
+    for name, value, low, high in (
+        ("max_batch_size", max_batch_size, 1, MAX_BATCH_SIZE),
+        ("target_global_batch", target_global_batch, 1, MAX_GLOBAL_BATCH),
+        ("num_workers", num_workers, 0, MAX_WORKERS),
+    ):
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+def check_bench_arguments(rounds: int, seconds: float) -> None:
+    """ValueError for rounds outside [1, MAX_ROUNDS] or seconds that are not finite and > 0."""
+    if not 1 <= rounds <= MAX_ROUNDS or not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"rounds must be in [1, {MAX_ROUNDS}] and seconds finite and > 0, got {rounds} "
+            f"and {seconds}"
+        )
 
 
 def measurements(

@@ -17,9 +17,20 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from torch_autotune.bench import BenchEvidence
+from torch_autotune.bounds import (
+    STRICT,
+    AccumSteps,
+    BatchSize,
+    Bytes,
+    CpuCount,
+    PrefetchFactor,
+    Seed,
+    SmallCount,
+    WorkerCount,
+)
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
 
 PROFILE_SCHEMA_VERSION: Literal[1] = 1
@@ -27,7 +38,7 @@ PROFILE_SCHEMA_VERSION: Literal[1] = 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = STRICT
 
 
 class Mode(str, Enum):
@@ -64,10 +75,10 @@ class Preferences(_Strict):
     model_kind: Literal["conv", "transformer", "mlp", "other"] = "other"
     fixed_shapes: bool = True  # every batch has the same input shape (images of one size)
     optimizer: Literal["adam", "adamw", "sgd", "other"] = "adamw"
-    processes_per_node: PositiveInt | None = None  # DDP ranks; default: one per GPU
-    seed: int = 0  # used by the reproducible mode
+    processes_per_node: CpuCount | None = None  # DDP ranks; default: one per GPU
+    seed: Seed = 0  # used by the reproducible mode
     allow_p100_fp16: bool = False  # catalog A5: fp16 on P100 only as an opt-in
-    num_workers: NonNegativeInt | None = None  # the user's own DataLoader worker count
+    num_workers: WorkerCount | None = None  # the user's own DataLoader worker count
 
 
 class Precision(_Strict):
@@ -108,10 +119,10 @@ class Compile(_Strict):
 class DataLoaderSettings(_Strict):
     """Keyword arguments for torch.utils.data.DataLoader."""
 
-    num_workers: NonNegativeInt
+    num_workers: WorkerCount
     pin_memory: bool
     persistent_workers: bool
-    prefetch_factor: PositiveInt | None = Field(
+    prefetch_factor: PrefetchFactor | None = Field(
         description="Batches each worker loads ahead; None keeps torch's default (2 with workers)."
     )
     seed_workers: bool = Field(description="Seed every worker from one generator (reproducible).")
@@ -126,8 +137,8 @@ class OptimizerSettings(_Strict):
 class BatchSettings(_Strict):
     """Filled by the probe: a batch size is only ever one that ran on this machine."""
 
-    batch_size: PositiveInt | None
-    grad_accum_steps: PositiveInt
+    batch_size: BatchSize | None
+    grad_accum_steps: AccumSteps
 
 
 class Settings(_Strict):
@@ -143,8 +154,8 @@ class Settings(_Strict):
     memory_format: Literal["contiguous_format", "channels_last"]
     dataloader: DataLoaderSettings
     optimizer: OptimizerSettings
-    cpu_threads: PositiveInt | None = Field(description="torch.set_num_threads; None: default.")
-    seed: int | None
+    cpu_threads: CpuCount | None = Field(description="torch.set_num_threads; None: default.")
+    seed: Seed | None
     environment: dict[EnvVar, str] = Field(
         description="Set before torch starts CUDA; only the allow-listed variables."
     )
@@ -155,7 +166,7 @@ class Decision(_Strict):
     """One setting, its value, and why."""
 
     setting: str = Field(description="Dotted path into Settings, e.g. 'precision.dtype'.")
-    value: str | int | float | bool | None
+    value: str | Seed | float | bool | None  # an int is a count or a seed: the seed's range
     rule: str = Field(description="Stable id of the rule that decided it, e.g. 'A1'.")
     reason: str
     source: Source
@@ -176,9 +187,9 @@ class Provenance(_Strict):
 class SearchTrialRecord(_Strict):
     """One trial of the batch-size search, as the probe ran it."""
 
-    batch_size: PositiveInt
+    batch_size: BatchSize
     fits: bool
-    peak_memory_bytes: NonNegativeInt | None
+    peak_memory_bytes: Bytes | None
     seconds: float | None = Field(ge=0, description="Wall time of the trial, warm-up included.")
     step: str = Field(description="Why this size: start, model, predict, verify, double, ...")
     warmup_s: float | None = Field(
@@ -196,7 +207,7 @@ class SearchTrialRecord(_Strict):
 class ThroughputRecord(_Strict):
     """Training throughput measured at one batch size."""
 
-    batch_size: PositiveInt
+    batch_size: BatchSize
     samples_per_s: float = Field(gt=0)
     relative_spread: float = Field(ge=0, description="(max - min) / median of the repeats.")
     steady: bool = Field(
@@ -207,8 +218,8 @@ class ThroughputRecord(_Strict):
     warmup_s: float | None = Field(
         default=None, ge=0, description="The first step's cost beyond a steady step."
     )
-    blocks: NonNegativeInt = Field(default=0, description="Timed blocks of steps.")
-    peak_memory_bytes: NonNegativeInt | None = Field(
+    blocks: SmallCount = Field(default=0, description="Timed blocks of steps.")
+    peak_memory_bytes: Bytes | None = Field(
         default=None, description="Allocator peak during the point, when known."
     )
 
@@ -230,7 +241,7 @@ class CompileRecord(_Strict):
     reason: str
     predicted_s: float | None = Field(default=None, ge=0, description="Compile time expected.")
     compile_s: float | None = Field(default=None, ge=0, description="Compile time paid.")
-    batch_size: PositiveInt | None = None
+    batch_size: BatchSize | None = None
     eager_samples_per_s: float | None = Field(default=None, gt=0)
     compiled_samples_per_s: float | None = Field(default=None, gt=0)
     payoff_minutes: float | None = Field(
@@ -241,7 +252,7 @@ class CompileRecord(_Strict):
 class LoaderRecord(_Strict):
     """DataLoader throughput with one worker count."""
 
-    num_workers: NonNegativeInt
+    num_workers: WorkerCount
     samples_per_s: float | None = Field(description="None: the candidate failed.")
     error: str | None = None
 
@@ -251,9 +262,9 @@ class Evidence(_Strict):
 
     workload: str
     device: str
-    max_batch_size: PositiveInt = Field(description="Largest batch that trained.")
-    fastest_batch_size: PositiveInt = Field(description="Smallest batch within 3% of the best.")
-    batch_size: PositiveInt = Field(description="Recommended: margin, rounding, run once more.")
+    max_batch_size: BatchSize = Field(description="Largest batch that trained.")
+    fastest_batch_size: BatchSize = Field(description="Smallest batch within 3% of the best.")
+    batch_size: BatchSize = Field(description="Recommended: margin, rounding, run once more.")
     limited_by: str = Field(description="memory, cap, host RAM, time, or budget")
     limit_reason: str | None = Field(
         default=None, description="What stopped the search, with the numbers."
@@ -264,7 +275,7 @@ class Evidence(_Strict):
     workers_reason: str | None = None
     budget_s: float = Field(gt=0)
     elapsed_s: float = Field(ge=0)
-    memory_limit_bytes: NonNegativeInt | None = Field(
+    memory_limit_bytes: Bytes | None = Field(
         default=None, description="Bytes the trials could use on the device (None: unknown)."
     )
     bench: BenchEvidence | None = Field(

@@ -11,7 +11,7 @@ from tests.test_bench import measured
 from torch_autotune import api
 from torch_autotune.api import bench
 from torch_autotune.bench import ArmFailed, TrainConfig, plan_arms, tuned_config
-from torch_autotune.errors import ProbeError
+from torch_autotune.errors import ProbeError, raised_by_user_code
 from torch_autotune.probe.loop import TrainingLoop
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
@@ -235,8 +235,9 @@ def test_a_bug_in_the_users_model_surfaces_as_their_own_error() -> None:
         loss_fn=mlp.loss_fn,
     )
     loop = TrainingLoop(workload, "cpu", warmup_steps=1, min_steps=1)
-    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as caught:
         loop.measure(TrainConfig(batch_size=4), 0.01)
+    assert raised_by_user_code(caught.value)
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.apply import make_scaler
+from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.loader import loader_kwargs, shut_down, worker_failure
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.trials import (
@@ -153,17 +154,26 @@ class TrainingLoop:
         model = self._model(config)
         model.train()
         options = {"fused": True} if config.fused_optimizer else {}
-        optimizer = make_optimizer(self.workload, model, options)
+        try:
+            optimizer = make_optimizer(self.workload, model, options)
+        except Exception as error:  # the user's optimizer factory
+            blame_user_code(error)
+            raise
         dtype = None if config.precision == "float32" else config.precision
         scaler = make_scaler(torch, self.device, enabled=config.precision == "float16")
         batches = self._batches(config)
         try:
 
             def step() -> None:
+                try:
+                    batch = next(batches)
+                except Exception as error:  # the user's dataset (a dead worker is told apart)
+                    blame_user_code(error)
+                    raise
                 train_step(
                     torch,
                     self.workload,
-                    next(batches),
+                    batch,
                     model=model,
                     optimizer=optimizer,
                     scaler=scaler,

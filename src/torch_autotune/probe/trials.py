@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.apply import make_scaler
+from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.search import TrialOutcome
 
@@ -349,9 +350,13 @@ class TrialRunner:
         s = self.settings
         model = self.model
         model.train()
-        optimizer = make_optimizer(self.workload, model, s.optimizer_kwargs)
         scaler = make_scaler(torch, s.device, enabled=s.grad_scaler)
-        batch = self._inputs(batch_size)
+        try:
+            optimizer = make_optimizer(self.workload, model, s.optimizer_kwargs)
+            batch = self._inputs(batch_size)
+        except Exception as error:  # the user's optimizer factory or data
+            blame_user_code(error)
+            raise
 
         def step() -> None:
             train_step(
@@ -494,9 +499,13 @@ def train_step(
     off), backward through the scaler, optimizer step, zero_grad."""
     inputs, targets = batch
     autocast_dtype = getattr(torch, dtype) if dtype else None
-    with torch.autocast(device_type=device, dtype=autocast_dtype, enabled=dtype is not None):
-        loss = workload.loss_fn(model(inputs), targets)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    try:
+        with torch.autocast(device_type=device, dtype=autocast_dtype, enabled=dtype is not None):
+            loss = workload.loss_fn(model(inputs), targets)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    except Exception as error:  # the user's model, loss or optimizer: marked, re-raised as is
+        blame_user_code(error)
+        raise
