@@ -11,7 +11,7 @@ import click
 
 from torch_autotune.cli import options
 from torch_autotune.cli.exits import Group
-from torch_autotune.cli.output import console, plot_after_run
+from torch_autotune.cli.output import console, plot_after_run, warn_unused_gpu
 from torch_autotune.errors import EXIT_WORKLOAD, raised_by_user_code
 from torch_autotune.version import __version__
 
@@ -70,7 +70,8 @@ def cli(  # click passes options by name
     \b
     Exit codes: 0 success, 1 internal error (a bug), 2 usage error,
     3 an input file is missing or invalid, 4 the profile store cannot be
-    read or written, 5 the workload cannot be built or trained,
+    read or written (or holds a corrupt or foreign profile, or --save would
+    replace a measured one), 5 the workload cannot be built or trained,
     6 the probe could not measure (no torch, budget too small),
     130 interrupted, 141 standard output closed early.
     'autotune diff' exits 1 when the profiles differ, as diff(1).
@@ -94,6 +95,7 @@ def cli(  # click passes options by name
             )
 
     profile = user_code(ctx, run)
+    warn_unused_gpu(profile)
     saved = None if no_save else api.save(profile, store)
     render_run(profile, console(), saved)
     if plot_file is not None:

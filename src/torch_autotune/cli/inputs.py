@@ -77,39 +77,64 @@ def current_profile(
     workload: str | None = None,
 ) -> Any:
     """recommend() for this machine (or a recorded one), for ``workload`` when one is named:
-    stored if fresh, else rules only, with a note on stderr that says which."""
+    stored if fresh, else rules only, with a note on stderr that says which.
+
+    A recorded machine is another machine (or this one at another time): the store's profile
+    for its fingerprint is shown when there is one, else the rules-only profile for it, and
+    nothing is called stale, since this machine's history says nothing about it. A stored
+    profile that cannot be used (corrupt, or made for another machine) is an error (exit 4)
+    naming the file and the fix, where recommend() in a script warns and goes on.
+    """
     import warnings
 
     from torch_autotune import api
-    from torch_autotune.errors import StaleProfileWarning
+    from torch_autotune.errors import (
+        StaleProfileWarning,
+        StoredProfileWarning,
+        UnusableGpuWarning,
+    )
 
-    machine = recorded_machine(snapshot_file)
+    machine = snapshot(snapshot_file)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", StaleProfileWarning)
-        profile = api.recommend(mode, workload=workload, store=store, machine=machine)
+        for category in (StaleProfileWarning, StoredProfileWarning, UnusableGpuWarning):
+            warnings.simplefilter("always", category)
+        writer = None if snapshot_file is not None else api.host_id()
+        profile = api.profile_for(machine, mode, workload=workload, store=store, writer=writer)
     for warning in caught:
+        if isinstance(warning.message, StoredProfileWarning):
+            raise warning.message.error
+    stale = False
+    for warning in caught:
+        stale = stale or isinstance(warning.message, StaleProfileWarning)
         click.echo(f"autotune: warning: {warning.message}", err=True)
-    if not profile.measured and not caught:
-        click.echo(f"autotune: note: {_nothing_stored(store, profile, workload)}", err=True)
+    if not profile.measured and not stale:
+        text = _nothing_stored(store, profile, workload, snapshot_file)
+        click.echo(f"autotune: note: {text}", err=True)
     return profile
 
 
-def _nothing_stored(store: Path | None, profile: Any, workload: str | None) -> str:
+def _nothing_stored(
+    store: Path | None, profile: Any, workload: str | None, snapshot_file: Path | None = None
+) -> str:
     """Why the rules-only profile is shown, and the command that measures one."""
+    machine = "this machine" if snapshot_file is None else f"the machine in {snapshot_file}"
+    there = "" if snapshot_file is None else " on that machine"
     if workload is None:
         return (
-            "no profile stored for this machine; showing the rules-only profile (run "
-            "'autotune' to measure)"
+            f"no profile stored for {machine}; showing the rules-only profile (run "
+            f"'autotune'{there} to measure)"
         )
     import difflib
 
     from torch_autotune import api
 
     measured = api.measured_workloads(profile, store)
-    text = f"no profile measured on {workload} for this machine"
+    text = f"no profile measured on {workload} for {machine}"
     close = difflib.get_close_matches(workload, measured, n=1)
     if close:
         text += f"; perhaps you meant '{close[0]}'?"
     elif measured:
         text += f" (measured here: {', '.join(measured)})"
-    return f"{text}; showing the rules-only profile (run 'autotune -m {workload}' to measure)"
+    return (
+        f"{text}; showing the rules-only profile (run 'autotune -m {workload}'{there} to measure)"
+    )

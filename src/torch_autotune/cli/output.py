@@ -1,4 +1,5 @@
-"""What a command writes besides its rendered text: the console, profile files, and charts."""
+"""What a command writes besides its rendered text: the console, profile files, charts, and
+the warnings a profile calls for."""
 
 from __future__ import annotations
 
@@ -39,3 +40,12 @@ def plot_after_run(profile: Any, path: Path) -> None:
         return
     plot.save_png(profile, path)
     click.echo(f"wrote {path}", err=True)
+
+
+def warn_unused_gpu(profile: Any) -> None:
+    """One line on stderr when the profile trains on the CPU of a machine with a GPU."""
+    from torch_autotune.api import unused_gpu_reason
+
+    reason = unused_gpu_reason(profile)
+    if reason is not None:
+        click.echo(f"autotune: warning: {reason}", err=True)

@@ -9,7 +9,7 @@ import click
 
 from torch_autotune.cli import inputs, options
 from torch_autotune.cli.group import cli
-from torch_autotune.cli.output import console
+from torch_autotune.cli.output import console, warn_unused_gpu
 from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_DIFFERENT, InputFileError
 
 
@@ -59,6 +59,11 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
 )
 @options.as_json("Print the profile as JSON.")
 @click.option("--save", is_flag=True, help="Store the profile for this machine.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --save: replace a measured profile stored for this machine (refused without).",
+)
 @options.store()
 def recommend_command(  # click passes options by name
     *,
@@ -69,6 +74,7 @@ def recommend_command(  # click passes options by name
     optimizer: str,
     as_json: bool,
     save: bool,
+    force: bool,
     store: Path | None,
 ) -> None:
     """Show the profile the rules give, each setting with its reason."""
@@ -83,8 +89,9 @@ def recommend_command(  # click passes options by name
         optimizer=optimizer,  # type: ignore[arg-type]
     )
     profile = api.rules_profile(snapshot, preferences)
+    warn_unused_gpu(profile)
     if save:
-        path = api.save(profile, store)
+        path = api.save(profile, store, force=force)
         click.echo(f"saved to {path}", err=True)
     _print_profile(profile, as_json=as_json)
 
