@@ -29,6 +29,7 @@ from torch_autotune.probe.workloads import (
     as_workload,
     default_workload,
     load_workload,
+    models,
     resolve_workload,
 )
 
@@ -186,9 +187,19 @@ def test_builtin_models_pickle(key: str) -> None:
 
 
 def test_model_classes_are_module_attributes() -> None:
-    assert workloads.ResNetLike.__module__ == "torch_autotune.probe.workloads"
+    assert workloads.ResNetLike.__module__ == "torch_autotune.probe.workloads.models"
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         workloads.Nope  # noqa: B018
+
+
+@pytest.mark.parametrize("name", models.__all__)
+def test_the_package_serves_every_model_class(name: str) -> None:
+    assert getattr(workloads, name) is getattr(models, name)
+
+
+def test_a_model_pickled_before_the_classes_moved_still_loads() -> None:
+    # Such a pickle names the class by the package, not by the models module.
+    assert pickle.loads(b"ctorch_autotune.probe.workloads\nResNetLike\n.") is models.ResNetLike
 
 
 @settings(max_examples=12, deadline=None)
