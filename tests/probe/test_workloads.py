@@ -750,6 +750,50 @@ def test_a_workload_with_an_unknown_kind_is_refused() -> None:
         )
 
 
+def mlp_fields(**overrides: Any) -> dict[str, Any]:
+    """A factory's result for a small MLP, with ``overrides``."""
+    fields = {
+        "model": lambda: torch.nn.Linear(3, 2),
+        "optimizer": torch.optim.SGD,
+        "example_batch": (torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64)),
+    }
+    return fields | overrides
+
+
+@pytest.mark.parametrize("size", [1, 8, 10**9])
+def test_a_positive_int_caps_the_batch_in_a_workload_and_in_a_factory_result(size: int) -> None:
+    mlp = BUILT["mlp"]
+    workload = Workload(
+        name="x",
+        kind="mlp",
+        make_model=mlp.make_model,
+        make_optimizer=mlp.make_optimizer,
+        make_batch=mlp.make_batch,
+        loss_fn=mlp.loss_fn,
+        max_batch_size=size,
+    )
+    assert workload.max_batch_size == size
+    assert as_workload(mlp_fields(max_batch_size=size), name="m").max_batch_size == size
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, False, "8"])
+def test_a_max_batch_size_that_is_not_a_positive_int_is_refused(bad: Any) -> None:
+    mlp = BUILT["mlp"]
+    with pytest.raises(WorkloadError, match="max_batch_size must be a positive int or None"):
+        Workload(
+            name="x",
+            kind="mlp",
+            make_model=mlp.make_model,
+            make_optimizer=mlp.make_optimizer,
+            make_batch=mlp.make_batch,
+            loss_fn=mlp.loss_fn,
+            max_batch_size=bad,
+        )
+    with pytest.raises(WorkloadError) as raised:
+        as_workload(mlp_fields(max_batch_size=bad), name="m")
+    assert str(raised.value) == f"'m': 'max_batch_size' must be a positive int, not {bad!r}"
+
+
 @pytest.mark.parametrize("name", sorted(BUILTIN_WORKLOADS))
 def test_a_built_in_workload_is_named_as_it_is_asked_for(name: str) -> None:
     """The evidence records the workload's name, and the bench resolves it again from there."""

@@ -13,15 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from torch_autotune.errors import WorkloadError
 from torch_autotune.probe.workloads.messages import _article, _exception
+from torch_autotune.probe.workloads.workload import MapDataset, _is_positive_int
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from torch_autotune.probe.workloads.workload import MapDataset
-
 
 def _check_batch_size(batch_size: int) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    if not _is_positive_int(batch_size):
         raise ValueError(f"batch size must be a positive int, not {batch_size!r}")
 
 

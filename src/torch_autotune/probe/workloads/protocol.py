@@ -28,6 +28,7 @@ from torch_autotune.probe.workloads.workload import (
     Kind,
     MapDataset,
     Workload,
+    _is_positive_int,
 )
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def _checked_max_batch_size(
     size = fields.get("max_batch_size")
     if size is None:
         return len(dataset) if dataset is not None else None
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if not _is_positive_int(size):
         raise WorkloadError(f"'{name}': 'max_batch_size' must be a positive int, not {size!r}")
     return size
 

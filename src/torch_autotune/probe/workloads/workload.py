@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, get_args
 
 from torch_autotune.errors import WorkloadError
 from torch_autotune.probe.workloads.messages import _listed
@@ -65,7 +65,7 @@ class Workload:
             if not callable(getattr(self, field)):
                 raise WorkloadError(f"{where}: {field} is not callable")
         size = self.max_batch_size
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        if size is not None and not _is_positive_int(size):
             raise WorkloadError(f"{where}: max_batch_size must be a positive int or None")
 
     def optimizer_accepts(self, **kwargs: object) -> bool:
@@ -83,3 +83,8 @@ class Workload:
         except TypeError:
             return False
         return True
+
+
+def _is_positive_int(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an int of at least 1: a batch size (``True`` is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
