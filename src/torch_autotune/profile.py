@@ -159,37 +159,37 @@ class Profile(StrictModel):
         """Apply the global torch settings (TF32, cuDNN, determinism, threads, seed, env)."""
         from torch_autotune.apply import apply_torch_settings
 
-        apply_torch_settings(self)
+        apply_torch_settings(self.settings)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for torch.utils.data.DataLoader."""
         from torch_autotune.apply import dataloader_kwargs
 
-        return dataloader_kwargs(self)
+        return dataloader_kwargs(self.settings)
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The autocast context for forward and loss (a no-op context when AMP is off)."""
         from torch_autotune.apply import autocast
 
-        return autocast(self)
+        return autocast(self.settings)
 
     def grad_scaler(self) -> Any:
         """A GradScaler, enabled only when the profile trains in fp16."""
         from torch_autotune.apply import grad_scaler
 
-        return grad_scaler(self)
+        return grad_scaler(self.settings)
 
     def optimizer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for Adam/AdamW (fused where it is stable)."""
         from torch_autotune.apply import optimizer_kwargs
 
-        return optimizer_kwargs(self)
+        return optimizer_kwargs(self.settings)
 
     def prepare_model(self, model: Any) -> Any:
         """Apply memory format and torch.compile; returns the model to train."""
         from torch_autotune.apply import prepare_model
 
-        return prepare_model(self, model)
+        return prepare_model(self.settings, model)
 
 
 def profile_problems(profile: Profile) -> list[str]:
