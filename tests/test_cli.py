@@ -16,7 +16,13 @@ from click.testing import CliRunner, Result
 from tests.test_bench import measured
 from torch_autotune import __version__
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_USAGE, EXIT_WORKLOAD
+from torch_autotune.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_DIFFERENT,
+    EXIT_INTERNAL,
+    EXIT_USAGE,
+    EXIT_WORKLOAD,
+)
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe import run as probe_run
 from torch_autotune.profile import Profile
@@ -215,10 +221,17 @@ def test_diff_lists_the_settings_that_differ(snapshot_path: Path, tmp_path: Path
             == 0
         )
     result = run("diff", str(tmp_path / "tesla-t4.yaml"), str(tmp_path / "h100-80gb-hbm3.yaml"))
-    assert result.exit_code == 0
+    assert result.exit_code == EXIT_DIFFERENT  # as diff(1)
     assert re.search(r"precision\.dtype\s+float16\s+bfloat16", result.output)
     same = run("diff", str(tmp_path / "tesla-t4.yaml"), str(tmp_path / "tesla-t4.yaml"))
+    assert same.exit_code == 0
     assert "same settings" in same.output
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("schema_version: [\n")
+    for first, second in ((broken, tmp_path / "tesla-t4.yaml"), (tmp_path, broken)):
+        trouble = run("diff", str(first), str(second))
+        assert trouble.exit_code == EXIT_BAD_INPUT  # never 1, which means "they differ"
+        assert trouble.stderr.count("\n") == 1
 
 
 def test_a_bug_in_the_users_model_shows_their_traceback_and_exits_5(
@@ -329,7 +342,7 @@ def test_a_plain_progress_line_says_the_time_spent_of_the_budget() -> None:
     ("module", "exit_code"),
     [
         pytest.param("torch.jit._script", 0, id="torch's"),
-        pytest.param("torch_autotune.probe.trials", EXIT_WORKLOAD, id="ours"),
+        pytest.param("torch_autotune.probe.trials", EXIT_INTERNAL, id="ours"),
     ],
 )
 def test_a_deprecation_from_torch_is_shown_and_not_blamed_on_the_model(
@@ -351,5 +364,6 @@ def test_a_deprecation_from_torch_is_shown_and_not_blamed_on_the_model(
     if exit_code == 0:
         assert [str(w.message) for w in shown] == [TORCH_DEPRECATION]
         assert "largest batch" in result.stdout
-    else:  # our own deprecations follow the filters: here they are errors
-        assert "raised DeprecationWarning" in result.stderr
+    else:  # our own deprecations follow the filters: here they are errors, and our bug
+        assert "internal error: DeprecationWarning" in result.stderr
+        assert "not out-of-memory" not in result.stderr

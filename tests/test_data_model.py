@@ -24,6 +24,7 @@ from torch_autotune.rules import precision as precision_rules
 
 PACKAGE = Path(torch_autotune.__file__).parent
 GROUND_FLOOR = {
+    "torch_autotune.bounds",
     "torch_autotune.errors",
     "torch_autotune.evidence",
     "torch_autotune.hardware",

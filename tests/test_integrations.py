@@ -27,6 +27,7 @@ from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import (
     EXPORT_FORMATS,
     accelerate_config,
+    hf_notes,
     hf_training_arguments,
     lightning_trainer_kwargs,
     render_accelerate,
@@ -282,6 +283,35 @@ def test_training_arguments_fields_for_gpus(case: str) -> None:
     assert set(kwargs) <= fields
     optimizers = {o.value for o in transformers.training_args.OptimizerNames}
     assert kwargs["optim"] in optimizers
+
+
+def test_hf_notes_say_what_training_arguments_cannot_hold() -> None:
+    reproducible = hf_notes(profile_for("h100-reproducible"))
+    assert any(note.startswith("TF32 off") for note in reproducible)
+    assert any("environment variables" in note for note in reproducible)
+    assert hf_notes(profile_for("cpu")) == []  # nothing beyond what the JSON says
+
+
+@pytest.mark.usefixtures("no_cuda")
+def test_the_hf_notes_cannot_go_in_the_json(tmp_path: Path) -> None:
+    """Why the notes stand beside the file: TrainingArguments refuses a key it does not know."""
+    transformers = pytest.importorskip("transformers")
+    kwargs = json.loads(render_hf(profile_for("cpu")))
+    with pytest.raises(TypeError, match="_notes"):
+        transformers.TrainingArguments(output_dir=str(tmp_path), _notes=["x"], **kwargs)
+
+
+def test_export_hf_prints_the_notes_on_stderr_and_only_json_on_stdout(tmp_path: Path) -> None:
+    snapshot = str(SNAPSHOTS / "h100-80gb-hbm3.json")
+    result = run(
+        "export", "--format", "hf", "--mode", "reproducible", "--snapshot", snapshot,
+        "--store", str(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == hf_training_arguments(profile_for("h100-reproducible"))
+    notes = hf_notes(profile_for("h100-reproducible"))
+    assert "TrainingArguments has no argument for these" in result.stderr
+    assert all(note in result.stderr for note in notes)
 
 
 # --- accelerate's real API ----------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Charts of a measured profile: the PNG (panels, marks, atomic writes, no matplotlib) and the
-text rendering for terminals.
+"""Charts of a measured profile: the chart data, the PNG (panels, marks, atomic writes, no
+matplotlib) and the text rendering for terminals.
 
 Profiles are built from made-up measurements, without torch: an H100 whose search ran out of
 memory at 832, a DataLoader whose 8-worker candidate failed, and a bench in which channels_last
@@ -34,7 +34,8 @@ from torch_autotune.bench import (
 )
 from torch_autotune.errors import EXIT_USAGE, PlotUnavailableError, ProfileFileError, StoreError
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.plot import build_figure, render_charts, save_png
+from torch_autotune.plot import build_figure, data, png, render_charts, save_png
+from torch_autotune.plot.text import text_bar
 from torch_autotune.profile import (
     Evidence,
     LoaderRecord,
@@ -187,7 +188,7 @@ def test_the_png_is_written_whole_and_has_the_figure_size(full: Profile, tmp_pat
     assert path == tmp_path / "charts" / "report.png"
     assert data.startswith(PNG_MAGIC)
     assert len(data) > 10_000
-    width, height = build_figure(full).get_size_inches() * plot.DPI
+    width, height = build_figure(full).get_size_inches() * png.DPI
     assert imread(path).shape[:2] == (round(height), round(width))
     assert [p.name for p in path.parent.iterdir()] == ["report.png"]  # no temporary left
 
@@ -271,7 +272,7 @@ def test_a_failed_drawing_leaves_the_existing_file_alone(
     def broken(*_args: object, **_kwargs: object) -> None:
         raise ValueError("drawing failed")
 
-    monkeypatch.setattr(plot, "_draw_bench", broken)
+    monkeypatch.setattr(png, "draw_bench", broken)
     with pytest.raises(ValueError, match="drawing failed"):
         save_png(full, path)
     assert path.read_bytes() == b"the previous report"
@@ -306,6 +307,75 @@ def test_importing_the_module_imports_neither_matplotlib_nor_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+# Each module of the package, and the packages it must not import: the chart data draws
+# nothing, the PNG knows no terminal, the text charts no matplotlib; none of them needs torch
+# or the CLI's click.
+BOUNDARIES = {
+    "data": ("matplotlib", "rich", "torch", "click"),
+    "png": ("matplotlib", "rich", "torch", "click"),  # matplotlib: only when a PNG is drawn
+    "panels": ("matplotlib", "rich", "torch", "click"),
+    "text": ("matplotlib", "torch", "click"),
+}
+
+
+@pytest.mark.parametrize(("module", "banned"), BOUNDARIES.items())
+def test_each_module_imports_without_what_it_must_not_use(
+    module: str, banned: tuple[str, ...]
+) -> None:
+    """The banned packages are made unimportable, and the package's front (which re-exports
+    both the PNG and the text charts) is bypassed, so the module is imported on its own."""
+    code = (
+        "import importlib, sys, types\n"
+        "import torch_autotune\n"
+        f"for name in {banned!r}:\n"
+        "    sys.modules[name] = None\n"
+        "front = types.ModuleType('torch_autotune.plot')\n"
+        f"front.__path__ = [{str(Path(data.__file__).parent)!r}]\n"
+        "sys.modules['torch_autotune.plot'] = front\n"
+        f"importlib.import_module('torch_autotune.plot.{module}')\n"
+        "print('imported')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.stdout.strip() == "imported", result.stderr
+
+
+def test_the_public_names_are_pinned() -> None:
+    assert sorted(plot.__all__) == [
+        "PlotUnavailableError",
+        "build_figure",
+        "matplotlib_available",
+        "render_charts",
+        "save_png",
+    ]
+    assert all(hasattr(plot, name) for name in plot.__all__)
+
+
+def test_the_chart_data_is_what_both_renderings_draw() -> None:
+    evidence = h100_evidence()
+    rows = data.batch_rows(evidence)
+    assert [(r.batch_size, r.status, r.marks) for r in rows] == [
+        (64, "timed", ()),
+        (128, "timed", ()),
+        (256, "timed", ()),
+        (512, "timed", ("recommended",)),
+        (768, "timed", ("largest that ran",)),
+        (832, "out of memory", ()),
+    ]
+    assert data.first_misfit(evidence) == (832, "out of memory")
+    assert data.step_rate(evidence) == 2300.0
+    assert data.memory_peaks(evidence) == [
+        (1, pytest.approx(2.1)),
+        (8, pytest.approx(3.0)),
+        (512, pytest.approx(52.0)),
+        (512, pytest.approx(52.2)),
+        (768, pytest.approx(74.5)),
+    ]
+    assert data.panels(evidence) == ["throughput", "loader"]
+    assert data.shorten("a  long\n error text", 12) == "a long erro…"
 
 
 # --- the terminal -------------------------------------------------------------------------------
@@ -351,11 +421,11 @@ def test_the_text_charts_fit_the_width(full: Profile, width: int) -> None:
 
 
 def test_text_bars_are_scaled_in_eighths() -> None:
-    assert plot.text_bar(1.0, 4) == "████"
-    assert plot.text_bar(0.5, 4) == "██  "
-    assert plot.text_bar(1 / 32, 4) == "▏   "
-    assert plot.text_bar(0.0, 3) == "   "
-    assert plot.text_bar(2.0, 2) == "██"  # clipped to the cells
+    assert text_bar(1.0, 4) == "████"
+    assert text_bar(0.5, 4) == "██  "
+    assert text_bar(1 / 32, 4) == "▏   "
+    assert text_bar(0.0, 3) == "   "
+    assert text_bar(2.0, 2) == "██"  # clipped to the cells
 
 
 def test_a_size_not_run_for_the_budget_says_so() -> None:

@@ -6,8 +6,6 @@ import torch. Detection happens when ``detect()`` is called.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from torch_autotune.api import recommend
 from torch_autotune.bench import TrainConfig
 from torch_autotune.detect import LiveMachine, RecordedMachine, detect, load_snapshot
@@ -36,6 +34,7 @@ from torch_autotune.hardware import (
 )
 from torch_autotune.profile import Mode, Preferences, Profile
 from torch_autotune.profile_io import load_profile
+from torch_autotune.version import __version__
 
 __all__ = [
     "Accelerator",

@@ -6,16 +6,63 @@ error class carries (see ``torch_autotune.errors``); only this module exits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from torch_autotune import __version__
-from torch_autotune.errors import EXIT_WORKLOAD, AutotuneError, ProfileFileError
+from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_ROUNDS, MAX_WORKERS
+from torch_autotune.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_DIFFERENT,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_WORKLOAD,
+    AutotuneError,
+    InputFileError,
+    ProfileFileError,
+    SnapshotFileError,
+    raised_by_user_code,
+)
+from torch_autotune.version import __version__
 
 T = TypeVar("T")
+
+
+class _InputFile(click.Path):
+    """A file to read ('-': standard input). Click checks nothing: the loader that reads it
+    reports a missing, unreadable or invalid file as an InputFileError (exit 3, one line),
+    where click's own checks would make it a usage error (exit 2)."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, allow_dash=True, readable=False)
+        self.name = "file"
+
+
+class _Directory(click.Path):
+    """The profile store's directory; the store reports what is wrong with it (exit 4)."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, readable=False)
+        self.name = "directory"
+
+
+class _Finite(click.FloatRange):
+    """A number in a range, and finite: click's FloatRange lets 'inf' through where there is
+    no maximum, and 'nan' through every bound (a comparison with NaN is always false)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 _plot_option = click.option(
@@ -28,14 +75,101 @@ _plot_option = click.option(
 
 
 class _Group(click.Group):
-    """A click group that maps AutotuneError to its message and exit code."""
+    """The one place where errors become messages and exit codes (see ``errors.py``).
+
+    AutotuneError: its one line and its code. Ctrl-C: 'interrupted', 130. A closed standard
+    output (``autotune show | head -1``): nothing said, 141, as a process SIGPIPE ends. A
+    usage error: one line, 2. Any other exception is a bug of ours: the traceback, a line that
+    asks for a report, 1. The user's own code failing is handled where it runs (_user_code).
+    """
+
+    def main(  # click's own signature, with the handling of its standalone mode
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as error:
+            click.echo(f"autotune: error: {_usage_line(error)}", err=True)
+            sys.exit(error.exit_code)
+        except click.Abort:  # Ctrl-C while click parsed the arguments
+            click.echo("autotune: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else EXIT_OK)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings(
+                        "ignore", message=_NUMPY_MISSING, category=UserWarning, module=r"torch\."
+                    )
+                    return super().invoke(ctx)
+            finally:
+                sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         except AutotuneError as error:
             click.echo(f"autotune: error: {error}", err=True)
             ctx.exit(error.exit_code)
+        except KeyboardInterrupt:
+            click.echo("autotune: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            _silence_stdout()
+            ctx.exit(EXIT_BROKEN_PIPE)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as error:
+            _report_bug(error)
+            ctx.exit(EXIT_INTERNAL)
+
+
+# torch warns "Failed to initialize NumPy: No module named 'numpy'" when it is first imported
+# without numpy (from torch._subclasses.functional_tensor, torch 2.x). numpy is optional for
+# torch and for torch-autotune (only seeded DataLoader workers use it, when it is there), so
+# the command does not depend on it to keep its first line from being torch's warning.
+_NUMPY_MISSING = "Failed to initialize NumPy"
+
+
+def _usage_line(error: click.ClickException) -> str:
+    """Click's message on one line, with where to read the usage."""
+    message = " ".join(error.format_message().split())
+    context = getattr(error, "ctx", None)
+    if context is None:
+        return message
+    return f"{message.rstrip('.')}; see '{context.command_path} --help'"
+
+
+def _silence_stdout() -> None:
+    """Point standard output at the null device after a broken pipe, so that the interpreter's
+    last flush does not fail again (the recipe of Python's signal documentation)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    except (OSError, ValueError):  # a stream without a descriptor (a test runner's): no flush
+        return
+
+
+def _report_bug(error: Exception) -> None:
+    """A bug of torch-autotune: the traceback and one line asking for a report."""
+    import traceback
+
+    traceback.print_exception(error)
+    click.echo(
+        f"autotune: internal error: {type(error).__name__}: {_first_line(error)}; this is a bug "
+        "in torch-autotune, please report it with the traceback above",
+        err=True,
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0].rstrip(".") if text else "(no message)"
 
 
 @click.group(
@@ -55,15 +189,19 @@ class _Group(click.Group):
 )
 @click.option(
     "--budget",
-    type=click.FloatRange(min=1),
+    type=_Finite(min=1),
     default=None,
     help="Seconds the whole run may take (default 120, or 180 where torch.compile is "
     "measured); no phase runs past it.",
 )
-@click.option("--max-batch-size", type=click.IntRange(min=1), help="Never try a larger batch.")
+@click.option(
+    "--max-batch-size",
+    type=click.IntRange(1, MAX_BATCH_SIZE),
+    help="Never try a larger batch (default: 512 on the CPU, 65536 on a GPU).",
+)
 @click.option(
     "--target-batch",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_GLOBAL_BATCH),
     help="Global batch to keep: gradient accumulation makes up what does not fit.",
 )
 @click.option(
@@ -71,18 +209,20 @@ class _Group(click.Group):
     type=click.Choice(["speed", "balanced", "reproducible"]),
     default="speed",
     show_default=True,
+    help="speed: fastest; balanced: no torch.compile start-up cost; reproducible: "
+    "deterministic kernels, TF32 off, seeded workers.",
 )
 @click.option("--variable-shapes", is_flag=True, help="Input shapes change from batch to batch.")
 @click.option(
     "--workers",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, MAX_WORKERS),
     help="Use this many DataLoader workers instead of measuring (Windows measures none).",
 )
 @_plot_option
 @click.option("--no-save", is_flag=True, help="Show the profile without storing it.")
 @click.option(
     "--store",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=_Directory(),
     envvar="TORCH_AUTOTUNE_HOME",
     help="Profile store directory [env TORCH_AUTOTUNE_HOME].",
 )
@@ -111,7 +251,9 @@ def cli(  # click passes options by name
     Exit codes: 0 success, 1 internal error (a bug), 2 usage error,
     3 an input file is missing or invalid, 4 the profile store cannot be
     read or written, 5 the workload cannot be built or trained,
-    6 the probe could not measure (no torch, budget too small).
+    6 the probe could not measure (no torch, budget too small),
+    130 interrupted, 141 standard output closed early.
+    'autotune diff' exits 1 when the profiles differ, as diff(1).
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -147,7 +289,9 @@ _NOT_OURS = r"(?!torch_autotune(\.|$))"
 
 
 def _user_code(ctx: click.Context, run: Callable[[], T]) -> T:
-    """Run the probe or the bench; a failure of the user's model shows their traceback.
+    """Run the probe or the bench; a failure of the user's model shows their traceback and
+    exits 5. Only an exception the probe marked as raised in the user's code does
+    (``errors.blame_user_code``); any other one is a bug of ours.
 
     A deprecation warning from outside torch-autotune is no failure of the training step: it is
     shown, never raised, even where the warning filters make warnings errors (torch 2.11 warns
@@ -161,10 +305,10 @@ def _user_code(ctx: click.Context, run: Callable[[], T]) -> T:
             for category in (DeprecationWarning, PendingDeprecationWarning):
                 warnings.filterwarnings("default", category=category, module=_NOT_OURS)
             return run()
-    except AutotuneError:
-        raise
-    except Exception as error:  # the user's model raised: show their traceback, not ours
-        import traceback
+    except Exception as error:
+        if not raised_by_user_code(error):
+            raise  # ours: an AutotuneError, or a bug (_Group says which)
+        import traceback  # the user's model or data raised: show their traceback, not ours
 
         traceback.print_exception(error)
         click.echo(
@@ -187,18 +331,18 @@ def _user_code(ctx: click.Context, run: Callable[[], T]) -> T:
 @click.option(
     "--snapshot",
     "snapshot_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Describe the machine recorded in FILE (from 'autotune detect --json') instead.",
+    type=_InputFile(),
+    help="Describe the machine recorded in FILE (from 'autotune detect --json'; '-' reads "
+    "standard input) instead.",
 )
 def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> None:
     """Describe this machine: GPUs, usable CPUs, RAM, Python and torch.
 
     Fast by default: reads NVML and the OS without importing torch or starting CUDA.
     """
-    from torch_autotune.detect import RecordedMachine, detect
+    from torch_autotune.detect import detect
 
-    machine = RecordedMachine.from_file(snapshot_file) if snapshot_file else None
-    snapshot = detect(machine, deep=deep)
+    snapshot = detect(_recorded_machine(snapshot_file), deep=deep)
     if as_json:
         click.echo(snapshot.model_dump_json(indent=2))
         return
@@ -210,13 +354,14 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
 _snapshot_option = click.option(
     "--snapshot",
     "snapshot_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Reason about the machine recorded in FILE (from 'autotune detect --json').",
+    type=_InputFile(),
+    help="Reason about the machine recorded in FILE (from 'autotune detect --json'; '-' reads "
+    "standard input).",
 )
 _store_option = click.option(
     "--store",
     "store",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=_Directory(),
     envvar="TORCH_AUTOTUNE_HOME",
     help="Profile store directory [env TORCH_AUTOTUNE_HOME; default: the user config dir].",
 )
@@ -245,9 +390,49 @@ def _console() -> Any:
 
 
 def _snapshot(snapshot_file: Path | None) -> Any:
-    from torch_autotune.detect import RecordedMachine, detect
+    from torch_autotune.detect import detect
 
-    return detect(RecordedMachine.from_file(snapshot_file) if snapshot_file else None)
+    return detect(_recorded_machine(snapshot_file))
+
+
+def _is_stdin(path: Path) -> bool:
+    return str(path) == "-"
+
+
+def _stdin_text(error: type[InputFileError]) -> str:
+    """Standard input as text, within the input limits; a terminal is refused, not waited on."""
+    import sys
+
+    from torch_autotune.input_files import read_stream
+
+    stream = sys.stdin.buffer
+    if stream.isatty():
+        raise click.UsageError(
+            "'-' reads standard input, which is a terminal here; pipe a file in, such as "
+            "'autotune detect --json | autotune recommend --snapshot -'"
+        )
+    return read_stream(stream, "standard input", error)
+
+
+def _recorded_machine(snapshot_file: Path | None) -> Any:
+    """The machine recorded in ``snapshot_file`` ('-': standard input); None for this one."""
+    from torch_autotune.detect import RecordedMachine, parse_snapshot
+
+    if snapshot_file is None:
+        return None
+    if _is_stdin(snapshot_file):
+        text = _stdin_text(SnapshotFileError)
+        return RecordedMachine(parse_snapshot(text, source="standard input"))
+    return RecordedMachine.from_file(snapshot_file)
+
+
+def _load_profile(path: Path) -> Any:
+    """The profile in the file ``path`` ('-': standard input)."""
+    from torch_autotune.profile_io import load_profile, parse_profile
+
+    if _is_stdin(path):
+        return parse_profile(_stdin_text(ProfileFileError), source="standard input")
+    return load_profile(path)
 
 
 @cli.command("bench")
@@ -263,34 +448,34 @@ def _snapshot(snapshot_file: Path | None) -> Any:
 @click.option(
     "--profile",
     "profile_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=_InputFile(),
     help="Bench this measured profile file instead of the machine's stored one (the store is "
     "then left alone; see --output).",
 )
 @click.option(
     "--baseline",
     "baseline_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=_InputFile(),
     help="Your own baseline: a YAML mapping such as 'batch_size: 64' and 'num_workers: 4' "
     "(default: float32, batch 32, no workers, no pinning, eager, torch's default backends).",
 )
 @click.option(
     "--rounds",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_ROUNDS),
     default=5,
     show_default=True,
     help="Interleaved rounds; each runs every arm once (3 or more to call an effect).",
 )
 @click.option(
     "--seconds",
-    type=click.FloatRange(min=0.05),
+    type=_Finite(min=0.05),
     default=2.0,
     show_default=True,
     help="Seconds of training per arm and round, after its warm-up.",
 )
 @click.option(
     "--budget",
-    type=click.FloatRange(min=1),
+    type=_Finite(min=1),
     default=None,
     help="Seconds for tuning first, when there is no measured profile for the workload "
     "(default as for autotune).",
@@ -329,12 +514,17 @@ def bench_command(  # click passes options by name
     measurement as its reason. The results go into the profile's evidence and the store.
     """
     from torch_autotune.probe.ablation import bench
-    from torch_autotune.profile_io import load_baseline, load_profile
+    from torch_autotune.profile_io import load_baseline, parse_baseline
     from torch_autotune.render import progress_reporter, render_bench
 
-    baseline = load_baseline(baseline_file) if baseline_file is not None else None
+    if baseline_file is None:
+        baseline = None
+    elif _is_stdin(baseline_file):
+        baseline = parse_baseline(_stdin_text(ProfileFileError), source="standard input")
+    else:
+        baseline = load_baseline(baseline_file)
     if profile_file is not None:
-        profile = load_profile(profile_file)
+        profile = _load_profile(profile_file)
         if profile.evidence is None:
             raise ProfileFileError(
                 f"{profile_file} was not measured (rules only): the bench needs the batch size "
@@ -433,7 +623,7 @@ def _plot(profile: Any, path: Path) -> None:
 @click.option(
     "--profile",
     "profile_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=_InputFile(),
     help="Draw this measured profile file instead of the machine's stored profile.",
 )
 @click.option(
@@ -450,10 +640,9 @@ def report_command(
     """Draw what the probe and the bench measured: throughput against batch size with the
     memory limit, DataLoader throughput against workers, and each setting's speedup."""
     from torch_autotune import plot
-    from torch_autotune.profile_io import load_profile
 
     if profile_file is not None:
-        profile = load_profile(profile_file)
+        profile = _load_profile(profile_file)
     else:
         profile = _current_profile(store, None, None, workload)
     if plot_file is None:
@@ -532,10 +721,9 @@ def _current_profile(
     import warnings
 
     from torch_autotune.api import recommend
-    from torch_autotune.detect import RecordedMachine
     from torch_autotune.errors import StaleProfileWarning
 
-    machine = RecordedMachine.from_file(snapshot_file) if snapshot_file else None
+    machine = _recorded_machine(snapshot_file)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StaleProfileWarning)
         profile = recommend(mode, workload=workload, store=store, machine=machine)
@@ -629,9 +817,14 @@ def export_command(  # click passes options by name
 
         text = dump_profile(profile, fmt)  # type: ignore[arg-type]
     else:
-        from torch_autotune.integrations import EXPORT_FORMATS
+        from torch_autotune.integrations import EXPORT_FORMATS, hf_notes
 
         text = EXPORT_FORMATS[fmt](profile)
+        notes = hf_notes(profile) if fmt == "hf" else []
+        if notes:  # JSON holds no comments: what TrainingArguments cannot set goes beside it
+            click.echo("autotune: note: TrainingArguments has no argument for these:", err=True)
+            for note in notes:
+                click.echo(f"autotune: note:   {note}", err=True)
     if output is None:
         click.echo(text, nl=False)
         return
@@ -642,27 +835,45 @@ def export_command(  # click passes options by name
 
 
 @cli.command("validate")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-def validate_command(file: Path) -> None:
-    """Check a profile file: syntax, schema, and every cross-field invariant."""
-    from torch_autotune.profile_io import load_profile
+@click.argument("files", nargs=-1, required=True, type=_InputFile())
+@click.pass_context
+def validate_command(ctx: click.Context, files: tuple[Path, ...]) -> None:
+    """Check profile files: syntax, schema, and every cross-field invariant.
 
-    profile = load_profile(file)
-    click.echo(
-        f"{file}: valid profile (schema {profile.schema_version}, mode {profile.mode.value}, "
-        f"device {profile.settings.device}, {len(profile.decisions)} decisions)"
-    )
+    One line for each FILE ('-' reads standard input): on stdout when it is valid, on stderr
+    when it is not. The exit code is 3 when any file is not valid.
+    """
+    invalid = 0
+    for file in files:
+        try:
+            profile = _load_profile(file)
+        except InputFileError as error:
+            click.echo(f"autotune: error: {error}", err=True)
+            invalid += 1
+            continue
+        name = "standard input" if _is_stdin(file) else file
+        click.echo(
+            f"{name}: valid profile (schema {profile.schema_version}, mode "
+            f"{profile.mode.value}, device {profile.settings.device}, "
+            f"{len(profile.decisions)} decisions)"
+        )
+    if invalid:
+        ctx.exit(EXIT_BAD_INPUT)
 
 
 @cli.command("diff")
-@click.argument("first", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("second", type=click.Path(dir_okay=False, path_type=Path))
-def diff_command(first: Path, second: Path) -> None:
-    """Show the settings two profile files disagree on."""
-    from torch_autotune.profile_io import load_profile
+@click.argument("first", type=_InputFile())
+@click.argument("second", type=_InputFile())
+@click.pass_context
+def diff_command(ctx: click.Context, first: Path, second: Path) -> None:
+    """Show the settings two profile files disagree on.
+
+    Exit status as diff(1): 0 when the settings are the same, 1 when they differ; a missing
+    or invalid file is 3, as for every command.
+    """
     from torch_autotune.render import render_diff
 
-    a, b = load_profile(first), load_profile(second)
+    a, b = _load_profile(first), _load_profile(second)
     flat_a, flat_b = _flatten(a.settings.model_dump()), _flatten(b.settings.model_dump())
     rows = [
         (key, flat_a.get(key), flat_b.get(key))
@@ -670,6 +881,8 @@ def diff_command(first: Path, second: Path) -> None:
         if flat_a.get(key) != flat_b.get(key)
     ]
     render_diff(rows, _console())
+    if rows:
+        ctx.exit(EXIT_DIFFERENT)
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -683,9 +896,6 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Run the command (``torch_autotune.__main__.main`` is the console script: it also catches
+    a Ctrl-C while this module is imported)."""
     cli(prog_name="autotune")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -14,6 +14,12 @@ Exit codes (documented in the README):
        shown)
     6  the probe could not measure: the time budget ran out before a batch finished, or a
        size that ran no longer runs (the device is shared)
+  130  interrupted (Ctrl-C): one line, no traceback
+  141  standard output was closed early (``autotune show | head -1``): quietly, as a process
+       that SIGPIPE ends (128 + 13)
+
+``autotune diff`` follows diff(1): 0 when the profiles have the same settings, 1 when they
+differ; its errors keep the codes above (a bad input file is 3), never 1.
 """
 
 from __future__ import annotations
@@ -25,6 +31,11 @@ EXIT_BAD_INPUT = 3
 EXIT_STORE = 4
 EXIT_WORKLOAD = 5
 EXIT_PROBE = 6
+EXIT_DIFFERENT = 1  # autotune diff only, as diff(1): the two profiles differ
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
+
+_USER_CODE = "_torch_autotune_user_code"
 
 
 class AutotuneError(Exception):
@@ -81,3 +92,19 @@ class PlotUnavailableError(AutotuneError):
     """
 
     exit_code = EXIT_USAGE
+
+
+def blame_user_code(error: BaseException) -> None:
+    """Mark ``error`` as raised by the user's own code: their model, loss, optimizer or data,
+    called by the probe or the bench. The exception keeps its type and traceback (the user
+    reads their own error); the command line exits 5 for it, and 1 (a bug of ours) for any
+    other exception. An exception that takes no attributes stays unmarked."""
+    try:
+        setattr(error, _USER_CODE, True)
+    except (AttributeError, TypeError):  # a type with __slots__ and no __dict__
+        return
+
+
+def raised_by_user_code(error: BaseException) -> bool:
+    """Whether ``blame_user_code`` marked ``error``."""
+    return getattr(error, _USER_CODE, False) is True

@@ -12,14 +12,17 @@ from __future__ import annotations
 import statistics
 from typing import Literal
 
-from pydantic import (
-    Field,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    model_validator,
-)
+from pydantic import Field, PositiveFloat, model_validator
 
+from torch_autotune.bounds import (
+    BatchSize,
+    Bytes,
+    CpuCount,
+    PrefetchFactor,
+    Rounds,
+    SmallCount,
+    WorkerCount,
+)
 from torch_autotune.settings import StrictModel
 
 BASELINE_BATCH_SIZE = 32
@@ -40,17 +43,17 @@ class TrainConfig(StrictModel):
     as the process found it.
     """
 
-    batch_size: PositiveInt = BASELINE_BATCH_SIZE
+    batch_size: BatchSize = BASELINE_BATCH_SIZE
     precision: Dtype = Field(default="float32", description="float16 trains with a GradScaler.")
     channels_last: bool = False
     compile_mode: CompileMode | None = Field(default=None, description="None: eager.")
     cudnn_benchmark: bool | None = None
     tf32: bool | None = None
     fused_optimizer: bool = False
-    num_workers: NonNegativeInt = 0
-    prefetch_factor: PositiveInt | None = None
+    num_workers: WorkerCount = 0
+    prefetch_factor: PrefetchFactor | None = None
     pin_memory: bool = False
-    cpu_threads: PositiveInt | None = None
+    cpu_threads: CpuCount | None = None
 
     @model_validator(mode="after")
     def _loader(self) -> TrainConfig:
@@ -85,7 +88,7 @@ class Effect(StrictModel):
     speedup: PositiveFloat = Field(description="Median over rounds of with / without.")
     low: PositiveFloat = Field(description="Lowest ratio of a round.")
     high: PositiveFloat = Field(description="Highest ratio of a round.")
-    rounds: PositiveInt = Field(description="Rounds in which both arms ran.")
+    rounds: Rounds = Field(description="Rounds in which both arms ran.")
     verdict: Verdict
 
     def describe(self) -> str:
@@ -136,7 +139,7 @@ class BenchEvidence(StrictModel):
 
     workload: str
     device: str
-    rounds: PositiveInt
+    rounds: Rounds
     seconds_per_measurement: PositiveFloat
     arms: tuple[ArmRecord, ...]
     tuned: Effect | None = Field(description="The profile as the probe made it vs baseline.")
@@ -159,9 +162,9 @@ class BenchEvidence(StrictModel):
 class SearchTrialRecord(StrictModel):
     """One trial of the batch-size search, as the probe ran it."""
 
-    batch_size: PositiveInt
+    batch_size: BatchSize
     fits: bool
-    peak_memory_bytes: NonNegativeInt | None
+    peak_memory_bytes: Bytes | None
     seconds: float | None = Field(ge=0, description="Wall time of the trial, warm-up included.")
     step: str = Field(description="Why this size: start, model, predict, verify, double, ...")
     warmup_s: float | None = Field(
@@ -179,7 +182,7 @@ class SearchTrialRecord(StrictModel):
 class ThroughputRecord(StrictModel):
     """Training throughput measured at one batch size."""
 
-    batch_size: PositiveInt
+    batch_size: BatchSize
     samples_per_s: float = Field(gt=0)
     relative_spread: float = Field(ge=0, description="(max - min) / median of the repeats.")
     steady: bool = Field(
@@ -190,8 +193,8 @@ class ThroughputRecord(StrictModel):
     warmup_s: float | None = Field(
         default=None, ge=0, description="The first step's cost beyond a steady step."
     )
-    blocks: NonNegativeInt = Field(default=0, description="Timed blocks of steps.")
-    peak_memory_bytes: NonNegativeInt | None = Field(
+    blocks: SmallCount = Field(default=0, description="Timed blocks of steps.")
+    peak_memory_bytes: Bytes | None = Field(
         default=None, description="Allocator peak during the point, when known."
     )
 
@@ -213,7 +216,7 @@ class CompileRecord(StrictModel):
     reason: str
     predicted_s: float | None = Field(default=None, ge=0, description="Compile time expected.")
     compile_s: float | None = Field(default=None, ge=0, description="Compile time paid.")
-    batch_size: PositiveInt | None = None
+    batch_size: BatchSize | None = None
     eager_samples_per_s: float | None = Field(default=None, gt=0)
     compiled_samples_per_s: float | None = Field(default=None, gt=0)
     payoff_minutes: float | None = Field(
@@ -224,7 +227,7 @@ class CompileRecord(StrictModel):
 class LoaderRecord(StrictModel):
     """DataLoader throughput with one worker count."""
 
-    num_workers: NonNegativeInt
+    num_workers: WorkerCount
     samples_per_s: float | None = Field(description="None: the candidate failed.")
     error: str | None = None
 
@@ -234,9 +237,9 @@ class Evidence(StrictModel):
 
     workload: str
     device: str
-    max_batch_size: PositiveInt = Field(description="Largest batch that trained.")
-    fastest_batch_size: PositiveInt = Field(description="Smallest batch within 3% of the best.")
-    batch_size: PositiveInt = Field(description="Recommended: margin, rounding, run once more.")
+    max_batch_size: BatchSize = Field(description="Largest batch that trained.")
+    fastest_batch_size: BatchSize = Field(description="Smallest batch within 3% of the best.")
+    batch_size: BatchSize = Field(description="Recommended: margin, rounding, run once more.")
     limited_by: str = Field(description="memory, cap, host RAM, time, or budget")
     limit_reason: str | None = Field(
         default=None, description="What stopped the search, with the numbers."
@@ -247,7 +250,7 @@ class Evidence(StrictModel):
     workers_reason: str | None = None
     budget_s: float = Field(gt=0)
     elapsed_s: float = Field(ge=0)
-    memory_limit_bytes: NonNegativeInt | None = Field(
+    memory_limit_bytes: Bytes | None = Field(
         default=None, description="Bytes the trials could use on the device (None: unknown)."
     )
     bench: BenchEvidence | None = Field(

@@ -19,14 +19,25 @@ from datetime import datetime
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, Field
+
+from torch_autotune.bounds import (
+    MAX_CPUS,
+    STRICT,
+    AcceleratorIndex,
+    Bytes,
+    ComputeUnits,
+    CpuCount,
+    PositiveBytes,
+    SmallCount,
+)
 
 SNAPSHOT_SCHEMA_VERSION: Literal[1] = 1
 """Version of the snapshot schema written by this release. Bumped on any incompatible change."""
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = STRICT
 
 
 class Vendor(str, Enum):
@@ -70,7 +81,7 @@ class Architecture(str, Enum):
     UNKNOWN = "unknown"
 
 
-ComputeCapability = tuple[NonNegativeInt, NonNegativeInt]
+ComputeCapability = tuple[SmallCount, SmallCount]
 
 
 class MigSlice(_Frozen):
@@ -78,14 +89,14 @@ class MigSlice(_Frozen):
 
     profile: str = Field(description="MIG profile as nvidia-smi names it, e.g. '1g.10gb'.")
     parent_name: str = Field(description="Name of the physical GPU the slice is cut from.")
-    gpu_instance_id: NonNegativeInt | None = None
-    compute_instance_id: NonNegativeInt | None = None
+    gpu_instance_id: SmallCount | None = None
+    compute_instance_id: SmallCount | None = None
 
 
 class Accelerator(_Frozen):
     """One GPU (or MIG slice) that this process can use."""
 
-    index: NonNegativeInt = Field(description="Index among the accelerators this process sees.")
+    index: AcceleratorIndex = Field(description="Index among the accelerators this process sees.")
     vendor: Vendor
     backend: Backend
     name: str = Field(description="Name exactly as the driver reports it (nvidia-smi -L).")
@@ -98,15 +109,15 @@ class Accelerator(_Frozen):
         description="Has matrix units that AMP can use (NVIDIA Tensor Cores, AMD matrix cores). "
         "False on cc 7.5 GTX 16xx/MX/T-series (TU116/TU117)."
     )
-    memory_total_bytes: PositiveInt | None = Field(
+    memory_total_bytes: PositiveBytes | None = Field(
         description="Total device memory as the driver reports it: NVML memory.total on a fast "
         "detection, torch's total_memory on a deep one (they differ by a few MiB). For a MIG "
         "slice, the slice. None on integrated GPUs whose driver does not report it (Jetson)."
     )
-    memory_free_bytes: NonNegativeInt | None = Field(
+    memory_free_bytes: Bytes | None = Field(
         description="Free memory at detection time, other processes included (memory.free)."
     )
-    sm_count: PositiveInt | None = Field(
+    sm_count: ComputeUnits | None = Field(
         description="Streaming multiprocessors (NVIDIA) or compute units (AMD)."
     )
     unified_memory: bool = Field(
@@ -126,33 +137,34 @@ class Host(_Frozen):
     libc: str | None = Field(description="C library and version, e.g. 'glibc 2.36' (Linux only).")
     cpu_architecture: str = Field(description="Machine type, e.g. x86_64, aarch64, arm64.")
     cpu_model: str | None
-    cpu_cores_physical: PositiveInt | None
-    cpu_cores_logical: PositiveInt | None = Field(description="os.cpu_count(): the host's CPUs.")
-    cpu_affinity_count: PositiveInt | None = Field(
+    cpu_cores_physical: CpuCount | None
+    cpu_cores_logical: CpuCount | None = Field(description="os.cpu_count(): the host's CPUs.")
+    cpu_affinity_count: CpuCount | None = Field(
         description="CPUs in this process's affinity mask (taskset, cpuset, --cpuset-cpus)."
     )
     cpu_quota_cores: float | None = Field(
         description="Container CPU quota in CPUs (cgroup cpu.max or cfs_quota_us/cfs_period_us); "
         "None when no quota applies.",
         gt=0,
+        le=MAX_CPUS,
     )
-    cpus_usable: PositiveInt = Field(
+    cpus_usable: CpuCount = Field(
         description="CPUs this process can really keep busy: min(affinity, floor(quota)), at "
         "least 1. DataLoader workers and thread counts start from this."
     )
-    memory_total_bytes: PositiveInt | None = Field(description="Physical RAM of the host.")
-    memory_available_bytes: NonNegativeInt | None = Field(
+    memory_total_bytes: PositiveBytes | None = Field(description="Physical RAM of the host.")
+    memory_available_bytes: Bytes | None = Field(
         description="RAM available to new work at detection time (psutil 'available')."
     )
-    memory_limit_bytes: PositiveInt | None = Field(
+    memory_limit_bytes: PositiveBytes | None = Field(
         description="Container memory limit (cgroup memory.max / memory.limit_in_bytes); None "
         "when no limit applies."
     )
-    shm_total_bytes: NonNegativeInt | None = Field(
+    shm_total_bytes: Bytes | None = Field(
         description="Size of /dev/shm, where DataLoader workers pass batches; None where the OS "
         "has none (Windows, macOS)."
     )
-    shm_free_bytes: NonNegativeInt | None = None
+    shm_free_bytes: Bytes | None = None
 
 
 class Software(_Frozen):
@@ -189,7 +201,7 @@ class Software(_Frozen):
     )
     triton_available: bool = Field(description="A Triton package is importable.")
     triton_version: str | None = None
-    torch_num_threads: PositiveInt | None = Field(
+    torch_num_threads: CpuCount | None = Field(
         default=None, description="torch.get_num_threads(); read only by a deep detection."
     )
 

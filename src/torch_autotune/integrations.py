@@ -6,13 +6,15 @@ checked against their real APIs in the tests, and a user needs only the library 
 PyYAML (a dependency) is imported when a YAML renderer runs.
 
 Each tool covers part of a profile; what it has no setting for is said in the rendered
-file's comments, never silently dropped:
+file's comments (beside the file for JSON), never silently dropped:
 
 - ``lightning``: a ``trainer:`` section for ``LightningCLI`` (``--config FILE``), also usable
   as ``Trainer(**yaml.safe_load(text)["trainer"])``. DataLoader keyword arguments,
   ``torch.compile``, channels_last and the fused optimizer belong in the LightningModule or
   DataModule; the comments give their values.
 - ``hf``: JSON keyword arguments for ``transformers.TrainingArguments`` (add ``output_dir``).
+  JSON has no comments, and TrainingArguments refuses unknown keys: ``hf_notes`` lists what
+  it has no argument for, and ``autotune export`` prints that list on stderr.
 - ``accelerate``: an accelerate config file (``accelerate launch --config_file FILE``).
 - ``env``: POSIX shell ``export`` lines for the profile's environment variables, to source
   before Python starts (CUDA reads them once, at its first use).
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXPORT_FORMATS",
     "accelerate_config",
+    "hf_notes",
     "hf_training_arguments",
     "lightning_notes",
     "lightning_trainer_kwargs",
@@ -178,8 +181,31 @@ def hf_training_arguments(profile: Profile) -> dict[str, Any]:
     return args
 
 
+def hf_notes(profile: Profile) -> list[str]:
+    """What TrainingArguments has no argument for, as lines for the training script.
+
+    Plain JSON holds no comments, and ``TrainingArguments(**json.load(file))`` refuses any key
+    it does not know (a TypeError; ``HfArgumentParser.parse_json_file`` a ValueError), so these
+    cannot go in the file: ``autotune export`` prints them on stderr beside it.
+    """
+    s = profile.settings
+    notes = []
+    if s.memory_format == "channels_last":
+        notes.append("model.to(memory_format=torch.channels_last) before the Trainer gets it")
+    if s.backends.cudnn_benchmark:
+        notes.append("cuDNN autotuner: call profile.apply() (torch.backends.cudnn.benchmark)")
+    if s.matmul.api is not None and not s.matmul.tf32:
+        notes.append("TF32 off: call profile.apply() (tf32 is left unset here)")
+    if s.cpu_threads is not None:
+        notes.append(f"CPU threads: call profile.apply() (torch.set_num_threads({s.cpu_threads}))")
+    if s.environment:
+        notes.append("environment variables: source 'autotune export --format env' first")
+    return notes
+
+
 def render_hf(profile: Profile) -> str:
-    """JSON for ``TrainingArguments(output_dir=..., **json.load(file))``."""
+    """JSON for ``TrainingArguments(output_dir=..., **json.load(file))``; ``hf_notes`` says
+    what it cannot hold."""
     return json.dumps(hf_training_arguments(profile), indent=2) + "\n"
 
 

@@ -20,8 +20,9 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, model_validator
 
+from torch_autotune.bounds import CpuCount, Seed, WorkerCount
 from torch_autotune.evidence import (
     CompileRecord,
     Evidence,
@@ -96,17 +97,17 @@ class Preferences(StrictModel):
     model_kind: Literal["conv", "transformer", "mlp", "other"] = "other"
     fixed_shapes: bool = True  # every batch has the same input shape (images of one size)
     optimizer: Literal["adam", "adamw", "sgd", "other"] = "adamw"
-    processes_per_node: PositiveInt | None = None  # DDP ranks; default: one per GPU
-    seed: int = 0  # used by the reproducible mode
+    processes_per_node: CpuCount | None = None  # DDP ranks; default: one per GPU
+    seed: Seed = 0  # used by the reproducible mode
     allow_p100_fp16: bool = False  # catalog A5: fp16 on P100 only as an opt-in
-    num_workers: NonNegativeInt | None = None  # the user's own DataLoader worker count
+    num_workers: WorkerCount | None = None  # the user's own DataLoader worker count
 
 
 class Decision(StrictModel):
     """One setting, its value, and why."""
 
     setting: str = Field(description="Dotted path into Settings, e.g. 'precision.dtype'.")
-    value: str | int | float | bool | None
+    value: str | Seed | float | bool | None  # an int is a count or a seed: the seed's range
     rule: str = Field(description="Stable id of the rule that decided it, e.g. 'A1'.")
     reason: str
     source: Source

@@ -1,6 +1,8 @@
 """Profiles to and from YAML and JSON, with one clear message for every way a file can be bad.
 
-YAML is read with the safe loader only: a tag that would construct a Python object is refused.
+Text is read and parsed through ``input_files`` (size, nesting and value limits; JSON tried
+before YAML). YAML is read with the safe loader only: a tag that would construct a Python object
+is refused.
 A key that is not in the schema gets "did you mean ...?". A file from a newer release asks for an
 upgrade. ``dump(load(x)) == x`` for every file this module writes.
 """
@@ -9,17 +11,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
 from torch_autotune.errors import ProfileFileError
+from torch_autotune.input_files import Format, parse_data, read_input
 
 if TYPE_CHECKING:
     from torch_autotune.bench import TrainConfig
 from torch_autotune.profile import PROFILE_SCHEMA_VERSION, Profile
 
-Format = Literal["yaml", "json"]
+_REGENERATE = "regenerate it with 'autotune export'"
+_BASELINE_HINT = "write a YAML mapping such as 'batch_size: 64'"
 
 
 def dump_profile(profile: Profile, fmt: Format = "yaml") -> str:
@@ -72,38 +76,12 @@ def _explain(error: ValidationError, root: type[BaseModel] = Profile) -> str:
     return message + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
 
 
-def _parse_yaml(text: str, source: str) -> Any:
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        return yaml.load(text, Loader=loader)  # a safe loader (C or Python), chosen above
-    except yaml.constructor.ConstructorError as exc:
-        raise ProfileFileError(
-            f"{source}: refused a YAML tag that would construct an object "
-            f"({exc.problem}); profiles hold plain data only"
-        ) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or "cannot be parsed"
-        raise ProfileFileError(
-            f"{source} is not valid YAML{where}: {problem}; regenerate it with 'autotune export'"
-        ) from None
-
-
 def parse_profile(text: str, source: str = "profile", fmt: Format | None = None) -> Profile:
-    """Validate profile text; every failure is one ProfileFileError naming the problem."""
-    fmt = fmt or ("json" if text.lstrip().startswith("{") else "yaml")
-    if fmt == "json":
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ProfileFileError(
-                f"{source} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-            ) from None
-    else:
-        raw = _parse_yaml(text, source)
+    """Validate profile text; every failure is one ProfileFileError naming the problem.
+
+    ``fmt=None`` tells JSON from YAML by the content (see ``input_files.parse_data``).
+    """
+    raw = parse_data(text, source, ProfileFileError, _REGENERATE, fmt)
     if not isinstance(raw, dict):
         kind = "empty" if raw is None else f"a {type(raw).__name__}"
         raise ProfileFileError(f"{source} is {kind}, not a profile; regenerate it")
@@ -120,35 +98,33 @@ def parse_profile(text: str, source: str = "profile", fmt: Format | None = None)
 
 
 def load_profile(path: str | Path) -> Profile:
-    """Read a profile file (YAML or JSON, told apart by its content)."""
+    """Read a profile file (YAML or JSON, told apart by its content), within the limits of
+    ``input_files``."""
     path = Path(path)
-    return parse_profile(_read(path), source=str(path))
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileFileError(f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileFileError(f"{path} cannot be read: {exc}") from None
+    text = read_input(path, ProfileFileError, "write one with 'autotune export -o FILE'")
+    return parse_profile(text, source=str(path))
 
 
 def load_baseline(path: str | Path) -> TrainConfig:
     """Read the user's own baseline for ``autotune bench``: a YAML (or JSON) mapping of
     ``TrainConfig`` fields, e.g. ``{batch_size: 64, num_workers: 4}``; the rest default."""
+    path = Path(path)
+    return parse_baseline(read_input(path, ProfileFileError, _BASELINE_HINT), source=str(path))
+
+
+def parse_baseline(text: str, source: str = "baseline") -> TrainConfig:
+    """Validate baseline text (YAML or JSON); every failure is one ProfileFileError."""
     from torch_autotune.bench import TrainConfig
 
-    path = Path(path)
-    raw = _parse_yaml(_read(path), str(path))  # JSON is YAML too
+    raw = parse_data(text, source, ProfileFileError, _BASELINE_HINT)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ProfileFileError(
-            f"{path} is a {type(raw).__name__}, not a baseline; write a mapping such as "
+            f"{source} is a {type(raw).__name__}, not a baseline; write a mapping such as "
             "'batch_size: 64' (fields: " + ", ".join(TrainConfig.model_fields) + ")"
         )
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ProfileFileError(f"{path}: {_explain(exc, TrainConfig)}") from None
+        raise ProfileFileError(f"{source}: {_explain(exc, TrainConfig)}") from None

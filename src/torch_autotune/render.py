@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import re
@@ -225,13 +226,21 @@ def make_console(*, stderr: bool = False, environ: Mapping[str, str] | None = No
     log file, CI) rich would wrap every line at 80 columns and pad lines with spaces; this one
     keeps each line whole, unless ``COLUMNS`` in ``environ`` asks for a width, and ends it at
     its last character."""
-    console = Console(stderr=stderr, highlight=False)  # writes to sys.stdout/err at print time
+    console = _Console(stderr=stderr, highlight=False)  # writes to sys.stdout/err at print time
     if is_terminal(console):
         return console
     env = os.environ if environ is None else environ
     width = None if env.get("COLUMNS") else UNWRAPPED_WIDTH
     lines = cast("TextIO", _TrimmedLines(stderr))  # rich writes, flushes, asks isatty/encoding
-    return Console(file=lines, width=width, highlight=False)
+    return _Console(file=lines, width=width, highlight=False)
+
+
+class _Console(Console):
+    """rich's Console, but a closed pipe is the command's to handle (quietly, exit 141): rich's
+    own handling exits 1 on its own."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
 class _TrimmedLines(io.TextIOBase):

@@ -11,13 +11,24 @@ from enum import Enum
 from functools import cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, Field
+
+from torch_autotune.bounds import (
+    STRICT,
+    AccumSteps,
+    BatchSize,
+    CpuCount,
+    PrefetchFactor,
+    Seed,
+    WorkerCount,
+)
 
 
 class StrictModel(BaseModel):
-    """Frozen, and refuses unknown fields: a typo in a hand-edited file is an error."""
+    """Frozen, refuses unknown fields (a typo in a hand-edited file is an error) and refuses
+    inf and NaN (``bounds.STRICT``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = STRICT
 
 
 class Mode(str, Enum):
@@ -85,10 +96,10 @@ class Compile(StrictModel):
 class DataLoaderSettings(StrictModel):
     """Keyword arguments for torch.utils.data.DataLoader."""
 
-    num_workers: NonNegativeInt
+    num_workers: WorkerCount
     pin_memory: bool
     persistent_workers: bool
-    prefetch_factor: PositiveInt | None = Field(
+    prefetch_factor: PrefetchFactor | None = Field(
         description="Batches each worker loads ahead; None keeps torch's default (2 with workers)."
     )
     seed_workers: bool = Field(description="Seed every worker from one generator (reproducible).")
@@ -103,8 +114,8 @@ class OptimizerSettings(StrictModel):
 class BatchSettings(StrictModel):
     """Filled by the probe: a batch size is only ever one that ran on this machine."""
 
-    batch_size: PositiveInt | None
-    grad_accum_steps: PositiveInt
+    batch_size: BatchSize | None
+    grad_accum_steps: AccumSteps
 
 
 class Settings(StrictModel):
@@ -120,8 +131,8 @@ class Settings(StrictModel):
     memory_format: Literal["contiguous_format", "channels_last"]
     dataloader: DataLoaderSettings
     optimizer: OptimizerSettings
-    cpu_threads: PositiveInt | None = Field(description="torch.set_num_threads; None: default.")
-    seed: int | None
+    cpu_threads: CpuCount | None = Field(description="torch.set_num_threads; None: default.")
+    seed: Seed | None
     environment: dict[EnvVar, str] = Field(
         description="Set before torch starts CUDA; only the allow-listed variables."
     )

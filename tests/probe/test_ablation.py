@@ -9,7 +9,7 @@ import torch
 from tests.rules.helpers import snapshot
 from tests.test_bench import measured
 from torch_autotune.bench import ArmFailed, TrainConfig, plan_arms, tuned_config
-from torch_autotune.errors import ProbeError
+from torch_autotune.errors import ProbeError, raised_by_user_code
 from torch_autotune.knobs import train_settings
 from torch_autotune.probe import run
 from torch_autotune.probe.ablation import bench
@@ -290,8 +290,9 @@ def test_a_bug_in_the_users_model_surfaces_as_their_own_error() -> None:
         loss_fn=mlp.loss_fn,
     )
     loop = TrainingLoop(workload, "cpu", warmup_steps=1, min_steps=1)
-    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as caught:
         loop.measure(TrainConfig(batch_size=4), 0.01)
+    assert raised_by_user_code(caught.value)
 
 
 @pytest.mark.slow

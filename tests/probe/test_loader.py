@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from torch_autotune.errors import WorkloadError
+from torch_autotune.errors import WorkloadError, raised_by_user_code
 from torch_autotune.probe.loader import (
     LoaderTrial,
     Measure,
@@ -194,8 +194,9 @@ def test_a_hung_worker_fails_its_candidate_by_timeout_not_the_run() -> None:
 def test_the_datasets_own_error_propagates(num_workers: int) -> None:
     # With workers torch re-raises the worker's exception here with its own type, its message
     # prefixed "Caught ValueError in DataLoader worker process 0."
-    with pytest.raises(ValueError, match="bad item"):
+    with pytest.raises(ValueError, match="bad item") as caught:
         _measure(Buggy(), num_workers)
+    assert raised_by_user_code(caught.value)  # the command says: fix your data (exit 5)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from torch_autotune.apply import optimizer_kwargs
+from torch_autotune.errors import raised_by_user_code
 from torch_autotune.probe.search import find_max_batch_size
 from torch_autotune.probe.trials import StepSettings, TrialRunner, preserved
 
@@ -120,6 +121,7 @@ def test_a_shape_bug_surfaces_as_the_users_own_error() -> None:
         find_max_batch_size(TrialRunner(workload, StepSettings()), cap=64)
     frames = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
     assert "forward" in frames  # the user's model is in the traceback, not hidden by ours
+    assert raised_by_user_code(caught.value)  # and the command blames it on the model (exit 5)
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -17,11 +17,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from torch_autotune import __version__
 from torch_autotune.detect.host import HostSystem, read_host
 from torch_autotune.detect.nvml import read_nvidia_gpus
 from torch_autotune.detect.recorded import RecordedMachine, load_snapshot, parse_snapshot
 from torch_autotune.detect.software import SoftwareReading, read_software
+from torch_autotune.version import __version__
 
 if TYPE_CHECKING:
     from torch_autotune.detect.torch_env import TorchReading

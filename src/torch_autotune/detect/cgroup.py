@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from torch_autotune.bounds import MAX_BYTES, MAX_CPUS
+
 # cgroup v1 writes this for "no memory limit": LONG_MAX rounded down to the page size.
 _V1_UNLIMITED_FLOOR = 1 << 60
 
@@ -144,7 +146,8 @@ def read_cpu_quota(root: Path = Path("/")) -> float | None:
     """The tightest CFS CPU quota in CPUs, or None. ValueError for a file that is not a number."""
     layout = _layout(root)
     read = _v2_cpu_quota if layout.version == 2 else _v1_cpu_quota
-    return _tightest([read(d) for d in layout.cpu_dirs])
+    quota = _tightest([read(d) for d in layout.cpu_dirs])
+    return None if quota is None or quota > MAX_CPUS else quota  # above every machine: no limit
 
 
 def read_memory_limit(root: Path = Path("/")) -> int | None:
@@ -152,7 +155,7 @@ def read_memory_limit(root: Path = Path("/")) -> int | None:
     layout = _layout(root)
     read = _v2_memory_limit if layout.version == 2 else _v1_memory_limit
     memory = _tightest([read(d) for d in layout.memory_dirs])
-    return None if memory is None else int(memory)
+    return None if memory is None or memory > MAX_BYTES else int(memory)  # no limit, as above
 
 
 def read_cgroup_limits(root: Path = Path("/")) -> CgroupLimits:

@@ -156,59 +156,21 @@ def read_host(system: HostSystem | None = None) -> tuple[Host, list[DetectionWar
     system = system or HostSystem()
     reader = _Reader()
     os_name = _os_name(system.platform_name)
-
-    if os_name == "darwin":
-        os_version = reader.get("os_version", system.mac_version) or None
-    elif os_name == "windows":
-        os_version = reader.get("os_version", system.windows_version) or None
-    else:
-        os_version = reader.get("os_version", system.release) or None
-    wsl = os_name == "linux" and "microsoft" in (os_version or "").lower()
-
-    libc = None
-    if os_name == "linux":
-        lib, version = reader.get("libc", system.libc) or ("", "")
-        libc = f"{lib} {version}".strip() or None
-
-    if os_name == "linux":
-        cpu_model = _linux_cpu_model(system.root)
-    elif os_name == "darwin":
-        cpu_model = system.sysctl("machdep.cpu.brand_string")
-    else:
-        cpu_model = reader.get("cpu_model", system.processor) or None
-    if cpu_model is None:
-        reader.warnings.append(DetectionWarning(field="host.cpu_model", reason="not reported"))
-
+    os_version = _os_version(reader, system, os_name)
+    libc = _libc(reader, system) if os_name == "linux" else None
+    cpu_model = _cpu_model(reader, system, os_name)
     logical = _positive(reader.get("cpu_cores_logical", system.cpu_count))
     physical = _positive(reader.get("cpu_cores_physical", system.physical_cores))
     affinity = _positive(reader.get("cpu_affinity_count", system.affinity_count))
-
     quota: float | None = None
-    memory_limit: int | None = None
     if os_name == "linux":
         quota = reader.get("cpu_quota_cores", lambda: read_cpu_quota(system.root))
-        memory_limit = reader.get("memory_limit_bytes", lambda: read_memory_limit(system.root))
-
-    memory = reader.get("memory_total_bytes", system.virtual_memory)
-    total = _positive(getattr(memory, "total", None))
-    available = getattr(memory, "available", None)
-    if memory is not None and total is None:
-        reader.warnings.append(
-            DetectionWarning(field="host.memory_total_bytes", reason="psutil reported no total")
-        )
-    if memory_limit is not None and total is not None and memory_limit >= total:
-        memory_limit = None  # a limit above the RAM there is limits nothing
-
-    shm_total = shm_free = None
-    if os_name == "linux":
-        shm = reader.get("shm_total_bytes", lambda: system.disk_usage(str(system.root / "dev/shm")))
-        if shm is not None:
-            shm_total, shm_free = int(shm.total), int(shm.free)
-
+    total, available, memory_limit = _memory(reader, system, os_name)
+    shm_total, shm_free = _shm(reader, system, os_name)
     host = Host(
         os_name=os_name,
         os_version=os_version,
-        wsl=wsl,
+        wsl=os_name == "linux" and "microsoft" in (os_version or "").lower(),
         libc=libc,
         cpu_architecture=(reader.get("cpu_architecture", system.machine) or "unknown").lower(),
         cpu_model=cpu_model,
@@ -218,9 +180,63 @@ def read_host(system: HostSystem | None = None) -> tuple[Host, list[DetectionWar
         cpu_quota_cores=quota,
         cpus_usable=usable_cpus(affinity, logical, quota),
         memory_total_bytes=total,
-        memory_available_bytes=None if available is None else int(available),
+        memory_available_bytes=available,
         memory_limit_bytes=memory_limit,
         shm_total_bytes=shm_total,
         shm_free_bytes=shm_free,
     )
     return host, reader.warnings
+
+
+def _os_version(reader: _Reader, system: HostSystem, os_name: str) -> str | None:
+    if os_name == "darwin":
+        return reader.get("os_version", system.mac_version) or None
+    if os_name == "windows":
+        return reader.get("os_version", system.windows_version) or None
+    return reader.get("os_version", system.release) or None
+
+
+def _libc(reader: _Reader, system: HostSystem) -> str | None:
+    lib, version = reader.get("libc", system.libc) or ("", "")
+    return f"{lib} {version}".strip() or None
+
+
+def _cpu_model(reader: _Reader, system: HostSystem, os_name: str) -> str | None:
+    if os_name == "linux":
+        cpu_model = _linux_cpu_model(system.root)
+    elif os_name == "darwin":
+        cpu_model = system.sysctl("machdep.cpu.brand_string")
+    else:
+        cpu_model = reader.get("cpu_model", system.processor) or None
+    if cpu_model is None:
+        reader.warnings.append(DetectionWarning(field="host.cpu_model", reason="not reported"))
+    return cpu_model
+
+
+def _memory(
+    reader: _Reader, system: HostSystem, os_name: str
+) -> tuple[int | None, int | None, int | None]:
+    """RAM (total, available) and the container's memory limit where it limits anything."""
+    memory_limit: int | None = None
+    if os_name == "linux":
+        memory_limit = reader.get("memory_limit_bytes", lambda: read_memory_limit(system.root))
+    memory = reader.get("memory_total_bytes", system.virtual_memory)
+    total = _positive(getattr(memory, "total", None))
+    available = getattr(memory, "available", None)
+    if memory is not None and total is None:
+        reader.warnings.append(
+            DetectionWarning(field="host.memory_total_bytes", reason="psutil reported no total")
+        )
+    if memory_limit is not None and total is not None and memory_limit >= total:
+        memory_limit = None  # a limit above the RAM there is limits nothing
+    return total, None if available is None else int(available), memory_limit
+
+
+def _shm(reader: _Reader, system: HostSystem, os_name: str) -> tuple[int | None, int | None]:
+    """/dev/shm (total, free) on Linux: where DataLoader workers hand batches over."""
+    if os_name != "linux":
+        return None, None
+    shm = reader.get("shm_total_bytes", lambda: system.disk_usage(str(system.root / "dev/shm")))
+    if shm is None:
+        return None, None
+    return int(shm.total), int(shm.free)

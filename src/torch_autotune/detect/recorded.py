@@ -6,13 +6,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from torch_autotune.errors import SnapshotFileError
 from torch_autotune.hardware import SNAPSHOT_SCHEMA_VERSION, HardwareSnapshot
+from torch_autotune.input_files import parse_json, read_input
+
+_REMEDY = "write a new one with 'autotune detect --json > FILE'"
 
 
 def _describe(error: ValidationError) -> str:
@@ -24,14 +26,10 @@ def _describe(error: ValidationError) -> str:
 
 
 def parse_snapshot(text: str, source: str = "snapshot") -> HardwareSnapshot:
-    """Validate snapshot JSON; every failure is one SnapshotFileError naming the problem."""
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SnapshotFileError(
-            f"{source} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
-            "write a new one with 'autotune detect --json > FILE'"
-        ) from None
+    """Validate snapshot JSON; every failure is one SnapshotFileError naming the problem.
+
+    The text is held to the size and nesting limits of ``input_files`` before it is parsed."""
+    raw = parse_json(text, source, SnapshotFileError, _REMEDY)
     if not isinstance(raw, dict):
         kind = type(raw).__name__
         raise SnapshotFileError(f"{source} holds a JSON {kind}, not a snapshot object")
@@ -50,17 +48,10 @@ def parse_snapshot(text: str, source: str = "snapshot") -> HardwareSnapshot:
 
 
 def load_snapshot(path: str | Path) -> HardwareSnapshot:
-    """Read a snapshot file written by ``autotune detect --json``."""
+    """Read a snapshot file written by ``autotune detect --json`` (at most 1 MiB)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SnapshotFileError(
-            f"{path} does not exist; write one with 'autotune detect --json > {path}'"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SnapshotFileError(f"{path} cannot be read: {exc}") from None
-    return parse_snapshot(text, source=str(path))
+    remedy = f"write one with 'autotune detect --json > {path}'"
+    return parse_snapshot(read_input(path, SnapshotFileError, remedy), source=str(path))
 
 
 class RecordedMachine:

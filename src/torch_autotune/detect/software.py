@@ -172,46 +172,7 @@ def read_software(
     """Python and torch facts from metadata; nothing here imports torch."""
     warnings: list[DetectionWarning] = []
     torch = read_torch_build(find_package_dir)
-    arch_list: tuple[str, ...] | None = None
-    arch_source: str | None = None
-    cudnn: str | None = None
-    if torch is None:
-        warnings.append(
-            DetectionWarning(
-                field="software.torch_version",
-                reason="torch is not installed; install the build for this machine "
-                "(https://pytorch.org/get-started/locally/)",
-            )
-        )
-    elif torch.hip is not None:
-        warnings.append(
-            DetectionWarning(
-                field="software.torch_cuda_arch_list",
-                reason="the gfx targets of a ROCm build are read by 'autotune detect --deep'",
-            )
-        )
-    elif torch.cuda is None:
-        arch_list, arch_source = (), "release-table"  # a CPU build ships no GPU kernels
-    else:
-        arch_list = wheel_arch_list(torch.version, torch.cuda)
-        arch_source = None if arch_list is None else "release-table"
-        if arch_list is None:
-            warnings.append(
-                DetectionWarning(
-                    field="software.torch_cuda_arch_list",
-                    reason=f"torch {torch.version} is not an official build PyTorch publishes "
-                    "an architecture list for; 'autotune detect --deep' reads it from torch",
-                )
-            )
-        cudnn = _cudnn_version(torch.cuda)
-        if cudnn is None:
-            warnings.append(
-                DetectionWarning(
-                    field="software.cudnn_version",
-                    reason="no nvidia-cudnn wheel installed (cuDNN bundled with torch or from "
-                    "the system); 'autotune detect --deep' asks torch",
-                )
-            )
+    arch_list, arch_source, cudnn = _gpu_kernels(torch, warnings)
     triton_spec_found = _package_dir("triton") is not None
     gil_check = getattr(sys, "_is_gil_enabled", None)
     reading = SoftwareReading(
@@ -227,3 +188,48 @@ def read_software(
         triton_version=_triton_version() if triton_spec_found else None,
     )
     return reading, warnings
+
+
+def _gpu_kernels(
+    torch: TorchBuild | None, warnings: list[DetectionWarning]
+) -> tuple[tuple[str, ...] | None, str | None, str | None]:
+    """(the wheel's CUDA architectures, where that list came from, the cuDNN version) as far
+    as metadata tells; what it cannot tell is a warning naming 'detect --deep'."""
+    if torch is None:
+        warnings.append(
+            DetectionWarning(
+                field="software.torch_version",
+                reason="torch is not installed; install the build for this machine "
+                "(https://pytorch.org/get-started/locally/)",
+            )
+        )
+        return None, None, None
+    if torch.hip is not None:
+        warnings.append(
+            DetectionWarning(
+                field="software.torch_cuda_arch_list",
+                reason="the gfx targets of a ROCm build are read by 'autotune detect --deep'",
+            )
+        )
+        return None, None, None
+    if torch.cuda is None:
+        return (), "release-table", None  # a CPU build ships no GPU kernels
+    arch_list = wheel_arch_list(torch.version, torch.cuda)
+    if arch_list is None:
+        warnings.append(
+            DetectionWarning(
+                field="software.torch_cuda_arch_list",
+                reason=f"torch {torch.version} is not an official build PyTorch publishes "
+                "an architecture list for; 'autotune detect --deep' reads it from torch",
+            )
+        )
+    cudnn = _cudnn_version(torch.cuda)
+    if cudnn is None:
+        warnings.append(
+            DetectionWarning(
+                field="software.cudnn_version",
+                reason="no nvidia-cudnn wheel installed (cuDNN bundled with torch or from "
+                "the system); 'autotune detect --deep' asks torch",
+            )
+        )
+    return arch_list, None if arch_list is None else "release-table", cudnn

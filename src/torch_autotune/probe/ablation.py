@@ -8,6 +8,7 @@ Which arms, what the numbers mean and what is dropped is decided in ``torch_auto
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ from torch_autotune.bench import (
     round_order,
     tuned_config,
 )
+from torch_autotune.bounds import MAX_ROUNDS
 from torch_autotune.errors import ProbeError
 
 if TYPE_CHECKING:
@@ -113,8 +115,11 @@ def bench(
     from torch_autotune.probe.trials import preserved
     from torch_autotune.probe.workloads import resolve_workload
 
-    if rounds < 1 or seconds <= 0:
-        raise ValueError("rounds must be >= 1 and seconds > 0")
+    if not 1 <= rounds <= MAX_ROUNDS or not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"rounds must be in [1, {MAX_ROUNDS}] and seconds finite and > 0, got {rounds} "
+            f"and {seconds}"
+        )
     report = progress or (lambda _phase, _what: None)
     started = clock()
     if profile is None:

@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.errors import WorkloadError
+from torch_autotune.errors import WorkloadError, blame_user_code
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
@@ -220,28 +220,25 @@ def measure_loader(
     timed = -(-batches // per_round) * per_round
     ahead = num_workers * (prefetch_factor or _TORCH_PREFETCH_DEFAULT)
     total = batch_size * (per_round + timed + ahead)
+    loader = _make_loader(
+        dataset,
+        sampler=_cycled_indices(len(dataset), total),
+        collate_fn=collate_fn,
+        kwargs=loader_kwargs(
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=persistent_workers,
+            prefetch_factor=prefetch_factor,
+            timeout_s=timeout_s,
+        ),
+    )
     try:
-        startup_s, seconds = _timed_pass(
-            _make_loader(
-                dataset,
-                sampler=_cycled_indices(len(dataset), total),
-                collate_fn=collate_fn,
-                kwargs=loader_kwargs(
-                    batch_size=batch_size,
-                    num_workers=num_workers,
-                    pin_memory=pin_memory,
-                    persistent_workers=persistent_workers,
-                    prefetch_factor=prefetch_factor,
-                    timeout_s=timeout_s,
-                ),
-            ),
-            clock,
-            warmup=per_round,
-            timed=timed,
-        )
-    except RuntimeError as exc:
-        error = worker_failure(exc) if num_workers > 0 else None
+        startup_s, seconds = _timed_pass(loader, clock, warmup=per_round, timed=timed)
+    except Exception as exc:  # the user's dataset raised, or a worker died
+        error = worker_failure(exc) if num_workers > 0 and isinstance(exc, RuntimeError) else None
         if error is None:
+            blame_user_code(exc)
             raise
         return LoaderTrial(num_workers, None, 0, 0, 0.0, None, error)
     samples = batch_size * timed

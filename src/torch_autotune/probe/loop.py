@@ -33,6 +33,7 @@ from torch_autotune.apply import (
     restore_flags,
     tf32_api,
 )
+from torch_autotune.errors import blame_user_code
 from torch_autotune.knobs import train_settings
 from torch_autotune.probe.loader import loader_kwargs, shut_down, worker_failure
 from torch_autotune.probe.oom import release_memory, run_guarded
@@ -132,15 +133,24 @@ class TrainingLoop:
     def _train(self, settings: Settings, seconds: float) -> float:
         model = self._model(settings)
         model.train()
-        optimizer = make_optimizer(self.workload, model, optimizer_kwargs(settings))
+        try:
+            optimizer = make_optimizer(self.workload, model, optimizer_kwargs(settings))
+        except Exception as error:  # the user's optimizer factory
+            blame_user_code(error)
+            raise
         scaler = grad_scaler(settings)
         batches = self._batches(settings)
         try:
 
             def step() -> None:
+                try:
+                    batch = next(batches)
+                except Exception as error:  # the user's dataset (a dead worker is told apart)
+                    blame_user_code(error)
+                    raise
                 train_step(
                     self.workload,
-                    next(batches),
+                    batch,
                     settings,
                     model=model,
                     optimizer=optimizer,

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_WORKERS
 from torch_autotune.errors import ProbeError, WorkloadError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
@@ -194,6 +195,7 @@ def tune(
 
     from torch_autotune.detect import detect
 
+    _check_arguments(budget_s, max_batch_size, target_global_batch, num_workers)
     if trials is None and importlib.util.find_spec("torch") is None:
         raise ProbeError(
             "torch is not installed, so nothing can be probed; install the build for this "
@@ -222,6 +224,25 @@ def tune(
     run = _Run(chosen, machine, preferences, rules_only, settings, runner, budget, report)
     with preserved():
         return _probe(run, max_batch_size=max_batch_size, target_global_batch=target_global_batch)
+
+
+def _check_arguments(
+    budget_s: float | None,
+    max_batch_size: int | None,
+    target_global_batch: int | None,
+    num_workers: int | None,
+) -> None:
+    """ValueError for a number no run can use: a budget that is not finite and positive, a
+    count outside what a machine can have (``torch_autotune.bounds``)."""
+    if budget_s is not None and not (math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"budget_s must be a finite number of seconds > 0, got {budget_s}")
+    for name, value, low, high in (
+        ("max_batch_size", max_batch_size, 1, MAX_BATCH_SIZE),
+        ("target_global_batch", target_global_batch, 1, MAX_GLOBAL_BATCH),
+        ("num_workers", num_workers, 0, MAX_WORKERS),
+    ):
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
 
 
 def _resolve(workload: str | Workload | None, machine: HardwareSnapshot) -> Workload:

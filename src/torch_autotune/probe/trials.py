@@ -38,6 +38,7 @@ from torch_autotune.apply import (
     prepare_model,
     restore_flags,
 )
+from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.timing import Timer
@@ -287,9 +288,13 @@ class TrialRunner:
         settings = self.settings.settings
         model = self.model
         model.train()
-        optimizer = make_optimizer(self.workload, model, optimizer_kwargs(settings))
         scaler = grad_scaler(settings)
-        batch = batch_to_device(settings, *self.workload.make_batch(batch_size))
+        try:
+            optimizer = make_optimizer(self.workload, model, optimizer_kwargs(settings))
+            batch = batch_to_device(settings, *self.workload.make_batch(batch_size))
+        except Exception as error:  # the user's optimizer factory or data
+            blame_user_code(error)
+            raise
         timer = self.timer
 
         def step() -> None:
@@ -404,9 +409,13 @@ def train_step(
     """One step as the user's loop runs it: forward and loss under the settings' autocast,
     backward through the scaler, optimizer step, zero_grad."""
     inputs, targets = batch
-    with autocast(settings):
-        loss = workload.loss_fn(model(inputs), targets)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    try:
+        with autocast(settings):
+            loss = workload.loss_fn(model(inputs), targets)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    except Exception as error:  # the user's model, loss or optimizer: marked, re-raised as is
+        blame_user_code(error)
+        raise

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, PositiveInt
+from pydantic import BaseModel
 
+from torch_autotune.bounds import STRICT, AccumSteps, BatchSize, WorkerCount
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
 from torch_autotune.profile import Mode, Preferences, Source, torch_release
 
@@ -22,11 +23,11 @@ __all__ = ["Context", "Finding", "Measurements", "Preferences"]
 class Measurements(BaseModel):
     """What the probe ran on this machine (filled by the probe; None before it exists)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = STRICT
 
-    batch_size: PositiveInt | None = None
-    num_workers: int | None = None
-    grad_accum_steps: PositiveInt | None = None  # set when a target global batch was given
+    batch_size: BatchSize | None = None
+    num_workers: WorkerCount | None = None
+    grad_accum_steps: AccumSteps | None = None  # set when a target global batch was given
     workers_reason: str | None = None  # how the probe chose num_workers, in words
     compile_enabled: bool | None = None  # torch.compile kept or dropped by measurement
     compile_reason: str | None = None  # measured: why, with the numbers; else why not measured

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
-from torch_autotune import __version__
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import (
     Decision,
@@ -32,6 +31,7 @@ from torch_autotune.rules.memory import allocator, cudnn, memory_format
 from torch_autotune.rules.optimizer import batch, optimizer
 from torch_autotune.rules.precision import precision, tf32
 from torch_autotune.store import machine_id
+from torch_autotune.version import __version__
 
 Rule = Callable[[Context], Iterable[Finding]]
 

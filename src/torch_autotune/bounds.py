@@ -1,0 +1,96 @@
+"""The numbers a snapshot, a profile or a bench record may hold: finite, and no larger than a
+machine can have.
+
+A count that validates is a count torch will be asked to use: ``cpu_threads: 1000000000``
+validated once, and applying it aborted inside libgomp, which tried to allocate 216 GB for the
+thread pool. So every count has an upper bound with a reason, and every model refuses
+infinity and NaN (``STRICT``: a float that is not finite is never a measurement, a time or a
+budget). The bounds are far above any real machine; they only stop what cannot run.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import ConfigDict, Field
+
+__all__ = [
+    "MAX_ACCELERATORS",
+    "MAX_BATCH_SIZE",
+    "MAX_BYTES",
+    "MAX_COMPUTE_UNITS",
+    "MAX_CPUS",
+    "MAX_GLOBAL_BATCH",
+    "MAX_GRAD_ACCUM_STEPS",
+    "MAX_PREFETCH_FACTOR",
+    "MAX_ROUNDS",
+    "MAX_WORKERS",
+    "SEED_MAX",
+    "SEED_MIN",
+    "STRICT",
+    "AcceleratorIndex",
+    "AccumSteps",
+    "BatchSize",
+    "Bytes",
+    "ComputeUnits",
+    "CpuCount",
+    "PositiveBytes",
+    "PrefetchFactor",
+    "Rounds",
+    "Seed",
+    "SmallCount",
+    "WorkerCount",
+]
+
+STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+"""The configuration of every model: immutable, unknown keys refused, inf and NaN refused."""
+
+MAX_CPUS = 8192
+"""CPUs, threads and processes: Linux's largest build (``CONFIG_NR_CPUS`` with ``MAXSMP`` on
+x86-64) supports 8192 CPUs. Also bounds ``torch.set_num_threads`` and DDP ranks per node."""
+
+MAX_WORKERS = MAX_CPUS
+"""DataLoader workers: each is a process, one per CPU of the largest machine at most (the probe
+measures no more workers than the CPUs usable)."""
+
+MAX_BATCH_SIZE = 1 << 20
+"""Samples in one step: 16x the probe's largest cap on a GPU (65536)."""
+
+MAX_GLOBAL_BATCH = 1 << 24
+"""A global batch to keep with gradient accumulation (``autotune --target-batch``): 16M
+samples, above the largest published global batches (a few million tokens' worth)."""
+
+MAX_GRAD_ACCUM_STEPS = MAX_GLOBAL_BATCH
+"""Steps accumulated into one optimizer step: at most one per sample of the global batch."""
+
+MAX_PREFETCH_FACTOR = 1024
+"""Batches each DataLoader worker loads ahead (torch's default is 2); each is held in RAM."""
+
+MAX_ACCELERATORS = 1024
+"""GPUs one process sees: the largest nodes have 8 to 16, and a MIG slice count of 7 each."""
+
+MAX_COMPUTE_UNITS = 4096
+"""SMs (NVIDIA) or compute units (AMD) of one GPU: an H100 has 132, an MI300X 304."""
+
+MAX_BYTES = 1 << 60
+"""Bytes of memory (device, host, shared): 1 EiB; the largest hosts have tens of TiB."""
+
+MAX_ROUNDS = 1000
+"""Interleaved bench rounds: 5 by default; 1000 rounds of every arm take hours."""
+
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
+"""The seeds ``torch.manual_seed`` accepts."""
+
+CpuCount = Annotated[int, Field(ge=1, le=MAX_CPUS)]
+WorkerCount = Annotated[int, Field(ge=0, le=MAX_WORKERS)]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+AccumSteps = Annotated[int, Field(ge=1, le=MAX_GRAD_ACCUM_STEPS)]
+PrefetchFactor = Annotated[int, Field(ge=1, le=MAX_PREFETCH_FACTOR)]
+AcceleratorIndex = Annotated[int, Field(ge=0, lt=MAX_ACCELERATORS)]
+ComputeUnits = Annotated[int, Field(ge=1, le=MAX_COMPUTE_UNITS)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+PositiveBytes = Annotated[int, Field(ge=1, le=MAX_BYTES)]
+Rounds = Annotated[int, Field(ge=1, le=MAX_ROUNDS)]
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+SmallCount = Annotated[int, Field(ge=0, le=1_000_000)]
+"""Bookkeeping counts (timed blocks, MIG instance ids, compute-capability digits)."""

@@ -1,0 +1,284 @@
+"""Reading the files a user hands torch-autotune: profiles, snapshots and bench baselines.
+
+Every input passes through here, so every one gets the same limits, checked before the parser
+sees the text: a parser given a hostile file can take the process down (100,000 levels of ``[``
+overflow the C stack inside libyaml's composer, a SIGSEGV; JSON raises RecursionError) or grow
+it by gigabytes (a 200 MB YAML file grew it to 15 GB). Each failure is one ``InputFileError``
+of the caller's class (exit code 3), naming the file, the problem and the fix.
+
+The limits, and why:
+
+- ``MAX_INPUT_BYTES`` (1 MiB): a profile is 10-20 kB (the largest measured one, ResNet-50 on an
+  H100 with its evidence, is 19 kB; the 8-GPU A100 reference profile 13 kB), a snapshot 1-6 kB.
+  A regular file is refused from its size before it is read; a pipe or standard input is read
+  up to the limit and no further.
+- ``MAX_NESTING`` (64 levels): the schema nests 6 deep. Checked on the text before parsing: a
+  scan of JSON's brackets, and YAML's event stream (libyaml's parser keeps its own stack; only
+  the composer recurses).
+- ``MAX_VALUES`` (20,000 keys and values, YAML aliases expanded): the largest measured profile
+  holds 962. An alias bomb (each level repeating the last ten times) is small text and a huge tree;
+  a flat mapping of 50,000 unknown keys costs seconds of validation errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from itertools import accumulate
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from torch_autotune.errors import InputFileError
+
+MAX_INPUT_BYTES = 1024 * 1024
+MAX_NESTING = 64
+MAX_VALUES = 20_000
+
+Format = Literal["yaml", "json"]
+
+_ErrorClass = type[InputFileError]
+_LIMIT_TEXT = "1 MiB"
+
+
+def read_input(path: str | Path, error: _ErrorClass, remedy: str) -> str:
+    """The text of the file at ``path`` (UTF-8, a byte-order mark dropped), within the size limit.
+
+    ``remedy`` says how to make a good one; it ends the message when the file does not exist.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as stream:
+            return read_stream(stream, str(path), error)
+    except FileNotFoundError:
+        raise error(f"{path} does not exist; {remedy}") from None
+    except IsADirectoryError:
+        raise error(f"{path} is a directory, not a file; name the file inside it") from None
+    except OSError as exc:
+        raise error(f"{path} cannot be read: {exc.strerror or exc}") from None
+
+
+def read_stream(stream: IO[bytes], source: str, error: _ErrorClass) -> str:
+    """The text of an open binary stream (a file, a pipe, standard input), read up to the limit.
+
+    A regular file larger than the limit is refused from its size without reading it; anything
+    else is read to one byte past the limit at most.
+    """
+    try:
+        status = os.fstat(stream.fileno())
+    except (OSError, AttributeError, ValueError):  # io.UnsupportedOperation is both of the last
+        status = None
+    if status is not None and stat.S_ISREG(status.st_mode) and status.st_size > MAX_INPUT_BYTES:
+        raise error(_too_large(source, f"is {status.st_size / 1024**2:.1f} MiB, larger than"))
+    data = bytearray()
+    while len(data) <= MAX_INPUT_BYTES:
+        chunk = stream.read(MAX_INPUT_BYTES + 1 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    if len(data) > MAX_INPUT_BYTES:
+        raise error(_too_large(source, "is larger than"))
+    try:
+        return bytes(data).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{source} is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8, "
+            "or check that it is the file you meant"
+        ) from None
+
+
+def parse_json(text: str, source: str, error: _ErrorClass, remedy: str) -> Any:
+    """The data in JSON ``text``, within the size, nesting and value limits."""
+    _check_length(text, source, error)
+    _check_json_nesting(text, source, error, remedy)
+    try:
+        data = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4,300 digits
+        raise error(_not_json(exc, source, remedy)) from None
+    _check_structure(data, source, error, remedy)
+    return data
+
+
+def parse_yaml(text: str, source: str, error: _ErrorClass, remedy: str) -> Any:
+    """The data in YAML ``text``, read with the safe loader, within the limits."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    _check_length(text, source, error)
+    try:
+        _check_yaml_events(text, loader, source, error, remedy)
+        data = yaml.load(text, Loader=loader)  # a safe loader (C or Python), chosen above
+    except yaml.constructor.ConstructorError as exc:
+        if "could not determine a constructor" in str(exc.problem):
+            raise error(
+                f"{source}: refused a YAML tag that would construct an object "
+                f"({exc.problem}); it must hold plain data only"
+            ) from None
+        raise error(f"{source} is not valid YAML{_where(exc)}: {exc.problem}; {remedy}") from None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or "cannot be parsed"
+        raise error(f"{source} is not valid YAML{_where(exc)}: {problem}; {remedy}") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        # PyYAML's constructors raise these for values its resolver accepted: a date such as
+        # 2026-13-45, an integer longer than Python converts.
+        raise error(f"{source} holds a value YAML cannot read ({exc}); {remedy}") from None
+    _check_structure(data, source, error, remedy)
+    return data
+
+
+def parse_data(
+    text: str, source: str, error: _ErrorClass, remedy: str, fmt: Format | None = None
+) -> Any:
+    """The data in JSON or YAML ``text``; ``fmt=None`` tells them apart by their content.
+
+    Text that starts with ``{`` or ``[`` is tried as JSON first, then as YAML (flow style such as
+    ``{schema_version: 1, ...}`` is YAML, not JSON). When it is neither, the error shown is the
+    JSON one if the text starts as JSON does (``{"``, ``[1``, ``[{`` ...), else the YAML one.
+    """
+    if fmt == "json":
+        return parse_json(text, source, error, remedy)
+    if fmt == "yaml" or not text.lstrip().startswith(("{", "[")):
+        return parse_yaml(text, source, error, remedy)
+    _check_length(text, source, error)
+    _check_json_nesting(text, source, error, remedy)
+    try:
+        data = json.loads(text)
+    except ValueError as json_problem:
+        try:
+            return parse_yaml(text, source, error, remedy)
+        except InputFileError:
+            if not _JSON_START.match(text):
+                raise  # flow-style YAML such as '{schema_version: 1': the YAML error helps
+            raise error(_not_json(json_problem, source, remedy)) from None
+    _check_structure(data, source, error, remedy)
+    return data
+
+
+# How JSON text starts: a bracket, then a string, a number, a literal or another bracket. YAML
+# flow style starts with a bracket and a plain word ('{schema_version: 1').
+_JSON_START = re.compile(r'\s*[\[{]\s*(?:["\[\]{}]|-?[0-9]|true\b|false\b|null\b)')
+
+
+def _check_length(text: str, source: str, error: _ErrorClass) -> None:
+    # A character is at least one byte: text longer than the limit in characters is too large.
+    if len(text) > MAX_INPUT_BYTES:
+        raise error(_too_large(source, "is larger than"))
+
+
+_JSON_ESCAPED_QUOTE = re.compile(r'\\"')
+_JSON_STRING = re.compile(r'"[^"]*"?')  # after escapes are gone; an unterminated one to the end
+_NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _check_json_nesting(text: str, source: str, error: _ErrorClass, remedy: str) -> None:
+    """Refuse JSON nested deeper than MAX_NESTING, from its brackets outside strings.
+
+    Escapes go first (an escaped backslash, then an escaped quote), then strings, then all but
+    the brackets: a few passes of ``re`` over the text, linear in its length, with no Python
+    loop over its characters. Where the text is not JSON the count may be off after the first
+    error, which the decoder stops at anyway.
+    """
+    plain = _JSON_ESCAPED_QUOTE.sub("", text.replace("\\\\", ""))
+    brackets = _NOT_A_BRACKET.sub("", _JSON_STRING.sub("", plain))
+    if (
+        len(brackets) > MAX_NESTING
+        and max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > MAX_NESTING
+    ):
+        raise error(_too_deep(source, remedy))
+
+
+def _check_yaml_events(
+    text: str, loader: Any, source: str, error: _ErrorClass, remedy: str
+) -> None:
+    """Refuse YAML nested deeper than MAX_NESTING (block or flow) or holding more than
+    MAX_VALUES keys and values (an alias counted once), from the parser's events, before a
+    node is built."""
+    import yaml
+
+    depth = values = 0
+    for event in yaml.parse(text, Loader=loader):
+        if isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+            values += 1
+        elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            values += 1
+            depth += 1
+            if depth > MAX_NESTING:
+                raise error(_too_deep(source, remedy))
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+        if values > MAX_VALUES:
+            raise error(_too_many(source, remedy))
+
+
+def _check_structure(data: Any, source: str, error: _ErrorClass, remedy: str) -> None:
+    """Refuse parsed data that is nested too deep, too large, or contains itself.
+
+    YAML aliases make a small text into a deep or huge tree, or a cycle (``&a [*a]``); the
+    walk measures the tree as if every alias were written out, visiting each shared part once.
+    """
+    done: dict[int, tuple[int, int]] = {}  # id -> (depth, values) of a finished container
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        children = [c for c in _children(node) if isinstance(c, (dict, list))]
+        if children_done:
+            on_path.discard(key)
+            depth = 1 + max((done[id(c)][0] for c in children), default=0)
+            keys = len(node) if isinstance(node, dict) else 0
+            values = 1 + keys + len(node) + sum(done[id(c)][1] - 1 for c in children)
+            if depth > MAX_NESTING:
+                raise error(_too_deep(source, remedy))
+            if values > MAX_VALUES:
+                raise error(_too_many(source, remedy))
+            done[key] = (depth, values)
+        elif key in on_path:
+            raise error(f"{source} contains itself (a recursive YAML alias); {remedy}")
+        elif key not in done and isinstance(node, (dict, list)):
+            on_path.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children)
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, dict):
+        return list(node.values())
+    if isinstance(node, list):
+        return node
+    return []
+
+
+def _where(exc: Any) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    return f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+
+
+def _not_json(exc: ValueError, source: str, remedy: str) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        return f"{source} is not valid JSON ({where}); {remedy}"
+    return f"{source} is not valid JSON ({exc}); {remedy}"
+
+
+def _too_large(source: str, how_large: str) -> str:
+    return (
+        f"{source} {how_large} {_LIMIT_TEXT}, the limit for an input file (a profile or "
+        "snapshot is a few tens of kB); check that it is the file you meant"
+    )
+
+
+def _too_many(source: str, remedy: str) -> str:
+    return (
+        f"{source} holds more than {MAX_VALUES:,} keys and values, YAML aliases expanded "
+        f"(a profile holds about 1,000); {remedy}"
+    )
+
+
+def _too_deep(source: str, remedy: str) -> str:
+    return (
+        f"{source} is nested more than {MAX_NESTING} levels deep (a profile or snapshot nests "
+        f"6); {remedy}"
+    )

@@ -1,0 +1,346 @@
+"""Exit codes as the README documents them: input files, numbers, Ctrl-C, a closed pipe, and
+the user's bug told apart from ours."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.test_bench import measured
+from torch_autotune.cli import cli
+from torch_autotune.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    EXIT_WORKLOAD,
+    blame_user_code,
+)
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.probe import ablation
+from torch_autotune.probe import run as probe_run
+from torch_autotune.profile import Profile
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), prog_name="autotune")
+
+
+def one_line(text: str) -> str:
+    lines = text.splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def autotune(*args: str, home: Path, **options: object) -> subprocess.Popen[str]:
+    """The command in a new interpreter, on this checkout's code, with a store in ``home``."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TORCH_AUTOTUNE_HOME": str(home)}
+    return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+        [sys.executable, "-m", "torch_autotune", *args], env=env, text=True, **options
+    )
+
+
+# --- input files: 3, never click's 2 --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["validate", "{path}"],
+        ["diff", "{path}", "{path}"],
+        ["detect", "--snapshot", "{path}"],
+        ["recommend", "--snapshot", "{path}"],
+        ["show", "--snapshot", "{path}"],
+        ["export", "--snapshot", "{path}"],
+        ["report", "--profile", "{path}"],
+        ["bench", "--profile", "{path}"],
+        ["bench", "--baseline", "{path}"],
+    ],
+)
+@pytest.mark.parametrize("kind", ["directory", "unreadable", "missing"])
+def test_an_input_file_that_cannot_be_read_is_exit_3_with_one_line(
+    tmp_path: Path, command: list[str], kind: str
+) -> None:
+    path = tmp_path / "input.yaml"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "unreadable":
+        if getattr(os, "geteuid", lambda: 1)() == 0:
+            pytest.skip("root reads every file")
+        path.write_text("schema_version: 1\n")
+        path.chmod(0)
+    result = run(*(part.format(path=path) for part in command))
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert str(path) in one_line(result.stderr)
+    assert "Traceback" not in result.output
+
+
+def test_a_store_that_is_a_file_is_a_store_error_not_a_usage_error(
+    tmp_path: Path, snapshot_path: Path
+) -> None:
+    store = tmp_path / "store"
+    store.write_text("not a directory\n")
+    machine = str(snapshot_path / "tesla-t4.json")
+    result = run("recommend", "--snapshot", machine, "--save", "--store", str(store))
+    assert result.exit_code == 4, result.output
+    assert one_line(result.stderr).startswith("autotune: error: cannot write")
+
+
+# --- numbers: finite, positive, within what a machine can have: 2 ---------------------------------
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "1e400"])
+@pytest.mark.parametrize(
+    "command",
+    [["--budget"], ["bench", "--seconds"], ["bench", "--budget"]],
+    ids=["budget", "bench-seconds", "bench-budget"],
+)
+def test_a_number_that_cannot_run_is_a_usage_error_on_one_line(
+    command: list[str], value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*_args: object, **_kwargs: object) -> Profile:
+        raise AssertionError("the probe ran with an impossible number")
+
+    monkeypatch.setattr(probe_run, "tune", never)
+    monkeypatch.setattr(ablation, "bench", never)
+    result = run(*command, value, "--no-save")
+    assert result.exit_code == EXIT_USAGE, result.output
+    line = one_line(result.stderr)
+    assert line.startswith(f"autotune: error: Invalid value for '{command[-1]}'")
+    assert "--help" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--workers", "1000000000000"],
+        ["--max-batch-size", "1000000000000"],
+        ["--target-batch", "1000000000000"],
+        ["bench", "--rounds", "1000000000"],
+    ],
+)
+def test_a_count_beyond_any_machine_is_a_usage_error(args: list[str]) -> None:
+    result = run(*args)
+    assert result.exit_code == EXIT_USAGE
+    assert "is not in the range" in one_line(result.stderr)
+
+
+def test_the_library_refuses_the_same_numbers() -> None:
+    for budget in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match="budget_s must be a finite number"):
+            probe_run.tune("mlp", budget_s=budget)
+    with pytest.raises(ValueError, match="num_workers must be in"):
+        probe_run.tune("mlp", num_workers=10**12)
+    profile = measured("cpu-laptop-linux")
+    for seconds in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="seconds finite and > 0"):
+            ablation.bench(profile, seconds=seconds)
+
+
+# --- Ctrl-C: 130 and one line ---------------------------------------------------------------------
+
+
+def test_ctrl_c_inside_a_command_is_130_and_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*_args: object, **_kwargs: object) -> Profile:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probe_run, "tune", interrupted)
+    result = run("--no-save")
+    assert result.exit_code == EXIT_INTERRUPTED
+    assert one_line(result.stderr) == "autotune: interrupted"
+
+
+def test_ctrl_c_in_a_real_run_is_130_and_one_line(tmp_path: Path) -> None:
+    """SIGINT while the user's factory module is being imported (the probe is under way)."""
+    (tmp_path / "sleepy.py").write_text(
+        textwrap.dedent(
+            """
+            import sys, time
+            print("ready", file=sys.stderr, flush=True)
+            time.sleep(60)
+            """
+        )
+    )
+    process = autotune(
+        "-m", "sleepy:make_workload", "--no-save", home=tmp_path, cwd=tmp_path,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stderr is not None
+    for line in process.stderr:  # the progress lines come first
+        if line.strip() == "ready":
+            break
+    process.send_signal(signal.SIGINT)
+    with process:
+        rest = process.stderr.read()
+    assert process.returncode == EXIT_INTERRUPTED, rest
+    assert rest == "autotune: interrupted\n"
+
+
+def test_ctrl_c_while_the_command_is_imported_is_130_and_one_line() -> None:
+    """The interrupt arrives exactly when the entry point imports the command's module."""
+    code = textwrap.dedent(
+        """
+        import os, signal, sys
+
+        class InterruptOnImport:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch_autotune.cli":
+                    os.kill(os.getpid(), signal.SIGINT)
+                return None
+
+        sys.meta_path.insert(0, InterruptOnImport())
+        from torch_autotune.__main__ import main
+        main()
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == EXIT_INTERRUPTED, done.stderr
+    assert done.stderr == "autotune: interrupted\n"
+
+
+# --- a closed pipe: quietly, 141 ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["recommend"], ["detect", "--json"], ["export"]])
+def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
+    snapshot_path: Path, tmp_path: Path, command: list[str]
+) -> None:
+    read, write = os.pipe()
+    os.close(read)  # as `autotune recommend | head -1` once head has its line
+    machine = str(snapshot_path / "tesla-t4.json")
+    process = autotune(
+        *command, "--snapshot", machine, home=tmp_path, stdout=write, stderr=subprocess.PIPE
+    )
+    os.close(write)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == EXIT_BROKEN_PIPE
+    assert "Traceback" not in stderr
+    assert "error" not in stderr  # a note that no profile is stored may stand there
+
+
+# --- the user's bug is 5, ours is 1 ---------------------------------------------------------------
+
+
+def test_a_bug_of_ours_in_tune_is_exit_1_with_the_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def buggy(*_args: object, **_kwargs: object) -> Profile:
+        raise KeyError("a key our own code forgot")
+
+    monkeypatch.setattr(probe_run, "tune", buggy)
+    result = run("--no-save")
+    assert result.exit_code == EXIT_INTERNAL
+    assert "Traceback (most recent call last)" in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("autotune: internal error: KeyError:")
+    assert "please report it" in last
+    assert "fix the model" not in result.stderr
+
+
+def test_a_bug_of_ours_in_bench_is_exit_1(
+    monkeypatch: pytest.MonkeyPatch, detected_as: Callable[[str], HardwareSnapshot]
+) -> None:
+    from pydantic import ValidationError
+
+    from torch_autotune.bench import TrainConfig
+
+    def buggy(*_args: object, **_kwargs: object) -> Profile:
+        TrainConfig(batch_size=0)  # an internal ValidationError, as 'bench --seconds nan' gave
+        raise AssertionError("unreachable")
+
+    detected_as("cpu-laptop-linux")
+    monkeypatch.setattr(ablation, "bench", buggy)
+    result = run("bench", "--model", "mlp", "--no-save", "--budget", "5")
+    assert result.exit_code == EXIT_INTERNAL, result.output
+    assert f"internal error: {ValidationError.__name__}" in result.stderr
+
+
+def test_an_error_the_probe_marked_as_the_users_is_exit_5(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def users_bug(*_args: object, **_kwargs: object) -> Profile:
+        error = ValueError("the user's dataset is broken")
+        blame_user_code(error)
+        raise error
+
+    monkeypatch.setattr(probe_run, "tune", users_bug)
+    result = run("--no-save")
+    assert result.exit_code == EXIT_WORKLOAD
+    assert "the user's dataset is broken" in result.stderr
+    assert "fix the model or its data" in result.stderr.splitlines()[-1]
+
+
+def test_the_users_data_failing_in_a_real_step_is_theirs(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    detected_as("cpu-laptop-linux")
+    (tmp_path / "bad_optimizer.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            def optimizer(params, **kwargs):
+                raise ValueError("no learning rate given")
+
+            def make_workload():
+                return {
+                    "model": torch.nn.Linear(4, 2),
+                    "optimizer": optimizer,
+                    "example_batch": (torch.randn(8, 4), torch.randint(0, 2, (8,))),
+                }
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run("--model", "bad_optimizer:make_workload", "--budget", "10", "--no-save")
+    assert result.exit_code == EXIT_WORKLOAD, result.output
+    assert "no learning rate given" in result.stderr
+    assert 'bad_optimizer.py", line' in result.stderr
+
+
+# --- torch's warning that numpy is missing --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("module", "shown"),
+    [("torch._subclasses.functional_tensor", False), ("mypkg.models", True)],
+)
+def test_torchs_numpy_warning_does_not_open_the_output(
+    monkeypatch: pytest.MonkeyPatch, module: str, shown: bool
+) -> None:
+    from tests.test_the_suite import warn_from
+
+    message = "Failed to initialize NumPy: No module named 'numpy'"
+
+    def tune(*_args: object, **_kwargs: object) -> Profile:
+        warn_from(module, message, UserWarning)  # as torch does on its first import
+        return measured("cpu-laptop-linux", workload="conv")
+
+    monkeypatch.setattr(probe_run, "tune", tune)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run("--no-save")
+    assert result.exit_code == 0, result.output
+    assert [str(w.message) for w in caught] == ([message] if shown else [])
