@@ -31,7 +31,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -59,10 +58,8 @@ from torch_autotune.knobs import (
     train_settings,
     with_knob,
 )
+from torch_autotune.profile import Decision, Profile
 from torch_autotune.settings import Settings, Source, setting_value
-
-if TYPE_CHECKING:
-    from torch_autotune.profile import Decision, Profile
 
 __all__ = [
     "BASELINE_BATCH_SIZE",
@@ -340,8 +337,6 @@ def _channels_last_without_amp(settings: Settings) -> bool:
 def _with_drop(draft: _Draft, knob: Knob, baseline: TrainConfig, rule: str, reason: str) -> _Draft:
     """The draft with ``knob`` at the baseline's value and one decision for each setting that
     holds it, naming the decision it overrides when the value changed."""
-    from torch_autotune.profile import Decision
-
     settings = knob.put(draft.settings, baseline)
     decisions = list(draft.decisions)
     for path in knob.paths(baseline):
@@ -375,8 +370,6 @@ def _final_text(bench: BenchEvidence) -> str:
 
 
 def _note_not_dropped(profile: Profile, drop: SettingEffect, problem: str) -> Decision:
-    from torch_autotune.profile import Decision
-
     path = KNOB_BY_NAME[drop.setting].paths(TrainConfig())[0]
     current = profile.decision(path)
     return Decision(
