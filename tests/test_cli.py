@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import stat
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +23,7 @@ from torch_autotune.errors import (
     EXIT_BAD_INPUT,
     EXIT_DIFFERENT,
     EXIT_INTERNAL,
+    EXIT_STORE,
     EXIT_USAGE,
     EXIT_WORKLOAD,
 )
@@ -152,7 +156,7 @@ def test_save_then_show_and_export_use_the_stored_profile(
 def test_show_without_a_stored_profile_says_rules_only(snapshot_path: Path, tmp_path: Path) -> None:
     result = run("show", "--snapshot", str(snapshot_path / "l4.json"), "--store", str(tmp_path))
     assert result.exit_code == 0
-    assert "no profile stored for this machine" in result.stderr
+    assert "no profile stored for the machine in " in result.stderr
 
 
 @pytest.fixture
@@ -188,9 +192,9 @@ def test_show_of_a_workload_not_measured_says_what_was_and_how_to_measure_it(
     result = on_the_l4(snapshot_path, "show", l4_store, "-m", asked)
     assert result.exit_code == 0
     assert "rules only, not measured" in result.stdout
-    assert f"no profile measured on {asked} for this machine" in result.stderr
+    assert f"no profile measured on {asked} for the machine in " in result.stderr
     assert note in result.stderr
-    assert f"run 'autotune -m {asked}'" in result.stderr
+    assert f"run 'autotune -m {asked}' on that machine" in result.stderr
 
 
 def test_export_to_json_on_stdout(snapshot_path: Path, tmp_path: Path) -> None:
@@ -367,3 +371,105 @@ def test_a_deprecation_from_torch_is_shown_and_not_blamed_on_the_model(
     else:  # our own deprecations follow the filters: here they are errors, and our bug
         assert "internal error: DeprecationWarning" in result.stderr
         assert "not out-of-memory" not in result.stderr
+
+
+# --- warnings that were false or missing (issue 11) -------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["show", "export"])
+def test_a_snapshot_of_another_machine_is_not_compared_with_this_ones_history(
+    snapshot_path: Path, tmp_path: Path, command: str
+) -> None:
+    """This machine's profile, made on the L4, was called stale for a recorded RTX 3090:
+    "the stored profile was made before this machine changed (GPUs ... -> ...)"."""
+    ProfileStore(tmp_path).save(measured("l4"))  # written by this machine (its machine_id)
+    other = snapshot_path / "rtx-3090.json"
+    result = run(command, "--snapshot", str(other), "--store", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "changed" not in result.stderr
+    assert "warning" not in result.stderr
+    assert f"no profile stored for the machine in {other}" in result.stderr
+    assert "run 'autotune' on that machine" in result.stderr
+
+
+def test_a_snapshot_with_a_stored_profile_shows_it(snapshot_path: Path, tmp_path: Path) -> None:
+    ProfileStore(tmp_path).save(measured("l4", batch=512))
+    result = run("show", "--snapshot", str(snapshot_path / "l4.json"), "--store", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "measured on this machine" in result.stdout
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize("command", [["recommend"], ["show"], ["export"]])
+def test_a_gpu_torch_cannot_run_is_one_warning_line(
+    snapshot_path: Path, tmp_path: Path, command: list[str]
+) -> None:
+    machine = snapshot_path / "rtx-5090-old-wheel.json"
+    result = run(*command, "--snapshot", str(machine), "--store", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    (warning,) = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert warning.startswith("autotune: warning: training on the CPU although this machine has")
+    assert "sm_120" in warning
+    assert "CUDA 12.8" in warning
+
+
+@pytest.mark.parametrize("command", [["recommend"], ["show"]])
+def test_a_gpu_torch_runs_gets_no_such_warning(
+    snapshot_path: Path, tmp_path: Path, command: list[str]
+) -> None:
+    result = run(
+        *command, "--snapshot", str(snapshot_path / "rtx-5090.json"), "--store", str(tmp_path)
+    )
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr
+
+
+def test_autotune_warns_when_it_measured_the_cpu_of_a_machine_with_a_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def tune(_workload: object, **_options: object) -> Profile:
+        return measured("rtx-5090-old-wheel", workload="conv", workers=None)
+
+    monkeypatch.setattr(probe_run, "tune", tune)
+    result = run("--no-save")
+    assert result.exit_code == 0, result.output
+    assert "autotune: warning: training on the CPU although this machine has a GPU" in (
+        result.stderr
+    )
+
+
+def test_recommend_save_refuses_to_replace_a_measured_profile(
+    snapshot_path: Path, tmp_path: Path
+) -> None:
+    store = ProfileStore(tmp_path)
+    store.save(measured("l4", workload="resnet50"))
+    machine_file = next(store.profiles_dir.glob("*.json"))
+    before = machine_file.read_bytes()
+    machine = str(snapshot_path / "l4.json")
+    refused = run("recommend", "--snapshot", machine, "--save", "--store", str(tmp_path))
+    assert refused.exit_code == EXIT_STORE
+    (line,) = refused.stderr.splitlines()
+    assert "measured on resnet50" in line
+    assert "--force" in line
+    assert machine_file.read_bytes() == before
+    forced = run("recommend", "--snapshot", machine, "--save", "--force", "--store", str(tmp_path))
+    assert forced.exit_code == 0, forced.output
+    assert json.loads(machine_file.read_text())["measured"] is False
+    assert store.measured_workloads(
+        json.loads(machine_file.read_text())["provenance"]["fingerprint"]
+    ) == ["resnet50"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+def test_export_to_a_fifo_writes_into_it(snapshot_path: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "profile.fifo"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    machine = str(snapshot_path / "l4.json")
+    result = run("export", "--snapshot", machine, "--store", str(tmp_path), "-o", str(fifo))
+    reader.join(timeout=10)
+    assert result.exit_code == 0, result.output
+    assert received[0].startswith(b"schema_version: 1")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)

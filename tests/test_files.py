@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
+from torch_autotune import files
 from torch_autotune.errors import StoreError
-from torch_autotune.files import write_atomically
+from torch_autotune.files import (
+    GONE_WRITER_GRACE_S,
+    STALE_TEMPORARY_S,
+    TEMPORARY_SUFFIX,
+    write_atomically,
+    writes_in_place,
+)
+
+SRC = str(Path(files.__file__).parents[1])
 
 
 @pytest.fixture
@@ -58,3 +73,198 @@ def test_an_unwritable_place_is_a_store_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(StoreError, match="cannot write"):
         write_atomically(blocker / "profile.yaml", "a: 1\n")
+
+
+# --- what is not a regular file is written in place, never replaced (issue 11) ---------------
+
+posix_only = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and /dev are POSIX")
+
+
+@posix_only
+def test_a_fifo_is_written_to_and_stays_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "profile.fifo"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    write_atomically(fifo, "a: 1\n")
+    reader.join(timeout=10)
+    assert received == [b"a: 1\n"]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.fifo"]
+
+
+@posix_only
+def test_a_character_device_is_written_in_place() -> None:
+    """Asked of the predicate only: a regression must not get to rename over /dev/null."""
+    assert stat.S_ISCHR(Path(os.devnull).stat().st_mode)
+    assert writes_in_place(Path(os.devnull))
+
+
+@posix_only
+@pytest.mark.parametrize("path", ["/dev/stdout", "/dev/stderr", "/proc/self/fd/1", "/dev/fd/1"])
+def test_descriptor_paths_are_written_in_place_whatever_they_lead_to(path: str) -> None:
+    if not Path(path).exists():
+        pytest.skip(f"{path} does not exist here")
+    assert writes_in_place(Path(path))
+
+
+def test_a_regular_file_and_a_missing_path_are_replaced(tmp_path: Path) -> None:
+    existing = tmp_path / "old.yaml"
+    existing.write_text("old\n")
+    assert not writes_in_place(existing)
+    assert not writes_in_place(tmp_path / "new.yaml")
+
+
+WRITE_TO_ARGV1 = (
+    "import sys; from pathlib import Path; from torch_autotune.files import write_atomically; "
+    "write_atomically(Path(sys.argv[1]), 'a: 1\\n')"
+)
+
+
+def run_writer(target: Path, stdout: int | IO[bytes]) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-c", WRITE_TO_ARGV1, str(target)],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": SRC},
+        timeout=60,
+        check=True,
+    )
+
+
+@posix_only
+def test_stdout_through_a_link_reaches_a_pipe(tmp_path: Path) -> None:
+    """`export -o /dev/stdout | ...` printed nothing and replaced the device node; a link to
+    /dev/stdout inside tmp_path stands in for it (a regression replaces the link, not /dev)."""
+    link = tmp_path / "out.yaml"
+    link.symlink_to("/dev/stdout")
+    done = run_writer(link, subprocess.PIPE)
+    assert done.stdout == b"a: 1\n"
+    assert link.is_symlink()
+    assert [p.name for p in tmp_path.iterdir()] == ["out.yaml"]
+
+
+@posix_only
+def test_stdout_redirected_to_a_file_is_appended_to_not_replaced(tmp_path: Path) -> None:
+    """`autotune export -o /dev/stdout >> log`: the log keeps what it held."""
+    link, log = tmp_path / "out.yaml", tmp_path / "log"
+    link.symlink_to("/dev/stdout")
+    log.write_bytes(b"earlier\n")
+    with log.open("ab") as out:
+        run_writer(link, out)
+    assert log.read_bytes() == b"earlier\na: 1\n"
+    assert link.is_symlink()
+
+
+@posix_only
+def test_a_link_to_a_regular_file_replaces_the_file_and_keeps_the_link(tmp_path: Path) -> None:
+    real = tmp_path / "dotfiles" / "profile.yaml"
+    real.parent.mkdir()
+    real.write_text("old\n")
+    link = tmp_path / "profile.yaml"
+    link.symlink_to(real)
+    write_atomically(link, "new\n")
+    assert link.is_symlink()
+    assert real.read_text() == "new\n"
+
+
+# --- temporary files that a killed writer left behind ---------------------------------------
+
+
+def leftover(directory: Path, *, pid: int, host: str | None = None, age_s: float = 0.0) -> Path:
+    """A temporary file as a writer killed before its rename leaves it."""
+    path = directory / f".profile.json.{host or files._host()}-{pid}-k3x9_q{TEMPORARY_SUFFIX}"
+    path.write_text('{"half": ')
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+    return path
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize(
+    ("writer", "age_s", "removed"),
+    [
+        pytest.param("dead", GONE_WRITER_GRACE_S + 5, True, id="writer-gone"),
+        pytest.param("dead", 1.0, False, id="writer-gone-just-now"),
+        pytest.param("alive", GONE_WRITER_GRACE_S + 5, False, id="writer-still-writing"),
+        pytest.param("alive", STALE_TEMPORARY_S + 5, True, id="too-old-whoever-wrote-it"),
+        pytest.param("other-host", GONE_WRITER_GRACE_S + 5, False, id="other-host-recent"),
+        pytest.param("other-host", STALE_TEMPORARY_S + 5, True, id="other-host-too-old"),
+    ],
+)
+def test_the_next_write_removes_stale_temporaries_only(
+    tmp_path: Path, writer: str, age_s: float, removed: bool
+) -> None:
+    pid = dead_pid() if writer == "dead" else os.getpid()
+    left = leftover(
+        tmp_path, pid=pid, host="0badf00d" if writer == "other-host" else None, age_s=age_s
+    )
+    write_atomically(tmp_path / "profile.json", "{}\n")
+    assert left.exists() is not removed
+    assert (tmp_path / "profile.json").read_text() == "{}\n"
+
+
+def test_files_that_are_not_ours_are_never_removed(tmp_path: Path) -> None:
+    others = [".profile.json.swp", ".profile.json.abc123.tmp", ".x.autotune.tmp", "notes.tmp"]
+    for name in others:
+        (tmp_path / name).write_text("keep")
+        os.utime(tmp_path / name, (0, 0))  # 1970: as old as can be
+    write_atomically(tmp_path / "profile.json", "{}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*others, "profile.json"])
+
+
+SLOW_WRITER = """
+import os, sys, time
+from pathlib import Path
+from torch_autotune.files import write_atomically
+
+def stuck(fd):
+    print("writing", flush=True)
+    time.sleep(120)
+
+os.fsync = stuck
+write_atomically(Path(sys.argv[1]), '{"new": 1}\\n')
+"""
+
+
+@posix_only
+def test_a_writer_killed_mid_save_leaves_the_old_file_and_the_next_save_cleans_up(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "profile.json"
+    target.write_text('{"old": 1}\n')
+    writer = subprocess.Popen(
+        [sys.executable, "-c", SLOW_WRITER, str(target)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+    assert writer.stdout is not None
+    assert writer.stdout.readline() == b"writing\n"  # the temporary file is written, not renamed
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(timeout=30)
+    writer.stdout.close()
+    assert target.read_text() == '{"old": 1}\n'
+    (left,) = (p for p in tmp_path.iterdir() if p.name.endswith(TEMPORARY_SUFFIX))
+    then = time.time() - GONE_WRITER_GRACE_S - 1
+    os.utime(left, (then, then))
+    write_atomically(target, '{"next": 1}\n')
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]
+    assert target.read_text() == '{"next": 1}\n'
+
+
+def test_the_store_cleans_its_own_directory(tmp_path: Path) -> None:
+    from tests.test_store import NOW, snapshot
+    from torch_autotune.rules.engine import build_profile
+    from torch_autotune.store import ProfileStore
+
+    store = ProfileStore(tmp_path)
+    store.profiles_dir.mkdir(parents=True)
+    left = leftover(store.profiles_dir, pid=dead_pid(), age_s=GONE_WRITER_GRACE_S + 5)
+    store.save(build_profile(snapshot(), now=NOW))
+    assert not left.exists()

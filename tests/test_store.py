@@ -13,7 +13,13 @@ import pytest
 from tests.test_bench import measured
 from torch_autotune.api import recommend
 from torch_autotune.detect import RecordedMachine
-from torch_autotune.errors import EXIT_STORE, StaleProfileWarning, StoreError
+from torch_autotune.errors import (
+    EXIT_STORE,
+    MeasuredProfileExistsError,
+    StaleProfileWarning,
+    StoreError,
+    UnusableGpuWarning,
+)
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Mode, Preferences, Profile, fingerprint
 from torch_autotune.profile_io import dump_profile
@@ -142,7 +148,8 @@ def test_the_layout_is_the_machines_profile_and_one_file_per_workload(tmp_path: 
     assert path == tmp_path / "profiles" / fp / "resnet50.json"
     files = {p.relative_to(store.profiles_dir).as_posix() for p in store.profiles_dir.rglob("*")}
     assert files == {fp, f"{fp}.json", f"{fp}/resnet50.json"}
-    rules_only = store.save(build_profile(snapshot(), now=NOW))  # no workload: the machine's only
+    # no workload: the machine's file only (replacing a measured one needs force)
+    rules_only = store.save(build_profile(snapshot(), now=NOW), force=True)
     assert rules_only == tmp_path / "profiles" / f"{fp}.json"
     assert [p.name for p in (store.profiles_dir / fp).iterdir()] == ["resnet50.json"]
 
@@ -243,3 +250,82 @@ def test_recommend_with_a_stored_profile_does_not_import_torch(tmp_path: Path) -
         timeout=120,
     )
     assert done.stdout.split() == ["False", "False", "False"]
+
+
+# --- a GPU the installed torch cannot run (issue 11) -----------------------------------------
+
+ALL_SNAPSHOTS = sorted(p.stem for p in SNAPSHOT_DIR.glob("*.json"))
+
+
+def gpu_left_idle(machine: HardwareSnapshot) -> bool:
+    """Whether the machine has a CUDA or ROCm GPU and its rules-only profile trains on the CPU."""
+    gpus = [a for a in machine.accelerators if a.backend.value in ("cuda", "rocm")]
+    return bool(gpus) and build_profile(machine, now=NOW).device == "cpu"
+
+
+@pytest.mark.parametrize("name", ALL_SNAPSHOTS)
+def test_recommend_warns_exactly_when_a_gpu_is_left_idle(tmp_path: Path, name: str) -> None:
+    machine = snapshot(name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profile = recommend(store=tmp_path, machine=RecordedMachine(machine))
+    warned = [w for w in caught if issubclass(w.category, UnusableGpuWarning)]
+    assert bool(warned) is gpu_left_idle(machine)
+    assert all(profile.device == "cpu" for _ in warned)
+
+
+def test_the_rtx_5090_with_an_old_wheel_warns_with_the_wheel_that_runs_it(tmp_path: Path) -> None:
+    """sm_120 with torch 2.5.1+cu124 fell back to the CPU silently."""
+    old_wheel = RecordedMachine(snapshot("rtx-5090-old-wheel"))
+    with pytest.warns(UnusableGpuWarning, match=r"RTX 5090 is sm_120.*CUDA 12\.8") as caught:
+        profile = recommend(store=tmp_path, machine=old_wheel)
+    assert profile.device == "cpu"
+    assert caught[0].filename == __file__  # points at the caller's line, not ours
+    ProfileStore(tmp_path).save(profile)
+    with pytest.warns(UnusableGpuWarning):  # the stored profile idles the GPU just the same
+        assert recommend(store=tmp_path, machine=old_wheel) == profile
+
+
+def test_the_rtx_5090_with_a_wheel_that_runs_it_does_not_warn(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        profile = recommend(store=tmp_path, machine=RecordedMachine(snapshot("rtx-5090")))
+    assert profile.device == "cuda"
+
+
+# --- a rules-only profile never silently replaces a measured one ------------------------------
+
+
+def test_saving_rules_only_over_a_measured_profile_is_refused(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path)
+    path = store.save(measured_on("resnet50"))
+    machine_file = store.path_for(fingerprint(snapshot()))
+    before = machine_file.read_bytes()
+    with pytest.raises(MeasuredProfileExistsError, match=r"measured on resnet50.*--force"):
+        store.save(build_profile(snapshot(), now=NOW))
+    assert machine_file.read_bytes() == before
+    assert path.exists()
+
+
+def test_force_replaces_the_machines_profile_and_keeps_the_workloads(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path)
+    resnet = measured_on("resnet50")
+    store.save(resnet)
+    rules_only = build_profile(snapshot(), now=NOW)
+    store.save(rules_only, force=True)
+    assert store.load(fingerprint(snapshot())) == rules_only
+    assert store.load(fingerprint(snapshot()), "resnet50") == resnet
+
+
+def test_rules_only_replaces_rules_only_and_measured_replaces_anything(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path)
+    store.save(build_profile(snapshot(), now=NOW))
+    store.save(build_profile(snapshot(), preferences=Preferences(model_kind="conv"), now=NOW))
+    store.save(measured_on("gpt2"))
+    store.save(measured_on("resnet50"))
+    assert measured_on_name(store.load(fingerprint(snapshot()))) == "resnet50"
+
+
+def measured_on_name(profile: Profile | None) -> str | None:
+    assert profile is not None
+    return None if profile.evidence is None else profile.evidence.workload

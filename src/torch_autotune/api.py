@@ -11,9 +11,15 @@ import warnings
 from pathlib import Path
 
 from torch_autotune.detect import Machine, detect
-from torch_autotune.errors import StaleProfileWarning
+from torch_autotune.errors import (
+    StaleProfileWarning,
+    StoredProfileError,
+    StoredProfileWarning,
+    UnusableGpuWarning,
+)
+from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Mode, Profile
-from torch_autotune.store import ProfileStore, machine_id
+from torch_autotune.store import Lookup, ProfileStore, machine_id
 
 
 def recommend(
@@ -34,13 +40,38 @@ def recommend(
     ``mode`` asks for a mode; a stored profile of another mode is not returned. A stored
     profile whose machine changed since is never used: a ``StaleProfileWarning`` says what
     changed, and the rules-only profile comes back instead (``profile.measured`` is False), as
-    it does when nothing was measured on ``workload`` here. Importing torch and starting CUDA
-    are left to the caller.
+    it does when nothing was measured on ``workload`` here. A stored profile that is corrupt
+    or was made for another machine is never used either: a ``StoredProfileWarning`` names
+    the file and the fix, and the rules-only profile comes back, so a training script goes on.
+    A GPU the installed torch cannot run (no kernels for its architecture) gives a CPU profile
+    and an ``UnusableGpuWarning`` that names the torch build that would run it. Importing
+    torch and starting CUDA are left to the caller.
+    """
+    return profile_for(detect(machine), mode, workload=workload, store=store, writer=machine_id())
+
+
+def profile_for(
+    snapshot: HardwareSnapshot,
+    mode: Mode | str | None = None,
+    *,
+    workload: str | None = None,
+    store: str | Path | None = None,
+    writer: str | None = None,
+) -> Profile:
+    """``recommend()`` for a detected ``snapshot``: stored if fresh, else rules only.
+
+    ``writer`` is the machine id whose stale profiles are reported (``machine_id()`` for this
+    machine); None for a recorded snapshot of another machine, whose history this store
+    cannot know, so nothing is called stale.
     """
     wanted = None if mode is None else Mode(mode)
-    snapshot = detect(machine)
-    lookup = ProfileStore(store).lookup(snapshot, machine_id(), workload)
+    try:
+        lookup = ProfileStore(store).lookup(snapshot, writer, workload)
+    except StoredProfileError as error:
+        warnings.warn(StoredProfileWarning(error), stacklevel=3)
+        lookup = Lookup(None, None, None)
     if lookup.profile is not None and wanted in (None, lookup.profile.mode):
+        _warn_if_gpu_unused(lookup.profile)
         return lookup.profile
     if lookup.stale is not None:
         what = "the stored profile" if workload is None else f"the profile stored for {workload}"
@@ -50,9 +81,27 @@ def recommend(
                 f"{what} was made before this machine changed ({lookup.stale_reason}); using"
                 f" rules only: run '{again}' to measure again"
             ),
-            stacklevel=2,
+            stacklevel=3,
         )
     from torch_autotune.rules.context import Preferences
     from torch_autotune.rules.engine import build_profile
 
-    return build_profile(snapshot, preferences=Preferences(mode=wanted or Mode.SPEED))
+    profile = build_profile(snapshot, preferences=Preferences(mode=wanted or Mode.SPEED))
+    _warn_if_gpu_unused(profile)
+    return profile
+
+
+def unused_gpu_reason(profile: Profile) -> str | None:
+    """Why ``profile`` trains on the CPU although its machine has a GPU (rules catalog E1:
+    torch ships no kernels for the GPU, or is a CPU build), in one line; None otherwise."""
+    decision = profile.decision("device")
+    if decision is None or decision.rule != "E1":
+        return None
+    reason = decision.reason.removeprefix("No GPU profile: ").rstrip(".")
+    return f"training on the CPU although this machine has a GPU: {reason}"
+
+
+def _warn_if_gpu_unused(profile: Profile) -> None:
+    reason = unused_gpu_reason(profile)
+    if reason is not None:
+        warnings.warn(UnusableGpuWarning(reason), stacklevel=4)

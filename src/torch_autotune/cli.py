@@ -250,7 +250,8 @@ def cli(  # click passes options by name
     \b
     Exit codes: 0 success, 1 internal error (a bug), 2 usage error,
     3 an input file is missing or invalid, 4 the profile store cannot be
-    read or written, 5 the workload cannot be built or trained,
+    read or written (or holds a corrupt or foreign profile, or --save would
+    replace a measured one), 5 the workload cannot be built or trained,
     6 the probe could not measure (no torch, budget too small),
     130 interrupted, 141 standard output closed early.
     'autotune diff' exits 1 when the profiles differ, as diff(1).
@@ -274,6 +275,7 @@ def cli(  # click passes options by name
             )
 
     profile = _user_code(ctx, run)
+    _warn_unused_gpu(profile)
     saved = None
     if not no_save:
         from torch_autotune.store import ProfileStore
@@ -671,6 +673,11 @@ def report_command(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 @click.option("--save", is_flag=True, help="Store the profile for this machine.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --save: replace a measured profile stored for this machine (refused without).",
+)
 @_store_option
 def recommend_command(  # click passes options by name
     *,
@@ -681,6 +688,7 @@ def recommend_command(  # click passes options by name
     optimizer: str,
     as_json: bool,
     save: bool,
+    force: bool,
     store: Path | None,
 ) -> None:
     """Show the profile the rules give, each setting with its reason."""
@@ -695,10 +703,11 @@ def recommend_command(  # click passes options by name
         optimizer=optimizer,  # type: ignore[arg-type]
     )
     profile = build_profile(snapshot, preferences=preferences)
+    _warn_unused_gpu(profile)
     if save:
         from torch_autotune.store import ProfileStore
 
-        path = ProfileStore(store).save(profile)
+        path = ProfileStore(store).save(profile, force=force)
         click.echo(f"saved to {path}", err=True)
     if as_json:
         from torch_autotune.profile_io import dump_profile
@@ -717,42 +726,77 @@ def _current_profile(
     workload: str | None = None,
 ) -> Any:
     """recommend() for this machine (or a recorded one), for ``workload`` when one is named:
-    stored if fresh, else rules only, with a note on stderr that says which."""
+    stored if fresh, else rules only, with a note on stderr that says which.
+
+    A recorded machine is another machine (or this one at another time): the store's profile
+    for its fingerprint is shown when there is one, else the rules-only profile for it, and
+    nothing is called stale, since this machine's history says nothing about it. A stored
+    profile that cannot be used (corrupt, or made for another machine) is an error (exit 4)
+    naming the file and the fix, where recommend() in a script warns and goes on.
+    """
     import warnings
 
-    from torch_autotune.api import recommend
-    from torch_autotune.errors import StaleProfileWarning
+    from torch_autotune.api import profile_for
+    from torch_autotune.errors import (
+        StaleProfileWarning,
+        StoredProfileWarning,
+        UnusableGpuWarning,
+    )
+    from torch_autotune.store import machine_id
 
-    machine = _recorded_machine(snapshot_file)
+    snapshot = _snapshot(snapshot_file)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", StaleProfileWarning)
-        profile = recommend(mode, workload=workload, store=store, machine=machine)
+        for category in (StaleProfileWarning, StoredProfileWarning, UnusableGpuWarning):
+            warnings.simplefilter("always", category)
+        writer = None if snapshot_file is not None else machine_id()
+        profile = profile_for(snapshot, mode, workload=workload, store=store, writer=writer)
     for warning in caught:
+        if isinstance(warning.message, StoredProfileWarning):
+            raise warning.message.error
+    stale = False
+    for warning in caught:
+        stale = stale or isinstance(warning.message, StaleProfileWarning)
         click.echo(f"autotune: warning: {warning.message}", err=True)
-    if not profile.measured and not caught:
-        click.echo(f"autotune: note: {_nothing_stored(store, profile, workload)}", err=True)
+    if not profile.measured and not stale:
+        text = _nothing_stored(store, profile, workload, snapshot_file)
+        click.echo(f"autotune: note: {text}", err=True)
     return profile
 
 
-def _nothing_stored(store: Path | None, profile: Any, workload: str | None) -> str:
+def _warn_unused_gpu(profile: Any) -> None:
+    """One line on stderr when the profile trains on the CPU of a machine with a GPU."""
+    from torch_autotune.api import unused_gpu_reason
+
+    reason = unused_gpu_reason(profile)
+    if reason is not None:
+        click.echo(f"autotune: warning: {reason}", err=True)
+
+
+def _nothing_stored(
+    store: Path | None, profile: Any, workload: str | None, snapshot_file: Path | None = None
+) -> str:
     """Why the rules-only profile is shown, and the command that measures one."""
+    machine = "this machine" if snapshot_file is None else f"the machine in {snapshot_file}"
+    there = "" if snapshot_file is None else " on that machine"
     if workload is None:
         return (
-            "no profile stored for this machine; showing the rules-only profile (run "
-            "'autotune' to measure)"
+            f"no profile stored for {machine}; showing the rules-only profile (run "
+            f"'autotune'{there} to measure)"
         )
     import difflib
 
     from torch_autotune.store import ProfileStore
 
     measured = ProfileStore(store).measured_workloads(profile.provenance.fingerprint)
-    text = f"no profile measured on {workload} for this machine"
+    text = f"no profile measured on {workload} for {machine}"
     close = difflib.get_close_matches(workload, measured, n=1)
     if close:
         text += f"; perhaps you meant '{close[0]}'?"
     elif measured:
         text += f" (measured here: {', '.join(measured)})"
-    return f"{text}; showing the rules-only profile (run 'autotune -m {workload}' to measure)"
+    return (
+        f"{text}; showing the rules-only profile (run 'autotune -m {workload}'{there} to measure)"
+    )
 
 
 @cli.command("show")

@@ -8,7 +8,10 @@ Exit codes (documented in the README):
     1  an unexpected internal error (a bug: please report it with the traceback)
     2  usage error: unknown option, bad argument (click's own code)
     3  an input file is missing, unreadable, or not valid (snapshot, profile)
-    4  the profile store cannot be read or written (location, permissions, disk)
+    4  the profile store cannot be read or written (location, permissions, disk), a stored
+       profile is corrupt or was made for another machine, or a write would replace a
+       measured profile with a rules-only one (without --force); an output file (-o, --plot)
+       cannot be written
     5  the workload cannot be used: the user's model factory fails to import or run, or its
        training step raises an error that is not out-of-memory (the user's own traceback is
        shown)
@@ -71,6 +74,30 @@ class StoreError(AutotuneError):
     """The profile store cannot be read or written."""
 
     exit_code = EXIT_STORE
+
+
+class StoredProfileError(StoreError):
+    """A profile in the store cannot be used: not UTF-8, not JSON, invalid, from a newer
+    release, or made for another machine than its file name says. The message names the file
+    and the fix; reading never deletes it."""
+
+
+class MeasuredProfileExistsError(StoreError):
+    """Saving would replace a measured profile with a rules-only one (``--force`` does)."""
+
+
+class StoredProfileWarning(UserWarning):
+    """``recommend()`` found a stored profile it cannot use (corrupt, or made for another
+    machine) and returns the rules-only profile instead; ``error`` says which file and why."""
+
+    def __init__(self, error: StoredProfileError) -> None:
+        super().__init__(f"{error}; using the rules-only profile meanwhile")
+        self.error = error
+
+
+class UnusableGpuWarning(UserWarning):
+    """The machine has a GPU the installed torch cannot run (no kernels for its architecture,
+    or a CPU-only build of torch), so the profile trains on the CPU."""
 
 
 class WorkloadError(AutotuneError):

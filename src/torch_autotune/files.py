@@ -1,13 +1,50 @@
-"""Writing files so that a crash or a bad input never leaves a half-written one behind."""
+"""Writing files so that a crash or a bad input never leaves a half-written one behind.
+
+A regular file (or a path that does not exist yet) is replaced atomically: the data goes to a
+temporary file beside it, which is flushed and renamed over the old one. A symbolic link is
+followed, so the file it points to is replaced and the link stays. Anything else is written in
+place, as ``open()`` would: a pipe, a FIFO, a terminal, ``/dev/null``, and ``/dev/stdout`` or
+``/proc/self/fd/N`` whatever they lead to (renaming over ``/dev/stdout`` replaced the device
+node with a regular file and printed nothing, issue 11).
+
+A writer killed between creating its temporary file and the rename (SIGKILL, power loss)
+leaves the temporary file behind. Its name says which host and process wrote it
+(``.<name>.<host>-<pid>-<random>.autotune.tmp``), and the next write into that directory
+removes it once its writer is gone (``GONE_WRITER_GRACE_S`` after it was written), or once it is
+older than ``STALE_TEMPORARY_S``.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
+import re
 import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from torch_autotune.errors import StoreError
+
+TEMPORARY_SUFFIX = ".autotune.tmp"
+# A write takes milliseconds; a temporary file this old is left over from a writer that died,
+# on this host or on another one sharing the directory (whose processes we cannot see).
+STALE_TEMPORARY_S = 600.0
+# A temporary file whose writer is gone is left this long all the same: a process in another
+# PID namespace (a container sharing the directory under the same host name) looks gone.
+GONE_WRITER_GRACE_S = 10.0
+# Where a path names an open file descriptor or a device rather than a file on a disk.
+_DESCRIPTOR_TREES = ("/dev/", "/proc/")
+_TEMPORARY = re.compile(
+    r"\..+\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[a-z0-9_]+" + re.escape(TEMPORARY_SUFFIX)
+)
+
+
+def _host() -> str:
+    """8 hex digits of this host's name, so a temporary file says where its writer ran."""
+    return hashlib.sha256(platform.node().encode()).hexdigest()[:8]
 
 
 def _mode_for(path: Path) -> int:
@@ -21,27 +58,115 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def writes_in_place(path: Path) -> bool:
+    """Whether ``path`` is written in place rather than replaced: it exists and is not a
+    regular file (a pipe, FIFO, character device, socket), or it leads into ``/dev`` or
+    ``/proc`` (``/dev/stdout``, ``/proc/self/fd/1``), where a rename would replace the link
+    itself instead of writing to what it stands for."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False  # missing (or unreadable: the atomic write reports why)
+    if not stat.S_ISREG(mode):
+        return True
+    return sys.platform != "win32" and _leads_to_a_descriptor(path)
+
+
+def _leads_to_a_descriptor(path: Path) -> bool:
+    """Whether ``path``, or a symbolic link on the way from it, lies in ``/dev`` or ``/proc``:
+    ``/dev/stdout`` leads to ``/proc/self/fd/1``, which leads to whatever standard output is
+    (a regular file after ``> out.yaml``, which a rename would not write to)."""
+    current = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        if current.startswith(_DESCRIPTOR_TREES):
+            return True
+        if not os.path.islink(current):
+            return False
+        current = os.path.normpath(os.path.join(os.path.dirname(current), os.readlink(current)))
+    return False
+
+
 def write_atomically(path: Path, data: str | bytes) -> None:
-    """Write ``data`` (text as UTF-8) to ``path`` through a temporary file in the same
-    directory and a rename.
+    """Write ``data`` (text as UTF-8) to ``path``: a regular file through a temporary file in
+    the same directory and a rename, anything else (pipe, FIFO, device, ``/dev/stdout``) in
+    place.
 
     The old file stays intact until the new one is complete. Raises StoreError on failure.
     """
-    directory = path.parent if str(path.parent) else Path(".")
     payload = data.encode("utf-8") if isinstance(data, str) else data
+    if writes_in_place(path):
+        _write_in_place(path, payload)
+        return
+    # Follow a symbolic link, so that the file it points to is replaced, not the link.
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    directory = target.parent if str(target.parent) else Path(".")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        mode = _mode_for(path)
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+        remove_stale_temporaries(directory)
+        mode = _mode_for(target)
+        handle, temporary = tempfile.mkstemp(
+            dir=directory,
+            prefix=f".{target.name}.{_host()}-{os.getpid()}-",
+            suffix=TEMPORARY_SUFFIX,
+        )
         try:
             with os.fdopen(handle, "wb") as out:
                 out.write(payload)
                 out.flush()
                 os.fsync(out.fileno())
             os.chmod(temporary, mode)
-            os.replace(temporary, path)
+            os.replace(temporary, target)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
     except OSError as exc:
         raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _write_in_place(path: Path, payload: bytes) -> None:
+    """Write to a pipe, FIFO, device or descriptor path as ``open()`` would, without truncating:
+    a regular file behind ``/dev/stdout`` is appended to, so ``>> log`` keeps the log."""
+    flags = os.O_WRONLY
+    try:
+        if stat.S_ISREG(path.stat().st_mode):
+            flags |= os.O_APPEND
+        descriptor = os.open(path, flags)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(payload)
+    except OSError as exc:
+        raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def remove_stale_temporaries(directory: Path, now: float | None = None) -> list[Path]:
+    """Remove the temporary files that killed writers left in ``directory``; returns them.
+
+    One is stale when this host wrote it and its process is gone (and it is older than
+    ``GONE_WRITER_GRACE_S``), or when it is older than ``STALE_TEMPORARY_S``. Only names this
+    module makes are touched.
+    """
+    import psutil
+
+    now = time.time() if now is None else now
+    host = _host()
+    removed: list[Path] = []
+    try:
+        candidates = list(directory.glob(f".*{TEMPORARY_SUFFIX}"))
+    except OSError:
+        return removed
+    for candidate in candidates:
+        match = _TEMPORARY.fullmatch(candidate.name)
+        if match is None:
+            continue
+        try:
+            age = now - candidate.stat().st_mtime
+            writer_gone = (
+                age > GONE_WRITER_GRACE_S
+                and match["host"] == host
+                and not psutil.pid_exists(int(match["pid"]))
+            )
+            if writer_gone or age > STALE_TEMPORARY_S:
+                candidate.unlink()
+                removed.append(candidate)
+        except OSError:
+            continue  # removed by another writer meanwhile, or not ours to remove
+    return removed

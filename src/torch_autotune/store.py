@@ -21,6 +21,12 @@ read a store written by this one the same way.
 A profile whose fingerprint differs from this machine's but that this machine wrote (same
 ``machine_id``) is *stale*: the GPU, driver, torch or CUDA changed since. It is reported, never
 used.
+
+The store trusts nothing it reads. A file that is not UTF-8, not JSON or not a valid profile,
+and a profile made for another machine than its file name says (a V100 profile copied under
+this machine's fingerprint would have given a CPU-only machine ``device: cuda``), is a
+``StoredProfileError`` naming the file and the fix; reading never deletes it. The profile's own
+fingerprint must equal the one in its file name, and the fingerprint of the machine it records.
 """
 
 from __future__ import annotations
@@ -33,7 +39,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch_autotune.errors import ProfileFileError, StoreError
+from torch_autotune.errors import (
+    MeasuredProfileExistsError,
+    ProfileFileError,
+    StoredProfileError,
+    StoreError,
+)
 from torch_autotune.files import write_atomically
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile, fingerprint
@@ -117,16 +128,26 @@ class ProfileStore:
             return self.profiles_dir / f"{fingerprint_hex}.json"
         return self.profiles_dir / fingerprint_hex / f"{workload_key(workload)}.json"
 
-    def save(self, profile: Profile) -> Path:
+    def save(self, profile: Profile, *, force: bool = False) -> Path:
         """Store ``profile`` as its machine's profile and, when measured, as its workload's.
 
         Written atomically (a crash never leaves half a profile). Returns the workload's file
-        for a measured profile, else the machine's.
+        for a measured profile, else the machine's. A rules-only profile does not replace a
+        measured one unless ``force``: MeasuredProfileExistsError says so (the measured
+        profile of each workload stays in its own file either way).
         """
         from torch_autotune.profile_io import dump_profile
 
         text = dump_profile(profile, "json")
         machine = self.path_for(profile.provenance.fingerprint)
+        if not profile.measured and not force:
+            current = self._read_or_skip(machine)
+            if current is not None and current.measured:
+                raise MeasuredProfileExistsError(
+                    f"{machine} holds a profile measured on {measured_on(current) or 'a workload'}"
+                    "; saving the rules-only profile would replace it: add --force to replace "
+                    "it, or leave out --save"
+                )
         workload = measured_on(profile)
         targets = [machine]
         if workload is not None:
@@ -147,11 +168,11 @@ class ProfileStore:
         on it (a store written by an earlier version).
         """
         if workload is None:
-            return self._read(self.path_for(fingerprint_hex))
-        own = self._read(self.path_for(fingerprint_hex, workload))
+            return self._read_for(fingerprint_hex, self.path_for(fingerprint_hex), workload)
+        own = self._read_for(fingerprint_hex, self.path_for(fingerprint_hex, workload), workload)
         if own is not None and measured_on(own) == workload:
             return own
-        machine = self._read(self.path_for(fingerprint_hex))
+        machine = self._read_for(fingerprint_hex, self.path_for(fingerprint_hex), workload)
         return machine if machine is not None and measured_on(machine) == workload else None
 
     def measured_workloads(self, fingerprint_hex: str) -> list[str]:
@@ -163,33 +184,74 @@ class ProfileStore:
         return sorted(name for name in found if name is not None)
 
     def lookup(
-        self, snapshot: HardwareSnapshot, machine: str, workload: str | None = None
+        self, snapshot: HardwareSnapshot, machine: str | None, workload: str | None = None
     ) -> Lookup:
         """The fresh profile for this snapshot (measured on ``workload`` when one is named), or
-        the stale one this machine left behind."""
+        the stale one ``machine`` left behind; with ``machine`` None (a recorded snapshot of
+        some machine, whose history this store cannot know), no stale one."""
         wanted = fingerprint(snapshot)
         fresh = self.load(wanted, workload)
         if fresh is not None:
             return Lookup(fresh, None, None)
+        if machine is None:
+            return Lookup(None, None, None)
         stale = self._newest_other(wanted, machine, workload)
         return Lookup(None, stale, None if stale is None else changes_since(stale, snapshot))
 
-    def _read(self, path: Path) -> Profile | None:
+    def _read(self, path: Path, workload: str | None = None) -> Profile | None:
+        """The profile in ``path``; None when there is none. StoredProfileError when it is
+        corrupt, StoreError when it cannot be read."""
         from torch_autotune.profile_io import parse_profile
 
+        from torch_autotune.input_files import MAX_INPUT_BYTES
+
         try:
+            size = path.stat().st_size
+            if size > MAX_INPUT_BYTES:  # read nothing: a profile is a few tens of kB
+                raise StoredProfileError(
+                    f"{path} is {size / 1024**2:.1f} MiB, larger than any profile (the limit "
+                    f"is {MAX_INPUT_BYTES // 1024**2} MiB); {_fix(workload)}"
+                )
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
+        except UnicodeDecodeError as exc:
+            raise StoredProfileError(
+                f"{path} is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); "
+                f"{_fix(workload)}"
+            ) from None
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
-        return parse_profile(text, source=str(path), fmt="json")
+        try:
+            return parse_profile(text, source=str(path), fmt="json")
+        except ProfileFileError as exc:
+            raise StoredProfileError(f"{exc}; {_fix(workload)}") from None
+
+    def _read_for(self, wanted: str, path: Path, workload: str | None) -> Profile | None:
+        """The profile in ``path``, checked to be the one made for fingerprint ``wanted``."""
+        profile = self._read(path, workload)
+        if profile is None:
+            return None
+        claimed = profile.provenance.fingerprint
+        recorded = fingerprint(profile.provenance.snapshot)
+        if claimed != wanted or recorded != wanted:
+            gpus = sorted({a.name for a in profile.provenance.snapshot.accelerators})
+            made_on = ", ".join(gpus) if gpus else "no GPU"
+            what = (
+                f"was made for another machine (fingerprint {claimed}, {made_on})"
+                if claimed != wanted
+                else f"records another machine than its fingerprint says ({made_on})"
+            )
+            raise StoredProfileError(
+                f"{path} {what}, not the one its name says ({wanted}); {_fix(workload)}"
+            )
+        return profile
 
     def _read_or_skip(self, path: Path) -> Profile | None:
         """The profile in ``path``; None when it is missing or unreadable."""
         try:
             return self._read(path)
-        except (StoreError, ProfileFileError):
+        except StoreError:
             return None  # an unreadable old profile is no evidence of anything
 
     def _profiles_in(self, directory: Path) -> list[Profile]:
@@ -215,6 +277,12 @@ class ProfileStore:
             if p.provenance.fingerprint != wanted and p.provenance.machine_id == machine
         ]
         return max(others, key=lambda p: p.provenance.created_at, default=None)
+
+
+def _fix(workload: str | None) -> str:
+    """What to do about a stored profile that cannot be used."""
+    again = "autotune" if workload is None else f"autotune -m {workload}"
+    return f"it cannot be used: delete it, or run '{again}' to measure again, which replaces it"
 
 
 def changes_since(stored: Profile, now: HardwareSnapshot) -> str:

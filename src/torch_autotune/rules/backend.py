@@ -58,10 +58,11 @@ def _nvidia_gate(ctx: Context, gpus: list[Accelerator]) -> str | None:
         if cc is None or _covered(cc, arch_list):
             continue
         shipped = " ".join(arch_list) or "none"
+        advice = _wheel_advice(cc, software.torch_version)
         return (
             f"{gpu.name} is sm_{cc[0]}{cc[1]}, but torch {software.torch_version} ships kernels "
             f"for {shipped}: every GPU kernel would fail with 'no kernel image is available'. "
-            f"{_wheel_advice(cc, software.torch_version).capitalize()}"
+            f"{advice[0].upper()}{advice[1:]}"  # str.capitalize() made CUDA 'cuda'
         )
     return None
 

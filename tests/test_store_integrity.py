@@ -1,0 +1,235 @@
+"""The store trusts nothing it reads (issue 11): a corrupt stored profile, or one made for
+another machine, is never used. recommend() warns and returns the rules-only profile; the
+command exits 4 with one line naming the file and the fix; nothing on disk changes."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.test_bench import measured
+from tests.test_store import NOW, snapshot
+from torch_autotune.api import recommend
+from torch_autotune.cli import cli
+from torch_autotune.detect import RecordedMachine
+from torch_autotune.errors import EXIT_STORE, StoredProfileError, StoredProfileWarning
+from torch_autotune.profile import PROFILE_SCHEMA_VERSION, Profile, fingerprint
+from torch_autotune.profile_io import dump_profile
+from torch_autotune.rules.engine import build_profile
+from torch_autotune.store import ProfileStore
+
+CPU_ONLY = "cpu-laptop-linux"
+V100 = "tesla-v100-sxm2-16gb"
+
+
+def valid_text() -> str:
+    """The profile the store holds for the CPU-only laptop, as JSON."""
+    return dump_profile(build_profile(snapshot(CPU_ONLY), now=NOW), "json")
+
+
+def edited(change: Callable[[dict[str, object]], None]) -> bytes:
+    data = json.loads(valid_text())
+    change(data)
+    return json.dumps(data).encode()
+
+
+def v100_profile(*, claim_this_machine: bool = False) -> bytes:
+    """A V100's profile; with ``claim_this_machine`` its fingerprint edited to the laptop's."""
+    data = json.loads(dump_profile(measured(V100), "json"))
+    if claim_this_machine:
+        data["provenance"]["fingerprint"] = fingerprint(snapshot(CPU_ONLY))
+    return json.dumps(data).encode()
+
+
+def _newer_schema(data: dict[str, object]) -> None:
+    data["schema_version"] = PROFILE_SCHEMA_VERSION + 1
+
+
+def _unknown_key(data: dict[str, object]) -> None:
+    data["surprise"] = 1
+
+
+def _no_settings(data: dict[str, object]) -> None:
+    del data["settings"]
+
+
+BAD = {
+    "not-utf8": lambda: b'{"schema_version": 1, "mode": "sp\xffeed"}',
+    "binary": lambda: bytes(range(256)),
+    "empty": lambda: b"",
+    "truncated": lambda: valid_text().encode()[:400],
+    "not-json": lambda: b"schema_version: 1\nmode: speed\n",
+    "a-list": lambda: b"[]",
+    "unknown-key": lambda: edited(_unknown_key),
+    "missing-settings": lambda: edited(_no_settings),
+    "newer-schema": lambda: edited(_newer_schema),
+    "another-machine": v100_profile,
+    "another-machine-claiming-this-one": lambda: v100_profile(claim_this_machine=True),
+    # A valid profile padded with 2 MiB of spaces: never read, refused from its size.
+    "too-large": lambda: valid_text().encode() + b" " * (2 * 1024 * 1024),
+}
+
+
+def laptop_store(tmp_path: Path, content: bytes, workload: str | None = None) -> Path:
+    """A store whose file for the CPU-only laptop (or its ``workload``) holds ``content``."""
+    path = ProfileStore(tmp_path).path_for(fingerprint(snapshot(CPU_ONLY)), workload)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    return path
+
+
+def on_the_laptop(store: Path, workload: str | None = None) -> Profile:
+    return recommend(store=store, machine=RecordedMachine(snapshot(CPU_ONLY)), workload=workload)
+
+
+@pytest.mark.parametrize("workload", [None, "conv"])
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_recommend_warns_and_returns_the_rules_only_profile(
+    tmp_path: Path, bad: str, workload: str | None
+) -> None:
+    content = BAD[bad]()
+    path = laptop_store(tmp_path, content, workload)
+    with pytest.warns(StoredProfileWarning) as caught:
+        profile = on_the_laptop(tmp_path, workload)
+    assert profile.measured is False
+    assert profile.device == "cpu"  # the V100's 'cuda' never reaches a CPU-only machine
+    assert profile.provenance.fingerprint == fingerprint(snapshot(CPU_ONLY))
+    (warning,) = caught
+    message = str(warning.message)
+    assert str(path) in message
+    assert "delete it, or run 'autotune" in message
+    assert "\n" not in message
+    assert path.read_bytes() == content  # reading deletes and repairs nothing
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_the_store_raises_one_error_naming_the_file(tmp_path: Path, bad: str) -> None:
+    path = laptop_store(tmp_path, BAD[bad]())
+    with pytest.raises(StoredProfileError) as caught:
+        ProfileStore(tmp_path).load(fingerprint(snapshot(CPU_ONLY)))
+    assert caught.value.exit_code == EXIT_STORE
+    assert str(path) in str(caught.value)
+
+
+def test_a_foreign_profile_says_which_machine_it_was_made_on(tmp_path: Path) -> None:
+    laptop_store(tmp_path, v100_profile())
+    with pytest.raises(StoredProfileError, match=r"made for another machine .*Tesla V100"):
+        ProfileStore(tmp_path).load(fingerprint(snapshot(CPU_ONLY)))
+
+
+def test_an_edited_fingerprint_does_not_pass_for_this_machine(tmp_path: Path) -> None:
+    laptop_store(tmp_path, v100_profile(claim_this_machine=True))
+    with pytest.raises(StoredProfileError, match=r"records another machine .*Tesla V100"):
+        ProfileStore(tmp_path).load(fingerprint(snapshot(CPU_ONLY)))
+
+
+def test_a_sound_profile_is_still_returned_without_a_warning(tmp_path: Path) -> None:
+    laptop_store(tmp_path, valid_text().encode())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        profile = on_the_laptop(tmp_path)
+    assert profile == build_profile(snapshot(CPU_ONLY), now=NOW)
+
+
+def test_a_corrupt_profile_of_an_old_fingerprint_is_no_stale_evidence(tmp_path: Path) -> None:
+    """Stale detection reads every profile in the store: a corrupt one is skipped quietly."""
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "0123456789abcdef.json").write_bytes(b"\xff\xfe")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert on_the_laptop(tmp_path).measured is False
+
+
+# --- the command: exit 4, one line, nothing changed -------------------------------------------
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), prog_name="autotune")
+
+
+@pytest.mark.parametrize(
+    "command", [["show"], ["show", "--json"], ["export"], ["export", "-m", "conv"]]
+)
+@pytest.mark.parametrize("bad", ["not-utf8", "truncated", "another-machine"])
+def test_commands_exit_4_with_one_line_naming_the_file_and_the_fix(
+    tmp_path: Path, snapshot_path: Path, command: list[str], bad: str
+) -> None:
+    content = BAD[bad]()
+    path = laptop_store(tmp_path, content)
+    result = run(
+        *command, "--snapshot", str(snapshot_path / f"{CPU_ONLY}.json"), "--store", str(tmp_path)
+    )
+    assert result.exit_code == EXIT_STORE, result.output
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("autotune: error: ")
+    assert str(path) in line
+    assert "delete it" in line
+    assert "Traceback" not in result.output
+    assert path.read_bytes() == content
+
+
+@pytest.mark.parametrize("command", [["report"], ["bench", "--rounds", "1"]])
+def test_commands_on_this_machine_exit_4_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """report and bench read this machine's stored profile (detection faked: the laptop)."""
+    detection = importlib.import_module("torch_autotune.detect")
+    monkeypatch.setattr(detection, "detect", lambda *_a, **_k: snapshot(CPU_ONLY))
+    path = laptop_store(tmp_path, BAD["another-machine"]())
+    result = run(*command, "--store", str(tmp_path))
+    assert result.exit_code == EXIT_STORE, result.output
+    assert str(path) in result.stderr
+    assert "Traceback" not in result.output
+
+
+# --- the fuzz: random bytes and random mutations of a sound stored profile --------------------
+
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> bytes:
+    """A sound stored profile with bytes flipped, cut, inserted or deleted."""
+    data = bytearray(valid_text().encode())
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(data) - 1))
+        action = draw(st.sampled_from(["flip", "cut", "insert", "delete"]))
+        if action == "flip":
+            data[at] = draw(st.integers(0, 255))
+        elif action == "cut":
+            del data[at:]
+        elif action == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=8))
+        else:
+            del data[at : at + draw(st.integers(1, 64))]
+        if not data:
+            break
+    return bytes(data)
+
+
+@FUZZ
+@given(content=st.one_of(st.binary(max_size=2048), mutated()))
+def test_any_stored_bytes_give_this_machines_profile_or_a_warning(
+    tmp_path: Path, content: bytes
+) -> None:
+    laptop_store(tmp_path, content)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profile = on_the_laptop(tmp_path)
+    assert all(issubclass(w.category, StoredProfileWarning) for w in caught)
+    assert profile.provenance.fingerprint == fingerprint(snapshot(CPU_ONLY))
+    assert profile.device == "cpu"
+    assert bool(caught) or profile == ProfileStore(tmp_path).load(profile.provenance.fingerprint)
