@@ -201,9 +201,8 @@ class ProfileStore:
     def _read(self, path: Path, workload: str | None = None) -> Profile | None:
         """The profile in ``path``; None when there is none. StoredProfileError when it is
         corrupt, StoreError when it cannot be read."""
-        from torch_autotune.profile_io import parse_profile
-
         from torch_autotune.input_files import MAX_INPUT_BYTES
+        from torch_autotune.profile_io import parse_profile
 
         try:
             size = path.stat().st_size
