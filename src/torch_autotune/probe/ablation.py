@@ -144,7 +144,9 @@ def bench(
         if measure is None:
             from torch_autotune.probe.loop import TrainingLoop
 
-            loop = TrainingLoop(chosen, profile.settings.device, clock=clock)
+            loop = TrainingLoop(
+                chosen, profile.settings.device, settings=profile.settings, clock=clock
+            )
             measure = loop.measure
         runs = _Rounds(measure, seconds, report)
         rows = runs.run(plan.configs, labels, rounds)

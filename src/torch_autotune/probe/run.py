@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_WORKERS
 from torch_autotune.errors import ProbeError, WorkloadError
@@ -218,7 +218,7 @@ def tune(
     budget = Budget(total, clock, started=started)  # detection counts against it too
     report("budget", f"{total:g} s")
     settings = StepSettings.from_profile(rules_only)
-    eager_settings = replace(settings, compile_mode=None)
+    eager_settings = settings.with_compile(None)
     make = trials or (lambda w, s: TrialRunner(w, s, clock=clock))
     runner = make(chosen, eager_settings)
     run = _Run(chosen, machine, preferences, rules_only, settings, runner, budget, report)
