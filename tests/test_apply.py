@@ -125,7 +125,8 @@ def test_environment_set_after_cuda_started_warns(
 
 def test_the_users_own_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in apply_environment(profile_for("h100-80gb-hbm3"))
+    settings = profile_for("h100-80gb-hbm3").settings
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in apply_environment(settings)
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
 
 

@@ -21,7 +21,6 @@ from torch_autotune.bench import (
     BenchEvidence,
     Plan,
     TrainConfig,
-    _knob_settings,
     apply_bench,
     effect,
     final_config,
@@ -249,7 +248,7 @@ def test_prefetching_without_workers_is_refused() -> None:
 def test_every_knob_maps_to_profile_settings() -> None:
     paths = settings_paths()
     for knob in KNOBS:
-        for path, _value in _knob_settings(knob.name, TrainConfig()):
+        for path in knob.paths(TrainConfig()):
             assert path in paths, (knob.name, path)
 
 

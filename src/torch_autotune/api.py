@@ -264,11 +264,10 @@ def bench(
     plan, not_ablated = compose.bench_plan(
         profile, baseline, has_dataset=chosen.dataset is not None, workload=chosen.name
     )
-    device = profile.settings.device
     results = run_arms(
         plan,
         chosen,
-        device,
+        profile.settings,
         mode=profile.mode.value,
         rounds=rounds,
         seconds=seconds,
@@ -279,7 +278,7 @@ def bench(
     evidence = compose.bench_evidence(
         results,
         workload=chosen.name,
-        device=device,
+        device=profile.settings.device,
         rounds=rounds,
         seconds=seconds,
         not_ablated=not_ablated,

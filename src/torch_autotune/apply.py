@@ -1,8 +1,16 @@
-"""Turn a profile into torch calls: the only module that changes torch's global state.
+"""Turn settings into torch calls: the only code that translates a profile into torch.
 
-Each function reads the profile and touches torch only when called (torch is imported here,
-lazily, never by ``import torch_autotune``). ``Profile`` exposes them as methods, so a training
-script needs no glue::
+Global flags (TF32 through the one API the installed torch has, the cuDNN autotuner and
+determinism, threads, seed, environment), the prepared model (memory format, torch.compile),
+batches on the device, autocast, the GradScaler and the optimizer's and DataLoader's keyword
+arguments: every one is a function of the typed ``Settings`` here, and the user's script (through
+``Profile``'s methods), the probe's search trials and the bench's arms all call them, so what
+is measured is what the profile applies. ``global_flags`` and ``restore_flags`` save and put
+back the flags these functions change.
+
+Each function touches torch only when called (torch is imported here, lazily, never by
+``import torch_autotune``). ``Profile`` exposes them as methods, so a training script needs no
+glue::
 
     profile = torch_autotune.recommend()
     profile.apply()                                   # global flags, threads, seed, env
@@ -19,14 +27,14 @@ from __future__ import annotations
 import os
 import random
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from torch_autotune.errors import LateEnvironmentWarning
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from torch_autotune.profile import Profile
+    from torch_autotune.settings import Settings
 
 
 # Variables read once when CUDA (or OpenMP) starts: setting them later changes nothing.
@@ -37,14 +45,14 @@ _READ_AT_CUDA_START = (
 )
 
 
-def apply_environment(profile: Profile) -> list[str]:
-    """Export the profile's environment variables; return the names set.
+def apply_environment(settings: Settings) -> list[str]:
+    """Export the settings' environment variables; return the names set.
 
     Call before ``import torch`` for OMP/MKL thread counts, and before the first CUDA call for
     the allocator and cuBLAS settings. A variable the user already set is left alone.
     """
     applied: list[str] = []
-    for name, value in profile.settings.environment.items():
+    for name, value in settings.environment.items():
         if name in os.environ and os.environ[name] != value:
             continue  # the user's own choice wins
         os.environ[name] = value
@@ -52,7 +60,7 @@ def apply_environment(profile: Profile) -> list[str]:
     return applied
 
 
-def apply_torch_settings(profile: Profile) -> None:
+def apply_torch_settings(settings: Settings) -> None:
     """Apply the global torch settings: TF32, cuDNN, determinism, threads, seed, environment.
 
     Warns (``LateEnvironmentWarning``) when CUDA has already started, so that the allocator
@@ -60,8 +68,7 @@ def apply_torch_settings(profile: Profile) -> None:
     """
     import torch
 
-    s = profile.settings
-    applied = apply_environment(profile)
+    applied = apply_environment(settings)
     late = [name for name in applied if name in _READ_AT_CUDA_START]
     if late and torch.cuda.is_initialized():
         warnings.warn(
@@ -72,15 +79,77 @@ def apply_torch_settings(profile: Profile) -> None:
             ),
             stacklevel=2,
         )
-    apply_matmul(torch, s.matmul.api, s.matmul.tf32)
-    torch.backends.cudnn.benchmark = s.backends.cudnn_benchmark
-    torch.backends.cudnn.deterministic = s.backends.cudnn_deterministic
-    torch.use_deterministic_algorithms(s.backends.deterministic_algorithms)
-    if s.cpu_threads is not None:
-        torch.set_num_threads(s.cpu_threads)
-    if s.seed is not None:
-        random.seed(s.seed)
-        torch.manual_seed(s.seed)
+    apply_flags(settings)
+    torch.backends.cudnn.deterministic = settings.backends.cudnn_deterministic
+    torch.use_deterministic_algorithms(settings.backends.deterministic_algorithms)
+    if settings.seed is not None:
+        random.seed(settings.seed)
+        torch.manual_seed(settings.seed)
+
+
+def apply_flags(
+    settings: Settings, *, cudnn_benchmark: bool | None = None, threads: bool = True
+) -> None:
+    """Set the flags that change speed, not results: TF32, the cuDNN autotuner, threads.
+
+    ``cudnn_benchmark`` overrides the settings' autotuner (the probe times both); ``threads``
+    False leaves the thread count as it is (the search trials run at the process's count).
+    TF32 with no API (``matmul.api`` None) sets nothing: torch's defaults stay. The caller
+    saves and restores the flags (``global_flags``, ``restore_flags``).
+    """
+    import torch
+
+    apply_matmul(torch, settings.matmul.api, settings.matmul.tf32)
+    benchmark = settings.backends.cudnn_benchmark if cudnn_benchmark is None else cudnn_benchmark
+    torch.backends.cudnn.benchmark = benchmark
+    if threads and settings.cpu_threads is not None:
+        torch.set_num_threads(settings.cpu_threads)
+
+
+def tf32_api(torch: Any) -> Literal["allow_tf32", "fp32_precision"]:
+    """The TF32 API the running torch has: ``fp32_precision`` from 2.9, ``allow_tf32`` before."""
+    has_new = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+    return "fp32_precision" if has_new else "allow_tf32"
+
+
+def global_flags(torch: Any) -> dict[str, Any]:
+    """The global flags ``apply_flags`` and ``apply_torch_settings`` change, to restore later."""
+    flags: dict[str, Any] = {
+        "cudnn.benchmark": torch.backends.cudnn.benchmark,
+        "cudnn.deterministic": torch.backends.cudnn.deterministic,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "deterministic.warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "num_threads": torch.get_num_threads(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9: read the new API only (catalog B2)
+        flags["fp32_precision"] = (
+            matmul.fp32_precision,
+            torch.backends.cudnn.conv.fp32_precision,
+            torch.backends.cudnn.rnn.fp32_precision,
+        )
+    else:
+        flags["allow_tf32"] = (matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    return flags
+
+
+def restore_flags(torch: Any, flags: dict[str, Any]) -> None:
+    """Put back the flags ``global_flags`` saved."""
+    torch.backends.cudnn.benchmark = flags["cudnn.benchmark"]
+    torch.backends.cudnn.deterministic = flags["cudnn.deterministic"]
+    torch.use_deterministic_algorithms(
+        flags["deterministic"], warn_only=flags["deterministic.warn_only"]
+    )
+    torch.set_num_threads(flags["num_threads"])
+    if "fp32_precision" in flags:
+        matmul, conv, rnn = flags["fp32_precision"]
+        torch.backends.cuda.matmul.fp32_precision = matmul
+        torch.backends.cudnn.conv.fp32_precision = conv
+        torch.backends.cudnn.rnn.fp32_precision = rnn
+    else:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags["allow_tf32"]
+        torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
 
 
 def apply_matmul(torch: Any, api: str | None, tf32: bool) -> None:
@@ -108,9 +177,9 @@ def _seed_worker(worker_id: int) -> None:
     numpy.random.seed(seed)
 
 
-def dataloader_kwargs(profile: Profile) -> dict[str, Any]:
+def dataloader_kwargs(settings: Settings) -> dict[str, Any]:
     """Keyword arguments for ``torch.utils.data.DataLoader`` (batch_size left to the caller)."""
-    dl = profile.settings.dataloader
+    dl = settings.dataloader
     kwargs: dict[str, Any] = {"num_workers": dl.num_workers, "pin_memory": dl.pin_memory}
     if dl.num_workers > 0:
         kwargs["persistent_workers"] = dl.persistent_workers
@@ -120,51 +189,84 @@ def dataloader_kwargs(profile: Profile) -> dict[str, Any]:
         import torch
 
         kwargs["worker_init_fn"] = _seed_worker
-        kwargs["generator"] = torch.Generator().manual_seed(profile.settings.seed or 0)
+        kwargs["generator"] = torch.Generator().manual_seed(settings.seed or 0)
     return kwargs
 
 
-def autocast(profile: Profile) -> AbstractContextManager[Any]:
-    """``torch.autocast`` with the profile's dtype, always explicit (catalog A9)."""
+def autocast(settings: Settings) -> AbstractContextManager[Any]:
+    """``torch.autocast`` with the settings' dtype, always explicit (catalog A9)."""
     import torch
 
-    p = profile.settings.precision
+    p = settings.precision
     context: AbstractContextManager[Any] = torch.autocast(
-        device_type=profile.settings.device,
+        device_type=settings.device,
         dtype=getattr(torch, p.dtype) if p.autocast else None,
         enabled=p.autocast,
     )
     return context
 
 
-def grad_scaler(profile: Profile) -> Any:
-    """A GradScaler, enabled only for fp16 (bf16 needs none, catalog A1)."""
+def grad_scaler(settings: Settings) -> Any:
+    """A GradScaler for the settings' device, enabled only for fp16 (bf16 needs none, catalog
+    A1): ``torch.amp.GradScaler`` from torch 2.3 (A10), the CUDA one before."""
     import torch
 
-    return make_scaler(
-        torch, profile.settings.device, enabled=profile.settings.precision.grad_scaler
-    )
-
-
-def make_scaler(torch: Any, device: str, *, enabled: bool) -> Any:
-    """A GradScaler for ``device``: ``torch.amp.GradScaler`` from torch 2.3 (A10), the CUDA
-    one before."""
+    enabled = settings.precision.grad_scaler
     if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
-        return torch.amp.GradScaler(device, enabled=enabled)
+        return torch.amp.GradScaler(settings.device, enabled=enabled)
     return torch.cuda.amp.GradScaler(enabled=enabled)
 
 
-def optimizer_kwargs(profile: Profile) -> dict[str, Any]:
-    """Keyword arguments for Adam/AdamW: ``fused=True`` where the profile chose it."""
-    return {"fused": True} if profile.settings.optimizer.fused else {}
+def optimizer_kwargs(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for Adam/AdamW: ``fused=True`` where the settings chose it."""
+    return {"fused": True} if settings.optimizer.fused else {}
 
 
-def prepare_model(profile: Profile, model: Any) -> Any:
+def prepare_model(settings: Settings, model: Any) -> Any:
     """Memory format and torch.compile; returns the model to train (compiled or not)."""
     import torch
 
-    if profile.settings.memory_format == "channels_last":
+    if settings.memory_format == "channels_last":
         model = model.to(memory_format=torch.channels_last)
-    if profile.settings.compile.enabled:
-        model = torch.compile(model, mode=profile.settings.compile.mode)
-    return model
+    return compile_model(settings, model)
+
+
+def compile_model(settings: Settings, model: Any) -> Any:
+    """``torch.compile(model, mode=...)`` where the settings enable it, else ``model``.
+
+    Batches made by ``batch_to_device`` have their batch dimension marked dynamic, so the
+    compiled model compiles once for every batch size (on an H100, ResNet-50: 80 s to compile,
+    then 0.2 s for each new size; a static compile recompiles at the second size).
+    """
+    if not settings.compile.enabled:
+        return model
+    import torch
+
+    return torch.compile(model, mode=settings.compile.mode)
+
+
+def batch_to_device(
+    settings: Settings, inputs: Any, targets: Any, *, non_blocking: bool = False
+) -> tuple[Any, Any]:
+    """A batch on the settings' device: image batches (4-D) in its memory format, and the batch
+    dimension marked dynamic when the settings compile (``mark_dynamic_batch``)."""
+    import torch
+
+    device = settings.device
+    if inputs.dim() == 4 and settings.memory_format == "channels_last":
+        inputs = inputs.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
+    else:
+        inputs = inputs.to(device, non_blocking=non_blocking)
+    targets = targets.to(device, non_blocking=non_blocking)
+    if settings.compile.enabled:
+        mark_dynamic_batch(torch, inputs, targets)
+    return inputs, targets
+
+
+def mark_dynamic_batch(torch: Any, *tensors: Any) -> None:
+    """Mark dim 0 of ``tensors`` dynamic for torch.compile, so a compiled model compiles once
+    for every batch size (``maybe_mark_dynamic``: no error where the model specialises it)."""
+    mark = getattr(torch._dynamo, "maybe_mark_dynamic", None) or torch._dynamo.mark_dynamic
+    for tensor in tensors:
+        if tensor.dim() > 0:
+            mark(tensor, 0)

@@ -29,23 +29,69 @@ beyond noise, every ablated setting goes back to the baseline (rule ``M2``).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field, PositiveFloat, ValidationError, model_validator
+from pydantic import ValidationError
 
-from torch_autotune.bounds import (
-    STRICT,
-    BatchSize,
-    CpuCount,
-    PrefetchFactor,
-    Rounds,
-    WorkerCount,
+from torch_autotune.evidence import (
+    BASELINE_BATCH_SIZE,
+    ArmRecord,
+    BenchEvidence,
+    CompileMode,
+    Dtype,
+    Effect,
+    Evidence,
+    Outcome,
+    SettingEffect,
+    TrainConfig,
+    Verdict,
 )
+from torch_autotune.knobs import (
+    KNOB_BY_NAME,
+    KNOBS,
+    NOT_ABLATED,
+    Knob,
+    knob_value,
+    settings_config,
+    show_value,
+    train_settings,
+    with_knob,
+)
+from torch_autotune.profile import Decision, Profile
+from torch_autotune.settings import Settings, Source, setting_value
 
-if TYPE_CHECKING:
-    from torch_autotune.profile import Decision, Profile
+__all__ = [
+    "BASELINE_BATCH_SIZE",
+    "KNOBS",
+    "MIN_EFFECT",
+    "MIN_ROUNDS",
+    "NOT_ABLATED",
+    "ArmFailed",
+    "ArmRecord",
+    "BenchEvidence",
+    "CompileMode",
+    "Dtype",
+    "Effect",
+    "Knob",
+    "Outcome",
+    "Plan",
+    "SettingEffect",
+    "TrainConfig",
+    "Verdict",
+    "ablated_knobs",
+    "apply_bench",
+    "effect",
+    "final_config",
+    "judge",
+    "knob_value",
+    "plan_arms",
+    "round_order",
+    "show_value",
+    "train_settings",
+    "tuned_config",
+    "with_knob",
+]
 
 MIN_EFFECT = 0.02
 """Smallest change of the median ratio that counts as faster or slower (2%)."""
@@ -53,148 +99,15 @@ MIN_EFFECT = 0.02
 MIN_ROUNDS = 3
 """Fewer rounds than this cannot tell an effect from noise."""
 
-BASELINE_BATCH_SIZE = 32
-
-Dtype = Literal["float32", "float16", "bfloat16"]
-CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
-Verdict = Literal["faster", "slower", "within noise", "too few rounds"]
-
 
 class ArmFailed(Exception):
     """One arm could not be measured (out of memory, a DataLoader worker died): the arm has no
     number for that round, the others go on."""
 
 
-class _Strict(BaseModel):
-    model_config = STRICT
-
-
-class TrainConfig(_Strict):
-    """How one arm of the bench trains. The defaults are the baseline of speed guides.
-
-    ``None`` for ``cudnn_benchmark``, ``tf32`` and ``cpu_threads`` means torch's default, left
-    as the process found it.
-    """
-
-    batch_size: BatchSize = BASELINE_BATCH_SIZE
-    precision: Dtype = Field(default="float32", description="float16 trains with a GradScaler.")
-    channels_last: bool = False
-    compile_mode: CompileMode | None = Field(default=None, description="None: eager.")
-    cudnn_benchmark: bool | None = None
-    tf32: bool | None = None
-    fused_optimizer: bool = False
-    num_workers: WorkerCount = 0
-    prefetch_factor: PrefetchFactor | None = None
-    pin_memory: bool = False
-    cpu_threads: CpuCount | None = None
-
-    @model_validator(mode="after")
-    def _loader(self) -> TrainConfig:
-        if self.prefetch_factor is not None and self.num_workers == 0:
-            raise ValueError("prefetch_factor needs num_workers > 0 (torch refuses it otherwise)")
-        return self
-
-    def describe(self) -> str:
-        """'bfloat16, batch 256, 4 workers, pinned, compiled (default)', the non-defaults."""
-        parts = [self.precision, f"batch {self.batch_size}"]
-        parts.append(f"{self.num_workers} worker{'s' if self.num_workers != 1 else ''}")
-        if self.pin_memory:
-            parts.append("pinned")
-        if self.channels_last:
-            parts.append("channels_last")
-        if self.compile_mode is not None:
-            parts.append(f"compiled ({self.compile_mode})")
-        if self.cudnn_benchmark is not None:
-            parts.append(f"cudnn.benchmark {'on' if self.cudnn_benchmark else 'off'}")
-        if self.tf32 is not None:
-            parts.append(f"TF32 {'on' if self.tf32 else 'off'}")
-        if self.fused_optimizer:
-            parts.append("fused optimizer")
-        if self.cpu_threads is not None:
-            parts.append(f"{self.cpu_threads} thread{'s' if self.cpu_threads != 1 else ''}")
-        return ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One setting the bench switches: the TrainConfig fields that move together."""
-
-    name: str
-    fields: tuple[str, ...]
-
-
-KNOBS: tuple[Knob, ...] = (
-    Knob("precision", ("precision",)),
-    Knob("batch_size", ("batch_size",)),
-    Knob("compile", ("compile_mode",)),
-    Knob("channels_last", ("channels_last",)),
-    Knob("tf32", ("tf32",)),
-    Knob("cudnn_benchmark", ("cudnn_benchmark",)),
-    Knob("fused_optimizer", ("fused_optimizer",)),
-    Knob("num_workers", ("num_workers", "prefetch_factor")),
-    Knob("pin_memory", ("pin_memory",)),
-    Knob("cpu_threads", ("cpu_threads",)),
-)
-"""Every setting the bench can ablate, in the order the report lists them."""
-
-NOT_ABLATED = (
-    "environment (PYTORCH_CUDA_ALLOC_CONF, CUBLAS_WORKSPACE_CONFIG, OMP_NUM_THREADS...): read "
-    "once when CUDA or OpenMP starts, so it cannot change inside one process",
-    "persistent_workers: saves worker start-up between epochs, which a steady-state "
-    "measurement does not include",
-)
-
-
-def knob_value(config: TrainConfig, knob: Knob) -> Any:
-    """The knob's value in a config: a scalar for one field, a tuple for several."""
-    values = tuple(getattr(config, name) for name in knob.fields)
-    return values[0] if len(values) == 1 else values
-
-
-def with_knob(config: TrainConfig, knob: Knob, source: TrainConfig) -> TrainConfig:
-    """``config`` with the knob's fields taken from ``source``."""
-    return config.model_copy(update={name: getattr(source, name) for name in knob.fields})
-
-
-def show_value(config: TrainConfig, knob: Knob) -> str:
-    """The knob's value as the report prints it."""
-    if knob.name == "num_workers":
-        return str(config.num_workers)
-    value = getattr(config, knob.fields[0])
-    if value is None:
-        return "eager" if knob.name == "compile" else "default"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
-
-
-# --- the profile's own config ------------------------------------------------------------------
-
-
 def tuned_config(profile: Profile, baseline: TrainConfig | None = None) -> TrainConfig:
-    """The TrainConfig a profile trains with.
-
-    A profile without a measured batch size keeps the baseline's: the bench never makes up a
-    size. Settings that mean nothing on the profile's device (cuDNN off CUDA) stay at torch's
-    default, as in the baseline.
-    """
-    s = profile.settings
-    base = baseline or TrainConfig()
-    cuda = s.device == "cuda"
-    dl = s.dataloader
-    return TrainConfig(
-        batch_size=s.batch.batch_size or base.batch_size,
-        precision=s.precision.dtype if s.precision.autocast else "float32",
-        channels_last=s.memory_format == "channels_last",
-        compile_mode=(s.compile.mode or "default") if s.compile.enabled else None,
-        cudnn_benchmark=True if cuda and s.backends.cudnn_benchmark else None,  # off: default
-        tf32=s.matmul.tf32 if s.matmul.api is not None else None,
-        fused_optimizer=s.optimizer.fused,
-        num_workers=dl.num_workers,
-        prefetch_factor=dl.prefetch_factor if dl.num_workers > 0 else None,
-        pin_memory=dl.pin_memory,
-        cpu_threads=s.cpu_threads,
-    )
+    """The TrainConfig a profile trains with (``knobs.settings_config`` of its settings)."""
+    return settings_config(profile.settings, baseline)
 
 
 def ablated_knobs(baseline: TrainConfig, tuned: TrainConfig) -> list[Knob]:
@@ -252,23 +165,6 @@ def round_order(arms: int, round_index: int) -> list[int]:
 # --- statistics ---------------------------------------------------------------------------------
 
 
-class Effect(_Strict):
-    """How much faster ``with`` trains than ``without``, paired round by round."""
-
-    speedup: PositiveFloat = Field(description="Median over rounds of with / without.")
-    low: PositiveFloat = Field(description="Lowest ratio of a round.")
-    high: PositiveFloat = Field(description="Highest ratio of a round.")
-    rounds: Rounds = Field(description="Rounds in which both arms ran.")
-    verdict: Verdict
-
-    def describe(self) -> str:
-        """'1.42x (1.38-1.47, 5 rounds): faster'."""
-        return (
-            f"{self.speedup:.2f}x ({self.low:.2f}-{self.high:.2f}, {self.rounds} rounds): "
-            f"{self.verdict}"
-        )
-
-
 def effect(with_setting: Sequence[float | None], without: Sequence[float | None]) -> Effect | None:
     """The effect of a change from paired throughputs (samples/s, one per round; None: that
     measurement failed). None when no round has both."""
@@ -291,69 +187,6 @@ def effect(with_setting: Sequence[float | None], without: Sequence[float | None]
     else:
         verdict = "within noise"
     return Effect(speedup=median, low=low, high=high, rounds=len(ratios), verdict=verdict)
-
-
-# --- the record ---------------------------------------------------------------------------------
-
-
-class ArmRecord(_Strict):
-    """One distinct config, what it stands for, and its throughput in each round."""
-
-    names: tuple[str, ...] = Field(description="'baseline', 'tuned', 'tuned - compile', ...")
-    config: TrainConfig
-    samples_per_s: tuple[PositiveFloat | None, ...] = Field(
-        description="One per round, in round order; None: the measurement failed."
-    )
-    error: str | None = Field(default=None, description="Why a measurement failed.")
-
-    @property
-    def median(self) -> float | None:
-        ran = [v for v in self.samples_per_s if v is not None]
-        return statistics.median(ran) if ran else None
-
-    @property
-    def spread(self) -> float | None:
-        """(max - min) / median of the rounds that ran."""
-        ran = [v for v in self.samples_per_s if v is not None]
-        median = self.median
-        return (max(ran) - min(ran)) / median if ran and median else None
-
-
-Outcome = Literal["kept", "dropped", "kept (required)"]
-
-
-class SettingEffect(_Strict):
-    """One ablated setting: its values, what it does alone and in the profile, the outcome."""
-
-    setting: str
-    baseline_value: str
-    tuned_value: str
-    on_alone: Effect | None = Field(description="Baseline with this setting vs baseline.")
-    off_alone: Effect | None = Field(description="Profile vs profile without this setting.")
-    outcome: Outcome
-    reason: str
-
-
-class BenchEvidence(_Strict):
-    """What ``autotune bench`` ran and measured: the basis of every M1/M2 decision."""
-
-    workload: str
-    device: str
-    rounds: Rounds
-    seconds_per_measurement: PositiveFloat
-    arms: tuple[ArmRecord, ...]
-    tuned: Effect | None = Field(description="The profile as the probe made it vs baseline.")
-    settings: tuple[SettingEffect, ...]
-    final: Effect | None = Field(
-        default=None, description="The profile after the drops vs baseline (None: no drops)."
-    )
-    reverted: bool = Field(default=False, description="Everything went back to the baseline.")
-    not_ablated: tuple[str, ...] = ()
-    elapsed_s: float = Field(ge=0)
-
-    def ran(self) -> set[int]:
-        """Batch sizes that trained in some arm."""
-        return {arm.config.batch_size for arm in self.arms if any(v for v in arm.samples_per_s)}
 
 
 def _throughputs(
@@ -436,49 +269,15 @@ def final_config(plan: Plan, settings: Sequence[SettingEffect]) -> TrainConfig:
     return config
 
 
-# --- taking settings out of the profile ---------------------------------------------------------
+# --- taking settings out of the profile: rules M1 and M2 -----------------------------------------
 
 
-def _knob_settings(knob: str, config: TrainConfig) -> Iterator[tuple[str, Any]]:
-    """The profile settings (dotted paths) that hold a knob at ``config``'s value."""
-    if knob == "precision":
-        yield "precision.autocast", config.precision != "float32"
-        yield "precision.dtype", config.precision
-        yield "precision.grad_scaler", config.precision == "float16"
-    elif knob == "batch_size":
-        yield "batch.batch_size", config.batch_size
-    elif knob == "compile":
-        yield "compile.enabled", config.compile_mode is not None
-        yield "compile.mode", config.compile_mode
-    elif knob == "channels_last":
-        yield "memory_format", "channels_last" if config.channels_last else "contiguous_format"
-    elif knob == "tf32":
-        yield "matmul.tf32", bool(config.tf32)
-        if config.tf32 is None:
-            yield "matmul.api", None  # torch's default: set nothing
-    elif knob == "cudnn_benchmark":
-        yield "backends.cudnn_benchmark", bool(config.cudnn_benchmark)
-    elif knob == "fused_optimizer":
-        yield "optimizer.fused", config.fused_optimizer
-    elif knob == "num_workers":
-        yield "dataloader.num_workers", config.num_workers
-        yield "dataloader.prefetch_factor", config.prefetch_factor
-        if config.num_workers == 0:
-            yield "dataloader.persistent_workers", False
-    elif knob == "pin_memory":
-        yield "dataloader.pin_memory", config.pin_memory
-    elif knob == "cpu_threads":
-        yield "cpu_threads", config.cpu_threads
-    else:  # pragma: no cover - KNOBS and this function are kept in step by a test
-        raise KeyError(knob)
+@dataclass(frozen=True)
+class _Draft:
+    """The profile's settings and decisions while the drops are made, one at a time."""
 
-
-def _set(settings: dict[str, Any], path: str, value: Any) -> None:
-    *parents, leaf = path.split(".")
-    node = settings
-    for part in parents:
-        node = node[part]
-    node[leaf] = value
+    settings: Settings
+    decisions: tuple[Decision, ...]
 
 
 def apply_bench(profile: Profile, plan: Plan, bench: BenchEvidence) -> Profile:
@@ -489,9 +288,6 @@ def apply_bench(profile: Profile, plan: Plan, bench: BenchEvidence) -> Profile:
     bf16 baseline on a V100) is not made; the decision says so. channels_last goes with AMP,
     as rule H1 asks, when precision is dropped.
     """
-    from torch_autotune.profile import Profile as ProfileModel
-    from torch_autotune.profile import Source
-
     if profile.evidence is None:
         raise ValueError("the bench needs a measured profile (evidence from the probe)")
     reverted = bench.reverted
@@ -500,78 +296,67 @@ def apply_bench(profile: Profile, plan: Plan, bench: BenchEvidence) -> Profile:
         for s in bench.settings
         if s.outcome == "dropped" or (reverted and s.outcome != "kept (required)")
     ]
-    data = profile.model_dump(mode="python")
-    data["evidence"] = profile.evidence.model_copy(update={"bench": bench}).model_dump(
-        mode="python"
-    )
-    decisions = list(profile.decisions)
+    evidence = profile.evidence.model_copy(update={"bench": bench})
+    draft = _Draft(profile.settings, profile.decisions)
     for drop in drops:
-        candidate = _with_drop(data, decisions, drop, plan, reverted=reverted, bench=bench)
-        if drop.setting == "precision" and _channels_last_without_amp(candidate[0]):
-            dependent = _dependent("channels_last", drop)
-            candidate = _with_drop(*candidate, dependent, plan, reverted=False, bench=bench)
+        rule, reason = ("M2", _reverted_text(bench)) if reverted else ("M1", drop.reason)
+        candidate = _with_drop(draft, KNOB_BY_NAME[drop.setting], plan.baseline, rule, reason)
+        if drop.setting == "precision" and _channels_last_without_amp(candidate.settings):
+            why = f"goes with AMP (rule H1), and precision was dropped: {drop.reason}"
+            candidate = _with_drop(
+                candidate, KNOB_BY_NAME["channels_last"], plan.baseline, "M1", why
+            )
         try:
-            ProfileModel.model_validate(candidate[0])
+            _profile(profile, candidate, evidence)
         except ValidationError as error:
             problem = error.errors()[0]["msg"].removeprefix("Value error, ")
-            decisions.append(_note_not_dropped(profile, drop, problem))
+            note = _note_not_dropped(profile, drop, problem)
+            draft = _Draft(draft.settings, (*draft.decisions, note))
             continue
-        data, decisions = candidate
-    data["decisions"] = [d.model_dump(mode="python") for d in decisions]
-    data["measured"] = data["measured"] or any(d.source is Source.MEASURED for d in decisions)
-    return ProfileModel.model_validate(data)
+        draft = candidate
+    return _profile(profile, draft, evidence)
 
 
-def _dependent(name: str, cause: SettingEffect) -> SettingEffect:
-    return SettingEffect(
-        setting=name,
-        baseline_value="off",
-        tuned_value="on",
-        on_alone=None,
-        off_alone=None,
-        outcome="dropped",
-        reason=f"goes with AMP (rule H1), and precision was dropped: {cause.reason}",
+def _profile(profile: Profile, draft: _Draft, evidence: Evidence) -> Profile:
+    """``profile`` with the draft's settings and decisions, validated (every invariant)."""
+    measured = profile.measured or any(d.source is Source.MEASURED for d in draft.decisions)
+    data = profile.model_dump(mode="python")
+    data.update(
+        settings=draft.settings.model_dump(mode="python"),
+        decisions=[d.model_dump(mode="python") for d in draft.decisions],
+        evidence=evidence.model_dump(mode="python"),
+        measured=measured,
     )
+    return type(profile).model_validate(data)
 
 
-def _channels_last_without_amp(data: dict[str, Any]) -> bool:
-    s = data["settings"]
-    return bool(s["memory_format"] == "channels_last" and not s["precision"]["autocast"])
+def _channels_last_without_amp(settings: Settings) -> bool:
+    return settings.memory_format == "channels_last" and not settings.precision.autocast
 
 
-def _with_drop(
-    data: dict[str, Any],
-    decisions: list[Any],
-    drop: SettingEffect,
-    plan: Plan,
-    *,
-    reverted: bool,
-    bench: BenchEvidence,
-) -> tuple[dict[str, Any], list[Any]]:
-    import copy
-
-    from torch_autotune.profile import Decision, Source
-
-    new = copy.deepcopy(data)
-    new_decisions = list(decisions)
-    rule, reason = "M1", drop.reason
-    if reverted:
-        rule = "M2"
-        reason = (
-            "the tuned profile measured slower than the baseline as a whole: "
-            f"{_final_text(bench)}; so every setting the bench switched is back at the "
-            "baseline's value"
-        )
-    for path, value in _knob_settings(drop.setting, plan.baseline):
-        _set(new["settings"], path, value)
-        earlier = next((d for d in reversed(new_decisions) if d.setting == path), None)
+def _with_drop(draft: _Draft, knob: Knob, baseline: TrainConfig, rule: str, reason: str) -> _Draft:
+    """The draft with ``knob`` at the baseline's value and one decision for each setting that
+    holds it, naming the decision it overrides when the value changed."""
+    settings = knob.put(draft.settings, baseline)
+    decisions = list(draft.decisions)
+    for path in knob.paths(baseline):
+        value = setting_value(settings, path)
+        earlier = next((d for d in reversed(decisions) if d.setting == path), None)
         text = reason
         if earlier is not None and earlier.value != value:
             text += f" (overrides {earlier.rule}: {earlier.value!r})"
-        new_decisions.append(
+        decisions.append(
             Decision(setting=path, value=value, rule=rule, reason=text, source=Source.MEASURED)
         )
-    return new, new_decisions
+    return _Draft(settings, tuple(decisions))
+
+
+def _reverted_text(bench: BenchEvidence) -> str:
+    return (
+        "the tuned profile measured slower than the baseline as a whole: "
+        f"{_final_text(bench)}; so every setting the bench switched is back at the "
+        "baseline's value"
+    )
 
 
 def _final_text(bench: BenchEvidence) -> str:
@@ -585,12 +370,9 @@ def _final_text(bench: BenchEvidence) -> str:
 
 
 def _note_not_dropped(profile: Profile, drop: SettingEffect, problem: str) -> Decision:
-    from torch_autotune.profile import Decision as DecisionModel
-    from torch_autotune.profile import Source
-
-    path = next(iter(_knob_settings(drop.setting, TrainConfig())))[0]
+    path = KNOB_BY_NAME[drop.setting].paths(TrainConfig())[0]
     current = profile.decision(path)
-    return DecisionModel(
+    return Decision(
         setting=path,
         value=current.value if current is not None else None,
         rule="M1",

@@ -15,7 +15,7 @@ effects a real accelerator showed (gpu-h100-2026-11 and the H100 run of this ses
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch_autotune.api import tune
@@ -100,7 +100,7 @@ class FakeTrials:
         return self.machine.leaves
 
     def compiled(self, mode: str) -> FakeTrials:
-        runner = FakeTrials(self.machine, replace(self.settings, compile_mode=mode), compiled=True)
+        runner = FakeTrials(self.machine, self.settings.with_compile(mode), compiled=True)
         runner.benchmark = self.benchmark
         return runner
 

@@ -12,6 +12,7 @@ from torch_autotune import api
 from torch_autotune.api import bench
 from torch_autotune.bench import ArmFailed, TrainConfig, plan_arms, tuned_config
 from torch_autotune.errors import ProbeError, raised_by_user_code
+from torch_autotune.knobs import train_settings
 from torch_autotune.probe.loop import TrainingLoop
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
@@ -204,6 +205,60 @@ def test_the_training_loop_loads_through_workers_and_restores_torchs_flags() -> 
     assert rate > 0
     assert seen == [1]  # the config's thread count while it trained
     assert torch.get_num_threads() == threads  # and torch's own afterwards
+
+
+class Recording(torch.nn.Module):
+    """A conv model that records, at every forward, the autocast dtype and the input's layout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.seen: list[tuple[torch.dtype | None, bool]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        self.seen.append((dtype, x.is_contiguous(memory_format=torch.channels_last)))
+        return self.conv(x).float().mean(dim=(2, 3))
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        pytest.param(TrainConfig(batch_size=4), (None, False), id="baseline"),
+        pytest.param(
+            TrainConfig(batch_size=4, precision="bfloat16", channels_last=True),
+            (torch.bfloat16, True),
+            id="bf16-channels-last",
+        ),
+    ],
+)
+def test_an_arm_trains_with_its_settings_as_apply_translates_them(
+    config: TrainConfig, expected: tuple[torch.dtype | None, bool]
+) -> None:
+    models: list[Recording] = []
+
+    def make_model() -> Recording:
+        models.append(Recording())
+        return models[-1]
+
+    mlp = resolve_workload("mlp")
+    workload = Workload(
+        name="recording",
+        kind="conv",
+        make_model=make_model,
+        make_optimizer=lambda params, **kw: torch.optim.SGD(params, lr=0.1, **kw),
+        make_batch=lambda n: (torch.randn(n, 3, 8, 8), torch.randint(0, 4, (n,))),
+        loss_fn=mlp.loss_fn,
+    )
+    loop = TrainingLoop(workload, "cpu", warmup_steps=1, min_steps=1)
+    settings = loop.settings(config)
+    assert settings == train_settings(config, settings) == train_settings(config, settings)
+    assert (settings.precision.dtype, settings.memory_format == "channels_last") == (
+        config.precision,
+        config.channels_last,
+    )
+    assert loop.measure(config, 0.01) > 0
+    assert set(models[-1].seen) == {expected}
 
 
 def test_out_of_memory_in_the_loop_fails_only_that_arm() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from torch_autotune.apply import optimizer_kwargs
 from torch_autotune.errors import raised_by_user_code
 from torch_autotune.probe.search import find_max_batch_size
 from torch_autotune.probe.trials import StepSettings, TrialRunner, preserved
@@ -185,9 +186,18 @@ def test_step_settings_follow_the_profile() -> None:
     snapshot_dir = Path(__file__).parent.parent / "fixtures" / "snapshots"
     snapshot = HardwareSnapshot.model_validate_json((snapshot_dir / "tesla-t4.json").read_text())
     profile = build_profile(snapshot, preferences=Preferences(model_kind="conv"))
-    settings = StepSettings.from_profile(profile)
-    assert settings.device == "cuda"
-    assert (settings.autocast_dtype, settings.grad_scaler) == ("float16", True)
-    assert settings.channels_last is True
-    assert settings.optimizer_kwargs == {"fused": True}
-    assert settings.steps >= 2
+    step = StepSettings.from_profile(profile)
+    assert step.settings == profile.settings  # trials train with the profile's own settings
+    assert step.device == "cuda"
+    precision = step.settings.precision
+    assert (precision.dtype, precision.autocast, precision.grad_scaler) == ("float16", True, True)
+    assert step.settings.memory_format == "channels_last"
+    assert optimizer_kwargs(step.settings) == {"fused": True}
+    assert step.steps >= 2
+    compiled = step.with_compile("default")
+    assert (compiled.compile_mode, compiled.with_compile(None).compile_mode) == ("default", None)
+    assert compiled.with_compile(None).settings == step.settings.model_copy(
+        update={
+            "compile": step.settings.compile.model_copy(update={"enabled": False, "mode": None})
+        }
+    )

@@ -29,6 +29,7 @@ from torch_autotune.probe.workloads import (
     as_workload,
     default_workload,
     load_workload,
+    models,
     resolve_workload,
 )
 
@@ -186,9 +187,19 @@ def test_builtin_models_pickle(key: str) -> None:
 
 
 def test_model_classes_are_module_attributes() -> None:
-    assert workloads.ResNetLike.__module__ == "torch_autotune.probe.workloads"
+    assert workloads.ResNetLike.__module__ == "torch_autotune.probe.workloads.models"
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         workloads.Nope  # noqa: B018
+
+
+@pytest.mark.parametrize("name", models.__all__)
+def test_the_package_serves_every_model_class(name: str) -> None:
+    assert getattr(workloads, name) is getattr(models, name)
+
+
+def test_a_model_pickled_before_the_classes_moved_still_loads() -> None:
+    # Such a pickle names the class by the package, not by the models module.
+    assert pickle.loads(b"ctorch_autotune.probe.workloads\nResNetLike\n.") is models.ResNetLike
 
 
 @settings(max_examples=12, deadline=None)
@@ -737,6 +748,50 @@ def test_a_workload_with_an_unknown_kind_is_refused() -> None:
             make_batch=BUILT["mlp"].make_batch,
             loss_fn=BUILT["mlp"].loss_fn,
         )
+
+
+def mlp_fields(**overrides: Any) -> dict[str, Any]:
+    """A factory's result for a small MLP, with ``overrides``."""
+    fields = {
+        "model": lambda: torch.nn.Linear(3, 2),
+        "optimizer": torch.optim.SGD,
+        "example_batch": (torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64)),
+    }
+    return fields | overrides
+
+
+@pytest.mark.parametrize("size", [1, 8, 10**9])
+def test_a_positive_int_caps_the_batch_in_a_workload_and_in_a_factory_result(size: int) -> None:
+    mlp = BUILT["mlp"]
+    workload = Workload(
+        name="x",
+        kind="mlp",
+        make_model=mlp.make_model,
+        make_optimizer=mlp.make_optimizer,
+        make_batch=mlp.make_batch,
+        loss_fn=mlp.loss_fn,
+        max_batch_size=size,
+    )
+    assert workload.max_batch_size == size
+    assert as_workload(mlp_fields(max_batch_size=size), name="m").max_batch_size == size
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, False, "8"])
+def test_a_max_batch_size_that_is_not_a_positive_int_is_refused(bad: Any) -> None:
+    mlp = BUILT["mlp"]
+    with pytest.raises(WorkloadError, match="max_batch_size must be a positive int or None"):
+        Workload(
+            name="x",
+            kind="mlp",
+            make_model=mlp.make_model,
+            make_optimizer=mlp.make_optimizer,
+            make_batch=mlp.make_batch,
+            loss_fn=mlp.loss_fn,
+            max_batch_size=bad,
+        )
+    with pytest.raises(WorkloadError) as raised:
+        as_workload(mlp_fields(max_batch_size=bad), name="m")
+    assert str(raised.value) == f"'m': 'max_batch_size' must be a positive int, not {bad!r}"
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_WORKLOADS))

@@ -29,6 +29,7 @@ from torch_autotune.bench import (
 
 if TYPE_CHECKING:
     from torch_autotune.probe.workloads import Workload
+    from torch_autotune.settings import Settings
 
 DEFAULT_ROUNDS = 5
 DEFAULT_SECONDS = 2.0
@@ -95,7 +96,7 @@ class ArmResults:
 def run_arms(
     plan: Plan,
     workload: Workload,
-    device: str,
+    settings: Settings,
     *,
     mode: str,
     rounds: int = DEFAULT_ROUNDS,
@@ -108,8 +109,9 @@ def run_arms(
     ``seconds`` long after its warm-up; judge each setting (``bench.judge``) and, when some
     measured slower, run the profile without them against the baseline too.
 
-    ``measure`` is the seam: by default a real ``TrainingLoop`` over ``workload`` on
-    ``device``. The user's RNG and torch's global flags are as before when this returns.
+    ``measure`` is the seam: by default a real ``TrainingLoop`` over ``workload`` on the
+    device of ``settings`` (the profile's), each arm trained with its config applied to them.
+    The user's RNG and torch's global flags are as before when this returns.
     """
     from torch_autotune.probe.trials import preserved
 
@@ -119,12 +121,13 @@ def run_arms(
         if measure is None:
             from torch_autotune.probe.loop import TrainingLoop
 
-            measure = TrainingLoop(workload, device, clock=clock).measure
+            loop = TrainingLoop(workload, settings.device, settings=settings, clock=clock)
+            measure = loop.measure
         runs = _Rounds(measure, seconds, report)
         rows = runs.run(plan.configs, labels, rounds)
-        tuned_effect, settings = judge(plan, rows, mode=mode)
+        tuned_effect, effects = judge(plan, rows, mode=mode)
         records = runs.records(plan.configs, plan.names, rows)
-        final = final_config(plan, settings)
+        final = final_config(plan, effects)
         final_effect = None
         if final != plan.tuned:
             baseline_at = plan.index(plan.baseline)
@@ -137,4 +140,4 @@ def run_arms(
                 more = runs.run(configs, ["baseline", "without the dropped settings"], rounds)
                 final_effect = effect([r[1] for r in more], [r[0] for r in more])
                 records += runs.records(configs, names, more)
-    return ArmResults(tuple(records), tuned_effect, tuple(settings), final_effect)
+    return ArmResults(tuple(records), tuned_effect, tuple(effects), final_effect)

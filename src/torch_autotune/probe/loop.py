@@ -1,15 +1,18 @@
 """A real training loop at one ``TrainConfig``, timed: what ``autotune bench`` measures.
 
-Unlike a search trial, the loop trains from the workload's DataLoader (when it has a dataset),
-so the worker count and pinning count as they do in training: a batch is loaded, copied to
-the device (``non_blocking`` when pinned), and trained on, with the config's autocast dtype,
-GradScaler, memory format, compile mode, fused optimizer, cuDNN autotuner, TF32 and thread
-count. Global flags the config leaves at ``None`` stay at torch's defaults: the values the
-process had when the loop was made.
+An arm trains with ``Settings``: the profile's, with the arm's value of every knob put in
+(``knobs.train_settings``), and turns them into torch through ``apply`` as the user's script
+and the search trials do (flags, prepared model, batches, autocast, GradScaler, optimizer
+keyword arguments), one ``train_step`` at a time. Unlike a search trial, the loop trains from
+the workload's DataLoader (when it has a dataset), so the worker count and pinning count as
+they do in training: a batch is loaded, copied to the device (``non_blocking`` when pinned),
+and trained on. TF32 and the thread count, where the config leaves them at ``None``, stay at
+torch's defaults: the values the process had when the loop was made; the cuDNN autotuner is
+on only where the config asks for it.
 
 A measurement warms up (DataLoader workers start, torch.compile compiles, the cuDNN autotuner
 times its kernels, the optimizer creates its state), then trains for at least ``seconds`` and
-``min_steps`` steps and returns samples per second, synchronised with the device. Models are
+``min_steps`` steps and returns samples per second, timed by the one ``Timer``. Models are
 built once per (memory format, compile mode) and reused across rounds, so compilation is paid
 once, in the first warm-up.
 """
@@ -18,23 +21,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from torch_autotune.apply import make_scaler
+from torch_autotune.apply import (
+    apply_flags,
+    batch_to_device,
+    global_flags,
+    grad_scaler,
+    optimizer_kwargs,
+    prepare_model,
+    restore_flags,
+    tf32_api,
+)
 from torch_autotune.errors import blame_user_code
+from torch_autotune.knobs import train_settings
 from torch_autotune.probe.loader import loader_kwargs, shut_down, worker_failure
 from torch_autotune.probe.oom import release_memory, run_guarded
-from torch_autotune.probe.trials import (
-    global_flags,
-    make_optimizer,
-    mark_dynamic_batch,
-    restore_flags,
-    sync_device,
-    train_step,
-)
+from torch_autotune.probe.timing import Timer
+from torch_autotune.probe.trials import make_optimizer, train_step
+from torch_autotune.settings import Settings, torch_defaults
 
 if TYPE_CHECKING:
-    from torch_autotune.bench import TrainConfig
+    from torch_autotune.evidence import TrainConfig
     from torch_autotune.probe.workloads import Workload
 
 WARMUP_STEPS = 3
@@ -45,15 +53,18 @@ LOADER_TIMEOUT_S = 60.0
 class TrainingLoop:
     """``loop.measure(config, seconds)``: samples/s of real training at ``config``.
 
-    Raises ``ArmFailed`` when the config runs out of memory or a DataLoader worker dies or
-    hangs; any other error (the user's model failing) propagates with its own traceback.
+    ``settings``: what the knobs leave alone (default: torch's defaults on ``device``); the
+    bench passes the tuned profile's. Raises ``ArmFailed`` when the config runs out of memory
+    or a DataLoader worker dies or hangs; any other error (the user's model failing) propagates
+    with its own traceback.
     """
 
     def __init__(
         self,
         workload: Workload,
-        device: str,
+        device: Literal["cuda", "mps", "cpu"],
         *,
+        settings: Settings | None = None,
         clock: Callable[[], float] = time.perf_counter,
         warmup_steps: int = WARMUP_STEPS,
         min_steps: int = MIN_STEPS,
@@ -62,79 +73,50 @@ class TrainingLoop:
 
         self.workload = workload
         self.device = device
-        self.clock = clock
+        self.timer = Timer(device, clock=clock)
         self.warmup_steps = warmup_steps
         self.min_steps = min_steps
         self._defaults = global_flags(torch)
-        self._models: dict[tuple[bool, str | None], Any] = {}
+        base = (settings or torch_defaults(device)).model_copy(update={"device": device})
+        # An arm that sets TF32 sets it through the API this torch has, as a profile would.
+        api = base.matmul.api or tf32_api(torch)
+        self._base = base.model_copy(update={"matmul": base.matmul.model_copy(update={"api": api})})
+        self._models: dict[tuple[str, str | None], Any] = {}
 
-    # --- state per config ------------------------------------------------------------------
+    def settings(self, config: TrainConfig) -> Settings:
+        """The settings one arm trains with: the base with every knob at ``config``'s value."""
+        return train_settings(config, self._base)
 
-    def _model(self, config: TrainConfig) -> Any:
+    # --- state per arm ---------------------------------------------------------------------
+
+    def _model(self, settings: Settings) -> Any:
         import torch
 
-        key = (config.channels_last, config.compile_mode)
+        key = (settings.memory_format, settings.compile.mode if settings.compile.enabled else None)
         if key not in self._models:
             torch.manual_seed(0)  # the same weights in every arm
             model = self.workload.make_model().to(self.device)
-            if config.channels_last:
-                model = model.to(memory_format=torch.channels_last)
-            if config.compile_mode is not None:
-                model = torch.compile(model, mode=config.compile_mode)
-            self._models[key] = model
+            self._models[key] = prepare_model(settings, model)
         return self._models[key]
 
-    def _apply_flags(self, config: TrainConfig) -> None:
-        """torch's defaults, then what the config sets."""
-        import torch
-
-        from torch_autotune.apply import apply_matmul
-
-        restore_flags(torch, self._defaults)
-        if config.cudnn_benchmark is not None:
-            torch.backends.cudnn.benchmark = config.cudnn_benchmark
-        if config.tf32 is not None:
-            api = (
-                "fp32_precision" if hasattr(torch.backends.cuda.matmul, "fp32_precision") else None
-            )
-            apply_matmul(torch, api or "allow_tf32", config.tf32)
-        if config.cpu_threads is not None:
-            torch.set_num_threads(config.cpu_threads)
-
-    def _batches(self, config: TrainConfig) -> Generator[tuple[Any, Any], None, None]:
+    def _batches(self, settings: Settings) -> Generator[tuple[Any, Any], None, None]:
         """Batches on the device, endlessly: from the DataLoader, else the example batch."""
-        import torch
-
-        non_blocking = config.pin_memory and self.device == "cuda"
-        memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
-
-        def to_device(inputs: Any, targets: Any) -> tuple[Any, Any]:
-            if inputs.dim() == 4:
-                inputs = inputs.to(
-                    self.device, non_blocking=non_blocking, memory_format=memory_format
-                )
-            else:
-                inputs = inputs.to(self.device, non_blocking=non_blocking)
-            targets = targets.to(self.device, non_blocking=non_blocking)
-            if config.compile_mode is not None:
-                # One compile for every batch size of the arms (as in the probe): a static
-                # compile recompiles at the second size, 60-80 s for ResNet-50 on an H100.
-                mark_dynamic_batch(torch, inputs, targets)
-            return inputs, targets
-
+        dl = settings.dataloader
+        pinned = dl.pin_memory and self.device == "cuda"
+        batch_size = settings.batch.batch_size or 1
         dataset = self.workload.dataset
         if dataset is None:
-            batch = to_device(*self.workload.make_batch(config.batch_size))
+            batch = batch_to_device(settings, *self.workload.make_batch(batch_size))
             while True:
                 yield batch
         from torch.utils.data import DataLoader
 
         kwargs = loader_kwargs(
-            batch_size=config.batch_size,
-            num_workers=config.num_workers,
-            pin_memory=config.pin_memory and self.device == "cuda",
+            batch_size=batch_size,
+            num_workers=dl.num_workers,
+            pin_memory=pinned,
             persistent_workers=False,
-            prefetch_factor=config.prefetch_factor,
+            prefetch_factor=dl.prefetch_factor,
             timeout_s=LOADER_TIMEOUT_S,
         )
         loader = DataLoader(dataset, shuffle=False, drop_last=True, **kwargs)
@@ -142,26 +124,22 @@ class TrainingLoop:
             iterator = iter(loader)
             try:
                 for inputs, targets in iterator:
-                    yield to_device(inputs, targets)
+                    yield batch_to_device(settings, inputs, targets, non_blocking=pinned)
             finally:
                 shut_down(iterator)
 
     # --- the measurement -------------------------------------------------------------------
 
-    def _train(self, config: TrainConfig, seconds: float) -> float:
-        import torch
-
-        model = self._model(config)
+    def _train(self, settings: Settings, seconds: float) -> float:
+        model = self._model(settings)
         model.train()
-        options = {"fused": True} if config.fused_optimizer else {}
         try:
-            optimizer = make_optimizer(self.workload, model, options)
+            optimizer = make_optimizer(self.workload, model, optimizer_kwargs(settings))
         except Exception as error:  # the user's optimizer factory
             blame_user_code(error)
             raise
-        dtype = None if config.precision == "float32" else config.precision
-        scaler = make_scaler(torch, self.device, enabled=config.precision == "float16")
-        batches = self._batches(config)
+        scaler = grad_scaler(settings)
+        batches = self._batches(settings)
         try:
 
             def step() -> None:
@@ -171,29 +149,21 @@ class TrainingLoop:
                     blame_user_code(error)
                     raise
                 train_step(
-                    torch,
                     self.workload,
                     batch,
+                    settings,
                     model=model,
                     optimizer=optimizer,
                     scaler=scaler,
-                    device=self.device,
-                    dtype=dtype,
                 )
 
             for _ in range(self.warmup_steps):
                 step()
-            sync_device(torch, self.device)
-            started = self.clock()
-            steps = 0
-            while steps < self.min_steps or self.clock() - started < seconds:
-                step()
-                steps += 1
-            sync_device(torch, self.device)
-            elapsed = self.clock() - started
+            steps, elapsed = self.timer.run_for(step, seconds=seconds, min_calls=self.min_steps)
         finally:
             batches.close()
-        return steps * config.batch_size / elapsed if elapsed > 0 else 0.0
+        batch_size = settings.batch.batch_size or 1
+        return steps * batch_size / elapsed if elapsed > 0 else 0.0
 
     def measure(self, config: TrainConfig, seconds: float) -> float:
         """Samples per second of training at ``config`` for at least ``seconds``."""
@@ -201,9 +171,11 @@ class TrainingLoop:
 
         from torch_autotune.bench import ArmFailed
 
-        self._apply_flags(config)
+        settings = self.settings(config)
+        restore_flags(torch, self._defaults)  # torch's defaults, then what the arm sets
+        apply_flags(settings)
         try:
-            rate, oom = run_guarded(lambda: self._train(config, seconds))
+            rate, oom = run_guarded(lambda: self._train(settings, seconds))
         except RuntimeError as error:
             failure = worker_failure(error)
             if failure is None:

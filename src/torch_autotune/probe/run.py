@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from torch_autotune.errors import ProbeError, WorkloadError
 from torch_autotune.hardware import HardwareSnapshot
@@ -135,7 +135,7 @@ def measure(
     report = progress or (lambda _phase, _what: None)
     budget = Budget(budget_s, clock, started=started)
     settings = StepSettings.from_profile(rules_only)
-    eager_settings = replace(settings, compile_mode=None)
+    eager_settings = settings.with_compile(None)
     make = trials or (lambda w, s: TrialRunner(w, s, clock=clock))
     runner = make(workload, eager_settings)
     machine = rules_only.provenance.snapshot

@@ -1,108 +1,77 @@
-"""Time a callable: warm up, repeat, synchronise the device, report median and spread in seconds.
+"""The one timer of training: an injected clock, read after the device has caught up.
 
-The clock is injected (``time.perf_counter`` by default), so tests drive it with a list of
-times. GPU work is asynchronous: a kernel launch returns long before the kernel finishes, so
-``sync`` (see :func:`device_sync`) runs before every clock read; otherwise a sample would measure
-launch overhead, and the queued work would land in whichever sample happens to wait for it.
+GPU work is asynchronous: a kernel launch returns long before the kernel finishes, so the
+timer synchronises the device (see :func:`device_sync`) before every clock read it times
+with; otherwise a sample would measure launch overhead, and the queued work would land in
+whichever sample happens to wait for it. The clock is injected (``time.perf_counter`` by
+default), so tests drive it with a list of times. The search trials (``probe.trials``) and the
+bench's training loop (``probe.loop``) both time with it.
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import ModuleType
 
-__all__ = ["Clock", "Timing", "device_sync", "measure"]
+__all__ = ["Clock", "Timer", "device_sync"]
 
 Clock = Callable[[], float]
 """A monotonic clock returning seconds, like ``time.perf_counter``."""
 
 _SUPPORTED_DEVICES = ("cpu", "cuda", "mps")
-_IQR_MIN_SAMPLES = 4
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Durations of repeated calls, in seconds, and their summary.
+class Timer:
+    """Seconds of work on ``device``, read with ``clock`` after the device has caught up.
 
-    ``spread_s`` is the interquartile range (third minus first quartile, quartiles by linear
-    interpolation between samples: ``statistics.quantiles(method="inclusive")``, numpy's
-    default) when there are at least 4 samples, and ``max_s - min_s`` below that, where
-    quartiles mean little. It is 0.0 for a single sample.
+    ``sync`` waits for the device's queued work (default: :func:`device_sync` of ``device``;
+    None on the CPU, where operations return when they are done).
     """
 
-    samples_s: tuple[float, ...]
-    median_s: float = field(init=False)
-    spread_s: float = field(init=False)
-    min_s: float = field(init=False)
-    max_s: float = field(init=False)
+    def __init__(
+        self,
+        device: str = "cpu",
+        *,
+        clock: Clock = time.perf_counter,
+        sync: Callable[[], object] | None = None,
+    ) -> None:
+        self.clock = clock
+        self._sync = sync if sync is not None else device_sync(device)
 
-    def __post_init__(self) -> None:
-        samples = tuple(float(s) for s in self.samples_s)
-        if not samples:
-            raise ValueError("a Timing needs at least one sample")
-        if any(not math.isfinite(s) or s < 0 for s in samples):
-            raise ValueError(
-                f"samples must be finite and >= 0 s, got {samples}: "
-                "is the clock monotonic (time.perf_counter, not time.time)?"
-            )
-        import statistics  # 2 ms of imports (decimal, fractions): paid when timing, not on import
+    def sync(self) -> None:
+        """Wait until the device has run everything queued so far."""
+        if self._sync is not None:
+            self._sync()
 
-        object.__setattr__(self, "samples_s", samples)
-        object.__setattr__(self, "median_s", statistics.median(samples))
-        object.__setattr__(self, "spread_s", _spread(samples))
-        object.__setattr__(self, "min_s", min(samples))
-        object.__setattr__(self, "max_s", max(samples))
+    def read(self) -> float:
+        """The clock, in seconds, once the device has caught up."""
+        self.sync()
+        return self.clock()
 
-    def throughput(self, items_per_call: float) -> float:
-        """Items per second at the median duration (``items_per_call / median_s``).
+    def seconds(self, fn: Callable[[], object], count: int = 1) -> float:
+        """Seconds ``count`` calls of ``fn`` take, the device's work included."""
+        started = self.read()
+        for _ in range(count):
+            fn()
+        return self.read() - started
 
-        Raises:
-            ValueError: ``items_per_call`` is not positive, or the median is 0 s (the clock
-                did not advance: time more work per call).
+    def run_for(
+        self, fn: Callable[[], object], *, seconds: float, min_calls: int
+    ) -> tuple[int, float]:
+        """Call ``fn`` until at least ``min_calls`` calls and ``seconds`` have passed; returns
+        (calls, seconds they took, the device's work included).
+
+        The deadline is checked on the clock alone between calls (no synchronisation inside the
+        run, so the device's queue stays full as in training); the end is read after it.
         """
-        if not items_per_call > 0:
-            raise ValueError(f"items_per_call must be > 0, got {items_per_call}")
-        if self.median_s == 0:
-            raise ValueError(
-                "the median duration is 0 s, so throughput is undefined: the clock did not "
-                "advance during the call; time more work per call or use a finer clock"
-            )
-        return items_per_call / self.median_s
-
-
-def measure(
-    fn: Callable[[], object],
-    *,
-    repeats: int = 5,
-    warmup: int = 1,
-    clock: Clock = time.perf_counter,
-    sync: Callable[[], object] | None = None,
-) -> Timing:
-    """Call ``fn`` ``warmup`` times untimed, then ``repeats`` times timed; durations in seconds.
-
-    ``sync``, if given, runs immediately before every clock read (before the start read, so
-    work queued by earlier calls is not counted, and before the end read, so this call's work
-    is). Pass :func:`device_sync` of the device ``fn`` runs on. ``fn``'s result is discarded.
-
-    Raises:
-        ValueError: ``repeats < 1`` or ``warmup < 0``; or the clock went backwards.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    for _ in range(warmup):
-        fn()
-    samples: list[float] = []
-    for _ in range(repeats):
-        start = _read(clock, sync)
-        fn()
-        samples.append(_read(clock, sync) - start)
-    return Timing(tuple(samples))
+        started = self.read()
+        calls = 0
+        while calls < min_calls or self.clock() - started < seconds:
+            fn()
+            calls += 1
+        return calls, self.read() - started
 
 
 def device_sync(device: str) -> Callable[[], None] | None:
@@ -136,23 +105,6 @@ def device_sync(device: str) -> Callable[[], None] | None:
     if kind == "cuda":
         return _cuda_sync(torch, device)
     return _mps_sync(torch)
-
-
-def _read(clock: Clock, sync: Callable[[], object] | None) -> float:
-    """One clock read, in seconds, after the device has caught up."""
-    if sync is not None:
-        sync()
-    return clock()
-
-
-def _spread(samples: tuple[float, ...]) -> float:
-    """Interquartile range from 4 samples up, max - min below (see :class:`Timing`)."""
-    if len(samples) < _IQR_MIN_SAMPLES:
-        return max(samples) - min(samples)
-    import statistics
-
-    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-    return q3 - q1
 
 
 def _import_torch() -> ModuleType | None:

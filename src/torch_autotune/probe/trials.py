@@ -1,10 +1,13 @@
-"""Real training steps at one batch size: the ``fits`` the search calls, and the timer.
+"""Real training steps at one batch size: the ``fits`` the search calls, and steady points.
 
 A trial is the step the user's training loop will run, repeated so optimizer state exists:
-forward under the profile's autocast dtype, loss, backward (through the GradScaler for fp16),
-optimizer step, zero_grad; with the profile's memory format and compile setting. Peak memory is
-read from the allocator, reset before each trial. Out-of-memory is recognised by ``oom`` and
-cleaned up outside the ``except`` block; any other error propagates with the user's traceback.
+forward under the profile's autocast, loss, backward (through the GradScaler for fp16),
+optimizer step, zero_grad; with the profile's memory format and compile setting. Every one of
+those is ``torch_autotune.apply`` applied to the profile's ``Settings``, as in the user's
+script, and ``train_step`` is that step for the bench's loop too. Steps are timed by the one
+``Timer`` (``probe.timing``). Peak memory is read from the allocator, reset before each trial.
+Out-of-memory is recognised by ``oom`` and cleaned up outside the ``except`` block; any other
+error propagates with the user's traceback.
 
 ``preserved`` puts back everything the probe touches: the model's parameters and buffers, the
 optimizer's state, every RNG, and torch's global flags, whether the probe succeeds, fails or is
@@ -24,10 +27,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.apply import make_scaler
+from torch_autotune.apply import (
+    apply_flags,
+    autocast,
+    batch_to_device,
+    compile_model,
+    global_flags,
+    grad_scaler,
+    optimizer_kwargs,
+    prepare_model,
+    restore_flags,
+)
 from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.timing import Timer
+from torch_autotune.settings import Settings, torch_defaults
 
 if TYPE_CHECKING:
     from torch_autotune.probe.workloads import Workload
@@ -38,87 +53,38 @@ DEFAULT_STEPS = 3  # Lightning's steps_per_trial; >= 2 so the optimizer's state 
 
 @dataclass(frozen=True)
 class StepSettings:
-    """How a trial trains: the parts of a profile that change memory and speed."""
+    """How a trial trains: a profile's ``Settings``, and how many steps a trial runs."""
 
-    device: str = "cpu"
-    autocast_dtype: str | None = None  # "float16" / "bfloat16"; None: no autocast
-    grad_scaler: bool = False
-    channels_last: bool = False
-    compile_mode: str | None = None  # None: eager
-    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    settings: Settings = field(default_factory=torch_defaults)
     steps: int = DEFAULT_STEPS
-    cudnn_benchmark: bool = False  # the cuDNN autotuner (times kernels for every new shape)
-    tf32: bool | None = None  # None: torch's default; else through ``matmul_api``
-    matmul_api: str | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile, steps: int = DEFAULT_STEPS) -> StepSettings:
-        s = profile.settings
-        return cls(
-            device=s.device,
-            autocast_dtype=s.precision.dtype if s.precision.autocast else None,
-            grad_scaler=s.precision.grad_scaler,
-            channels_last=s.memory_format == "channels_last",
-            compile_mode=s.compile.mode if s.compile.enabled else None,
-            optimizer_kwargs=profile.optimizer_kwargs(),
-            steps=steps,
-            cudnn_benchmark=s.backends.cudnn_benchmark,
-            tf32=s.matmul.tf32 if s.matmul.api is not None else None,
-            matmul_api=s.matmul.api,
-        )
+        return cls(profile.settings, steps)
 
-    def describe(self) -> str:
-        """'bfloat16 autocast, channels_last, compiled (default), cuDNN autotuner'."""
-        parts = [f"{self.autocast_dtype} autocast" if self.autocast_dtype else "float32"]
-        if self.grad_scaler:
-            parts.append("GradScaler")
-        if self.channels_last:
-            parts.append("channels_last")
-        parts.append(f"compiled ({self.compile_mode})" if self.compile_mode else "eager")
-        if self.cudnn_benchmark:
-            parts.append("cuDNN autotuner")
-        return ", ".join(parts)
+    @property
+    def device(self) -> str:
+        return self.settings.device
+
+    @property
+    def compile_mode(self) -> str | None:
+        """torch.compile's mode; None: eager."""
+        return self.settings.compile.mode if self.settings.compile.enabled else None
+
+    @property
+    def cudnn_benchmark(self) -> bool:
+        """The cuDNN autotuner (times kernels for every new shape)."""
+        return self.settings.backends.cudnn_benchmark
+
+    def with_compile(self, mode: str | None) -> StepSettings:
+        """The same settings under ``torch.compile(mode=mode)``; None: eager."""
+        compiled = self.settings.compile.model_copy(
+            update={"enabled": mode is not None, "mode": mode}
+        )
+        return replace(self, settings=self.settings.model_copy(update={"compile": compiled}))
 
 
 # --- putting things back -------------------------------------------------------------------------
-
-
-def global_flags(torch: Any) -> dict[str, Any]:
-    flags: dict[str, Any] = {
-        "cudnn.benchmark": torch.backends.cudnn.benchmark,
-        "cudnn.deterministic": torch.backends.cudnn.deterministic,
-        "deterministic": torch.are_deterministic_algorithms_enabled(),
-        "deterministic.warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
-        "num_threads": torch.get_num_threads(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-    }
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9: read the new API only (catalog B2)
-        flags["fp32_precision"] = (
-            matmul.fp32_precision,
-            torch.backends.cudnn.conv.fp32_precision,
-            torch.backends.cudnn.rnn.fp32_precision,
-        )
-    else:
-        flags["allow_tf32"] = (matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    return flags
-
-
-def restore_flags(torch: Any, flags: dict[str, Any]) -> None:
-    torch.backends.cudnn.benchmark = flags["cudnn.benchmark"]
-    torch.backends.cudnn.deterministic = flags["cudnn.deterministic"]
-    torch.use_deterministic_algorithms(
-        flags["deterministic"], warn_only=flags["deterministic.warn_only"]
-    )
-    torch.set_num_threads(flags["num_threads"])
-    if "fp32_precision" in flags:
-        matmul, conv, rnn = flags["fp32_precision"]
-        torch.backends.cuda.matmul.fp32_precision = matmul
-        torch.backends.cudnn.conv.fp32_precision = conv
-        torch.backends.cudnn.rnn.fp32_precision = rnn
-    else:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags["allow_tf32"]
-        torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
 
 
 def _rng_states(torch: Any) -> dict[str, Any]:
@@ -223,13 +189,6 @@ def device_memory_limit(device: str) -> int | None:
     return int(free + torch.cuda.memory_reserved())
 
 
-def sync_device(torch: Any, device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    elif device == "mps":
-        torch.mps.synchronize()
-
-
 @dataclass(frozen=True)
 class PointOutcome:
     """Steady throughput at one batch size (``fits`` False: it ran out of memory)."""
@@ -263,14 +222,13 @@ class TrialRunner:
     """Real training steps at one batch size: ``runner(batch_size)`` (a search trial) and
     ``runner.point(batch_size, until=...)`` (steady throughput).
 
-    The model is built once (``workload.make_model()``), moved to the device and put in the
-    profile's memory format; ``compiled(mode)`` gives a runner of the same model under
-    ``torch.compile`` with the batch dimension marked dynamic, so that it compiles once and
-    every later batch size reuses the compiled code (on an H100, ResNet-50: 80 s to compile,
-    then 0.2 s for each new size; a static compile recompiles at the second size). Each trial
-    makes a fresh optimizer, so its state is created inside the trial, as in the first steps
-    of real training. Global flags (cuDNN autotuner, TF32) are set by ``apply_flags``; the
-    caller restores them (``preserved``).
+    The model is built once (``workload.make_model()``), moved to the device and prepared as
+    the settings say (``apply.prepare_model``); ``compiled(mode)`` gives a runner of the same
+    model under ``torch.compile`` with the batch dimension marked dynamic, so that it compiles
+    once and every later batch size reuses the compiled code. Each trial makes a fresh
+    optimizer, so its state is created inside the trial, as in the first steps of real
+    training. Global flags (cuDNN autotuner, TF32) are set by ``apply_flags``; the caller
+    restores them (``preserved``).
     """
 
     def __init__(
@@ -286,21 +244,23 @@ class TrialRunner:
         self.clock = clock
         self._eager = eager
         self._model: Any = None
+        self._timer: Timer | None = None
+
+    @property
+    def timer(self) -> Timer:
+        """The timer on the trials' device (made when the first step is timed)."""
+        if self._timer is None:
+            self._timer = Timer(self.settings.device, clock=self.clock)
+        return self._timer
 
     @property
     def model(self) -> Any:
         if self._model is None:
-            import torch
-
-            if self._eager is not None:
-                self._model = torch.compile(self._eager.model, mode=self.settings.compile_mode)
+            if self._eager is not None:  # already on the device, in its memory format
+                self._model = compile_model(self.settings.settings, self._eager.model)
             else:
                 model = self.workload.make_model().to(self.settings.device)
-                if self.settings.channels_last:
-                    model = model.to(memory_format=torch.channels_last)
-                if self.settings.compile_mode is not None:
-                    model = torch.compile(model, mode=self.settings.compile_mode)
-                self._model = model
+                self._model = prepare_model(self.settings.settings, model)
         return self._model
 
     def memory_limit(self) -> int | None:
@@ -314,79 +274,43 @@ class TrialRunner:
     def compiled(self, mode: str) -> TrialRunner:
         """A runner of this (eager) runner's model under ``torch.compile(mode=mode)``."""
         return TrialRunner(
-            self.workload, replace(self.settings, compile_mode=mode), clock=self.clock, eager=self
+            self.workload, self.settings.with_compile(mode), clock=self.clock, eager=self
         )
 
     def apply_flags(self, *, cudnn_benchmark: bool | None = None) -> None:
         """Set the cuDNN autotuner and TF32 as the settings say, the autotuner overridden by
-        ``cudnn_benchmark`` when given; the caller restores them (``preserved``)."""
-        import torch
-
-        from torch_autotune.apply import apply_matmul
-
-        benchmark = self.settings.cudnn_benchmark if cudnn_benchmark is None else cudnn_benchmark
-        torch.backends.cudnn.benchmark = benchmark
-        if self.settings.tf32 is not None:
-            apply_matmul(torch, self.settings.matmul_api, self.settings.tf32)
-
-    def _inputs(self, batch_size: int) -> tuple[Any, Any]:
-        import torch
-
-        inputs, targets = self.workload.make_batch(batch_size)
-        device = self.settings.device
-        if self.settings.channels_last and inputs.dim() == 4:
-            inputs = inputs.to(device, memory_format=torch.channels_last)
-        else:
-            inputs = inputs.to(device)
-        targets = targets.to(device)
-        if self._eager is not None:
-            mark_dynamic_batch(torch, inputs, targets)
-        return inputs, targets
+        ``cudnn_benchmark`` when given; the caller restores them (``preserved``). The thread
+        count stays the process's."""
+        apply_flags(self.settings.settings, cudnn_benchmark=cudnn_benchmark, threads=False)
 
     def _stepper(self, batch_size: int) -> Callable[[], None]:
         """One training step at ``batch_size`` per call, synchronised with the device."""
-        import torch
-
-        s = self.settings
+        settings = self.settings.settings
         model = self.model
         model.train()
-        scaler = make_scaler(torch, s.device, enabled=s.grad_scaler)
+        scaler = grad_scaler(settings)
         try:
-            optimizer = make_optimizer(self.workload, model, s.optimizer_kwargs)
-            batch = self._inputs(batch_size)
+            optimizer = make_optimizer(self.workload, model, optimizer_kwargs(settings))
+            batch = batch_to_device(settings, *self.workload.make_batch(batch_size))
         except Exception as error:  # the user's optimizer factory or data
             blame_user_code(error)
             raise
+        timer = self.timer
 
         def step() -> None:
             train_step(
-                torch,
-                self.workload,
-                batch,
-                model=model,
-                optimizer=optimizer,
-                scaler=scaler,
-                device=s.device,
-                dtype=s.autocast_dtype,
+                self.workload, batch, settings, model=model, optimizer=optimizer, scaler=scaler
             )
-            sync_device(torch, s.device)
+            timer.sync()
 
         return step
 
-    def _timed(self, step: Callable[[], None], count: int = 1) -> float:
-        started = self.clock()
-        for _ in range(count):
-            step()
-        return self.clock() - started
-
     def steps(self, batch_size: int) -> tuple[float, float]:
         """Run ``settings.steps`` steps; (first step's extra seconds, median later step)."""
-        import torch
-
-        sync_device(torch, self.settings.device)
+        self.timer.sync()
         step = self._stepper(batch_size)
-        first = self._timed(step)
-        later = [self._timed(step) for _ in range(max(1, self.settings.steps - 1))]
+        first = self.timer.seconds(step)
+        later = [self.timer.seconds(step) for _ in range(max(1, self.settings.steps - 1))]
         steady = statistics.median(later)
         return max(0.0, first - steady), steady
 
@@ -434,17 +358,15 @@ class TrialRunner:
     def _point(
         self, batch_size: int, until: float, block_s: float, max_spread: float
     ) -> PointOutcome:
-        import torch
-
-        sync_device(torch, self.settings.device)
+        self.timer.sync()
         step = self._stepper(batch_size)
-        first = self._timed(step)
-        one = max(self._timed(step), 1e-9)
+        first = self.timer.seconds(step)
+        one = max(self.timer.seconds(step), 1e-9)
         per_block = max(1, math.ceil(block_s / one))
         # A step as long as a block is a block: on a slow device it is the first one.
         rates: list[float] = [batch_size / one] if per_block == 1 else []
         while True:
-            elapsed = self._timed(step, per_block)
+            elapsed = self.timer.seconds(step, per_block)
             if elapsed > 0:
                 rates.append(per_block * batch_size / elapsed)
             recent = rates[-MIN_BLOCKS:]
@@ -465,15 +387,6 @@ class TrialRunner:
         )
 
 
-def mark_dynamic_batch(torch: Any, *tensors: Any) -> None:
-    """Mark dim 0 of ``tensors`` dynamic for torch.compile, so a compiled model compiles once
-    for every batch size (``maybe_mark_dynamic``: no error where the model specialises it)."""
-    mark = getattr(torch._dynamo, "maybe_mark_dynamic", None) or torch._dynamo.mark_dynamic
-    for tensor in tensors:
-        if tensor.dim() > 0:
-            mark(tensor, 0)
-
-
 def make_optimizer(workload: Workload, model: Any, options: Mapping[str, Any]) -> Any:
     """The workload's optimizer over ``model``'s parameters with ``options`` (``fused=True``),
     or without them when the user's optimizer factory takes none."""
@@ -485,22 +398,19 @@ def make_optimizer(workload: Workload, model: Any, options: Mapping[str, Any]) -
 
 
 def train_step(
-    torch: Any,
     workload: Workload,
     batch: tuple[Any, Any],
+    settings: Settings,
     *,
     model: Any,
     optimizer: Any,
     scaler: Any,
-    device: str,
-    dtype: str | None,
 ) -> None:
-    """One step as the user's loop runs it: forward and loss under autocast (``dtype`` None:
-    off), backward through the scaler, optimizer step, zero_grad."""
+    """One step as the user's loop runs it: forward and loss under the settings' autocast,
+    backward through the scaler, optimizer step, zero_grad."""
     inputs, targets = batch
-    autocast_dtype = getattr(torch, dtype) if dtype else None
     try:
-        with torch.autocast(device_type=device, dtype=autocast_dtype, enabled=dtype is not None):
+        with autocast(settings):
             loss = workload.loss_fn(model(inputs), targets)
         scaler.scale(loss).backward()
         scaler.step(optimizer)

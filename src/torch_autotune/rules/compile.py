@@ -17,13 +17,10 @@ from collections.abc import Callable, Iterator
 from torch_autotune.hardware import Accelerator, Vendor
 from torch_autotune.profile import Mode, Source
 from torch_autotune.rules.context import Context, Finding
+from torch_autotune.thresholds import COMPILE_MIN_TORCH, FULL_TRITON_CC, MAX_AUTOTUNE_MIN_SMS
 
-# Catalog D13: Inductor's is_big_gpu(): `min_sms = 16 if device.type == "xpu" else 68  # 3080`.
-MAX_AUTOTUNE_MIN_SMS = 68
 # Catalog D7: "Triton only supports devices of CUDA Capability >= 7.0".
 TRITON_MIN_CC = (7, 0)
-# Catalog D8, P: below cc 8.0 bf16 cannot compile and tl.dot uses no Tensor Cores (Triton 3.3+).
-FULL_TRITON_CC = (8, 0)
 
 # Catalog D2 and §Q.1: the newest Python each torch release compiles for, newest release first.
 # Each row is backed by the error the release before it raised on that Python:
@@ -72,7 +69,7 @@ def _torch_gate(ctx: Context) -> Off | None:
     """D1: torch.compile arrived in torch 2.0."""
     if ctx.torch is None:
         return "D1", "the torch version could not be read, and torch.compile needs torch 2.0+"
-    if not ctx.torch_at_least(2, 0):
+    if not ctx.torch_at_least(*COMPILE_MIN_TORCH):
         return "D1", f"{_torch_text(ctx)} has no torch.compile: it arrived in torch 2.0"
     return None
 

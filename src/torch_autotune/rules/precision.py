@@ -18,11 +18,10 @@ from typing import Literal
 from torch_autotune.hardware import Architecture
 from torch_autotune.profile import Mode
 from torch_autotune.rules.context import Context, Finding
+from torch_autotune.thresholds import BF16_MIN_CC, FP32_PRECISION_API_MIN_TORCH, TF32_MIN_CC
 
 Dtype = Literal["float32", "float16", "bfloat16"]
 
-# Catalog A1, D12, P: native bf16 (and TF32) Tensor Cores start at sm_80.
-BF16_MIN_CC = (8, 0)
 # Catalog A2, P: fp16 Tensor Cores start with Volta.
 TENSOR_CORE_MIN_CC = (7, 0)
 # Catalog A5, P: GP100 (Tesla P100, Quadro GP100) has fast fp16 (2x fp32) without Tensor Cores.
@@ -32,8 +31,6 @@ MPS_BF16_MIN_TORCH = (2, 6)
 MPS_BF16_MIN_MACOS = 14
 # Catalog M2: ROCm families with bf16 matrix units (MI200 = CDNA2, MI300 = CDNA3, MI350 = CDNA4).
 ROCM_BF16_FAMILIES = frozenset({Architecture.CDNA2, Architecture.CDNA3, Architecture.CDNA4})
-# Catalog B2, Q: torch 2.9 introduced torch.backends.*.fp32_precision.
-FP32_PRECISION_API_MIN_TORCH = (2, 9)
 
 
 @dataclass(frozen=True)
@@ -313,7 +310,7 @@ def _no_tf32(ctx: Context) -> tuple[str, str] | None:
             f"{detected}: the compute capability could not be read, and TF32 exists only "
             "from cc 8.0, so nothing is set"
         )
-    if cc < BF16_MIN_CC:
+    if cc < TF32_MIN_CC:
         return "B5", (
             f"{detected}: TF32 Tensor Cores exist only from cc 8.0 (Ampere); the flags would "
             "be no-ops, so nothing is set"

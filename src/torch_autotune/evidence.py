@@ -1,0 +1,272 @@
+"""What was measured on the machine: the probe's records and the bench's.
+
+The ground floor of the data model, next to ``settings``: pydantic and the standard library
+only. The probe fills ``Evidence`` (every trial of the batch-size search, the throughput
+points, the DataLoader candidates, the compile measurement); ``autotune bench`` fills
+``BenchEvidence`` (each arm's ``TrainConfig`` and throughput per round, each setting's
+``Effect``). A profile carries both, so every measured setting can be traced to its numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, model_validator
+
+from torch_autotune.bounds import (
+    BatchSize,
+    Bytes,
+    CpuCount,
+    PrefetchFactor,
+    Rounds,
+    SmallCount,
+    WorkerCount,
+)
+from torch_autotune.settings import StrictModel
+
+BASELINE_BATCH_SIZE = 32
+
+Dtype = Literal["float32", "float16", "bfloat16"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+Verdict = Literal["faster", "slower", "within noise", "too few rounds"]
+Outcome = Literal["kept", "dropped", "kept (required)"]
+
+
+# --- the bench ----------------------------------------------------------------------------------
+
+
+class TrainConfig(StrictModel):
+    """How one arm of the bench trains. The defaults are the baseline of speed guides.
+
+    ``None`` for ``cudnn_benchmark``, ``tf32`` and ``cpu_threads`` means torch's default, left
+    as the process found it.
+    """
+
+    batch_size: BatchSize = BASELINE_BATCH_SIZE
+    precision: Dtype = Field(default="float32", description="float16 trains with a GradScaler.")
+    channels_last: bool = False
+    compile_mode: CompileMode | None = Field(default=None, description="None: eager.")
+    cudnn_benchmark: bool | None = None
+    tf32: bool | None = None
+    fused_optimizer: bool = False
+    num_workers: WorkerCount = 0
+    prefetch_factor: PrefetchFactor | None = None
+    pin_memory: bool = False
+    cpu_threads: CpuCount | None = None
+
+    @model_validator(mode="after")
+    def _loader(self) -> TrainConfig:
+        if self.prefetch_factor is not None and self.num_workers == 0:
+            raise ValueError("prefetch_factor needs num_workers > 0 (torch refuses it otherwise)")
+        return self
+
+    def describe(self) -> str:
+        """'bfloat16, batch 256, 4 workers, pinned, compiled (default)', the non-defaults."""
+        parts = [self.precision, f"batch {self.batch_size}"]
+        parts.append(f"{self.num_workers} worker{'s' if self.num_workers != 1 else ''}")
+        if self.pin_memory:
+            parts.append("pinned")
+        if self.channels_last:
+            parts.append("channels_last")
+        if self.compile_mode is not None:
+            parts.append(f"compiled ({self.compile_mode})")
+        if self.cudnn_benchmark is not None:
+            parts.append(f"cudnn.benchmark {'on' if self.cudnn_benchmark else 'off'}")
+        if self.tf32 is not None:
+            parts.append(f"TF32 {'on' if self.tf32 else 'off'}")
+        if self.fused_optimizer:
+            parts.append("fused optimizer")
+        if self.cpu_threads is not None:
+            parts.append(f"{self.cpu_threads} thread{'s' if self.cpu_threads != 1 else ''}")
+        return ", ".join(parts)
+
+
+class Effect(StrictModel):
+    """How much faster ``with`` trains than ``without``, paired round by round."""
+
+    speedup: PositiveFloat = Field(description="Median over rounds of with / without.")
+    low: PositiveFloat = Field(description="Lowest ratio of a round.")
+    high: PositiveFloat = Field(description="Highest ratio of a round.")
+    rounds: Rounds = Field(description="Rounds in which both arms ran.")
+    verdict: Verdict
+
+    def describe(self) -> str:
+        """'1.42x (1.38-1.47, 5 rounds): faster'."""
+        return (
+            f"{self.speedup:.2f}x ({self.low:.2f}-{self.high:.2f}, {self.rounds} rounds): "
+            f"{self.verdict}"
+        )
+
+
+class ArmRecord(StrictModel):
+    """One distinct config, what it stands for, and its throughput in each round."""
+
+    names: tuple[str, ...] = Field(description="'baseline', 'tuned', 'tuned - compile', ...")
+    config: TrainConfig
+    samples_per_s: tuple[PositiveFloat | None, ...] = Field(
+        description="One per round, in round order; None: the measurement failed."
+    )
+    error: str | None = Field(default=None, description="Why a measurement failed.")
+
+    @property
+    def median(self) -> float | None:
+        ran = [v for v in self.samples_per_s if v is not None]
+        return statistics.median(ran) if ran else None
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median of the rounds that ran."""
+        ran = [v for v in self.samples_per_s if v is not None]
+        median = self.median
+        return (max(ran) - min(ran)) / median if ran and median else None
+
+
+class SettingEffect(StrictModel):
+    """One ablated setting: its values, what it does alone and in the profile, the outcome."""
+
+    setting: str
+    baseline_value: str
+    tuned_value: str
+    on_alone: Effect | None = Field(description="Baseline with this setting vs baseline.")
+    off_alone: Effect | None = Field(description="Profile vs profile without this setting.")
+    outcome: Outcome
+    reason: str
+
+
+class BenchEvidence(StrictModel):
+    """What ``autotune bench`` ran and measured: the basis of every M1/M2 decision."""
+
+    workload: str
+    device: str
+    rounds: Rounds
+    seconds_per_measurement: PositiveFloat
+    arms: tuple[ArmRecord, ...]
+    tuned: Effect | None = Field(description="The profile as the probe made it vs baseline.")
+    settings: tuple[SettingEffect, ...]
+    final: Effect | None = Field(
+        default=None, description="The profile after the drops vs baseline (None: no drops)."
+    )
+    reverted: bool = Field(default=False, description="Everything went back to the baseline.")
+    not_ablated: tuple[str, ...] = ()
+    elapsed_s: float = Field(ge=0)
+
+    def ran(self) -> set[int]:
+        """Batch sizes that trained in some arm."""
+        return {arm.config.batch_size for arm in self.arms if any(v for v in arm.samples_per_s)}
+
+
+# --- the probe ----------------------------------------------------------------------------------
+
+
+class SearchTrialRecord(StrictModel):
+    """One trial of the batch-size search, as the probe ran it."""
+
+    batch_size: BatchSize
+    fits: bool
+    peak_memory_bytes: Bytes | None
+    seconds: float | None = Field(ge=0, description="Wall time of the trial, warm-up included.")
+    step: str = Field(description="Why this size: start, model, predict, verify, double, ...")
+    warmup_s: float | None = Field(
+        default=None, ge=0, description="The first step's cost beyond a steady step."
+    )
+    step_s: float | None = Field(default=None, ge=0, description="One steady training step.")
+    predicted_s: float | None = Field(
+        default=None, ge=0, description="What the time model predicted before the trial."
+    )
+    left_s: float | None = Field(
+        default=None, ge=0, description="Seconds the phase had left when the trial was decided."
+    )
+
+
+class ThroughputRecord(StrictModel):
+    """Training throughput measured at one batch size."""
+
+    batch_size: BatchSize
+    samples_per_s: float = Field(gt=0)
+    relative_spread: float = Field(ge=0, description="(max - min) / median of the repeats.")
+    steady: bool = Field(
+        default=True,
+        description="The last timed blocks agreed within 5%; noisy points are not chosen.",
+    )
+    compiled: bool = Field(default=False, description="Measured under torch.compile.")
+    warmup_s: float | None = Field(
+        default=None, ge=0, description="The first step's cost beyond a steady step."
+    )
+    blocks: SmallCount = Field(default=0, description="Timed blocks of steps.")
+    peak_memory_bytes: Bytes | None = Field(
+        default=None, description="Allocator peak during the point, when known."
+    )
+
+
+class PhaseRecord(StrictModel):
+    """How long one phase of the probe took."""
+
+    name: str
+    seconds: float = Field(ge=0)
+    allowed_s: float | None = Field(default=None, ge=0, description="The phase's share.")
+
+
+class CompileRecord(StrictModel):
+    """torch.compile measured against eager training, or why it was not."""
+
+    mode: str
+    measured: bool
+    kept: bool
+    reason: str
+    predicted_s: float | None = Field(default=None, ge=0, description="Compile time expected.")
+    compile_s: float | None = Field(default=None, ge=0, description="Compile time paid.")
+    batch_size: BatchSize | None = None
+    eager_samples_per_s: float | None = Field(default=None, gt=0)
+    compiled_samples_per_s: float | None = Field(default=None, gt=0)
+    payoff_minutes: float | None = Field(
+        default=None, ge=0, description="Training time after which the compile has paid off."
+    )
+
+
+class LoaderRecord(StrictModel):
+    """DataLoader throughput with one worker count."""
+
+    num_workers: WorkerCount
+    samples_per_s: float | None = Field(description="None: the candidate failed.")
+    error: str | None = None
+
+
+class Evidence(StrictModel):
+    """What the probe ran and measured on the machine: the basis of every measured setting."""
+
+    workload: str
+    device: str
+    max_batch_size: BatchSize = Field(description="Largest batch that trained.")
+    fastest_batch_size: BatchSize = Field(description="Smallest batch within 3% of the best.")
+    batch_size: BatchSize = Field(description="Recommended: margin, rounding, run once more.")
+    limited_by: str = Field(description="memory, cap, host RAM, time, or budget")
+    limit_reason: str | None = Field(
+        default=None, description="What stopped the search, with the numbers."
+    )
+    search: tuple[SearchTrialRecord, ...]
+    throughput: tuple[ThroughputRecord, ...]
+    loader: tuple[LoaderRecord, ...] = ()
+    workers_reason: str | None = None
+    budget_s: float = Field(gt=0)
+    elapsed_s: float = Field(ge=0)
+    memory_limit_bytes: Bytes | None = Field(
+        default=None, description="Bytes the trials could use on the device (None: unknown)."
+    )
+    bench: BenchEvidence | None = Field(
+        default=None, description="autotune bench: baseline, tuned and each setting's effect."
+    )
+    phases: tuple[PhaseRecord, ...] = Field(default=(), description="Time per phase.")
+    compile: CompileRecord | None = Field(
+        default=None, description="torch.compile measured (speed mode, where it can run)."
+    )
+    warnings: tuple[str, ...] = Field(default=(), description="What the user should know.")
+
+    def ran(self) -> set[int]:
+        """Batch sizes that trained on the machine: search trials that fit, steady points
+        (they ran for seconds), and the bench's arms."""
+        ran = {t.batch_size for t in self.search if t.fits}
+        ran |= {t.batch_size for t in self.throughput}
+        if self.bench is not None:
+            ran |= self.bench.ran()  # the bench trains its baseline batch size too
+        return ran

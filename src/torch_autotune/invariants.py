@@ -1,0 +1,205 @@
+"""The cross-field invariants of a profile: what no machine can apply, refused with the fix.
+
+A hand-edited file that asks for bf16 on a V100 or persistent workers without workers is
+refused with a message that names the problem, never applied. The checks read the settings,
+the snapshot the profile was made from and the evidence, so they can be made on any machine;
+the hardware thresholds are the rules' own (``torch_autotune.thresholds``), written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_autotune.evidence import Evidence
+from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
+from torch_autotune.settings import Settings
+from torch_autotune.thresholds import (
+    BF16_MIN_CC,
+    COMPILE_MIN_TORCH,
+    FP32_PRECISION_API_MIN_TORCH,
+    MAX_AUTOTUNE_MIN_SMS,
+    TF32_MIN_CC,
+)
+
+
+def torch_release(version: str | None) -> tuple[int, int] | None:
+    """'2.8.0+cu128' -> (2, 8); None when unknown or unparsable."""
+    if not version:
+        return None
+    parts = version.split("+", 1)[0].split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return None
+
+
+def target_accelerators(settings: Settings, snapshot: HardwareSnapshot) -> list[Accelerator]:
+    """The accelerators a profile's device setting trains on."""
+    if settings.device == "cuda":
+        wanted = {Backend.CUDA, Backend.ROCM}
+    elif settings.device == "mps":
+        wanted = {Backend.MPS}
+    else:
+        return []
+    return [a for a in snapshot.accelerators if a.backend in wanted]
+
+
+def _cc_text(cc: tuple[int, int]) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What the invariant checks look at."""
+
+    settings: Settings
+    targets: list[Accelerator]
+    nvidia: list[Accelerator]
+    torch_version: str | None
+
+    @property
+    def release(self) -> tuple[int, int] | None:
+        return torch_release(self.torch_version)
+
+    def nvidia_below(self, cc: tuple[int, int]) -> list[str]:
+        return [
+            a.name for a in self.nvidia if a.compute_capability is None or a.compute_capability < cc
+        ]
+
+
+def _dataloader_problems(scope: _Scope) -> list[str]:
+    dl, device = scope.settings.dataloader, scope.settings.device
+    problems = []
+    if dl.num_workers == 0 and dl.persistent_workers:
+        problems.append(
+            "settings.dataloader.persistent_workers: needs num_workers > 0 "
+            "(set persistent_workers: false)"
+        )
+    if dl.num_workers == 0 and dl.prefetch_factor is not None:
+        problems.append(
+            "settings.dataloader.prefetch_factor: needs num_workers > 0 (set prefetch_factor: null)"
+        )
+    if dl.pin_memory and device != "cuda":
+        problems.append(
+            f"settings.dataloader.pin_memory: pinning helps only CUDA/ROCm, device is "
+            f"'{device}' (set pin_memory: false)"
+        )
+    return problems
+
+
+def _precision_problems(scope: _Scope) -> list[str]:
+    p, device = scope.settings.precision, scope.settings.device
+    problems = []
+    if p.grad_scaler and p.dtype == "bfloat16":
+        problems.append(
+            "settings.precision.grad_scaler: bf16 needs no loss scaling, and GradScaler fails "
+            "on bf16 gradients (set grad_scaler: false)"
+        )
+    if p.grad_scaler and not p.autocast:
+        problems.append("settings.precision.grad_scaler: only with autocast (set it false)")
+    if p.autocast == (p.dtype == "float32"):
+        problems.append(
+            "settings.precision: autocast and dtype disagree (autocast true needs float16 or "
+            "bfloat16; float32 needs autocast false)"
+        )
+    if p.dtype == "float16" and device == "cuda" and not p.grad_scaler:
+        problems.append(
+            "settings.precision.grad_scaler: fp16 on a GPU needs a GradScaler, or small "
+            "gradients underflow to zero (set grad_scaler: true)"
+        )
+    emulated = scope.nvidia_below(BF16_MIN_CC)
+    if p.dtype == "bfloat16" and emulated:
+        problems.append(
+            f"settings.precision.dtype: bfloat16 needs compute capability "
+            f"{_cc_text(BF16_MIN_CC)} or newer; {', '.join(emulated)} would only emulate it "
+            "(use float16)"
+        )
+    if scope.settings.memory_format == "channels_last" and not p.autocast:
+        problems.append(
+            "settings.memory_format: channels_last is slower without AMP (use contiguous_format)"
+        )
+    return problems
+
+
+def _matmul_problems(scope: _Scope) -> list[str]:
+    m, device = scope.settings.matmul, scope.settings.device
+    problems = []
+    all_nvidia = bool(scope.nvidia) and len(scope.nvidia) == len(scope.targets)
+    if m.tf32 and (device != "cuda" or not all_nvidia or scope.nvidia_below(TF32_MIN_CC)):
+        problems.append(
+            f"settings.matmul.tf32: TF32 exists only on NVIDIA Ampere (cc {_cc_text(TF32_MIN_CC)})"
+            " and newer (set tf32: false)"
+        )
+    if m.api is not None and scope.release is not None:
+        wanted = "fp32_precision" if scope.release >= FP32_PRECISION_API_MIN_TORCH else "allow_tf32"
+        if m.api != wanted:
+            problems.append(
+                f"settings.matmul.api: torch {scope.torch_version} uses '{wanted}', not "
+                f"'{m.api}' (mixing the two raises in torch)"
+            )
+    if m.tf32 and m.api is None:
+        problems.append("settings.matmul.api: TF32 on needs the API to set it with")
+    return problems
+
+
+def _compile_problems(scope: _Scope) -> list[str]:
+    c, b = scope.settings.compile, scope.settings.backends
+    problems = []
+    if c.enabled and scope.release is not None and scope.release < COMPILE_MIN_TORCH:
+        problems.append(
+            f"settings.compile.enabled: torch.compile needs torch {_cc_text(COMPILE_MIN_TORCH)} "
+            f"or newer, this is {scope.torch_version} (set enabled: false)"
+        )
+    if c.enabled != (c.mode is not None):
+        problems.append("settings.compile.mode: set exactly when compile is enabled")
+    small = [
+        a.name
+        for a in scope.targets
+        if a.sm_count is not None and a.sm_count < MAX_AUTOTUNE_MIN_SMS
+    ]
+    if c.mode in ("max-autotune", "max-autotune-no-cudagraphs") and small:
+        problems.append(
+            f"settings.compile.mode: max-autotune needs {MAX_AUTOTUNE_MIN_SMS} or more SMs; "
+            f"{', '.join(small)} has fewer, so it only compiles longer (use 'default')"
+        )
+    if b.deterministic_algorithms and b.cudnn_benchmark:
+        problems.append(
+            "settings.backends.cudnn_benchmark: the autotuner picks algorithms by timing, "
+            "which deterministic mode forbids (set cudnn_benchmark: false)"
+        )
+    return problems
+
+
+def settings_problems(
+    settings: Settings, snapshot: HardwareSnapshot, torch_version: str | None
+) -> list[str]:
+    """What in ``settings`` cannot run on the machine of ``snapshot`` with this torch, as
+    'where: what is wrong (how to fix)'."""
+    targets = target_accelerators(settings, snapshot)
+    scope = _Scope(
+        settings=settings,
+        targets=targets,
+        nvidia=[a for a in targets if a.vendor is Vendor.NVIDIA],
+        torch_version=torch_version,
+    )
+    problems: list[str] = []
+    if settings.device in ("cuda", "mps") and not targets:
+        problems.append(
+            f"settings.device: '{settings.device}' but the snapshot has no such accelerator"
+        )
+    for check in (_dataloader_problems, _precision_problems, _matmul_problems, _compile_problems):
+        problems += check(scope)
+    return problems
+
+
+def batch_problems(settings: Settings, evidence: Evidence | None) -> list[str]:
+    """A measured batch size must be one that ran: never hand out a size that did not."""
+    batch = settings.batch.batch_size
+    if batch is None:
+        return []
+    if evidence is None or batch not in evidence.ran():
+        return [
+            f"settings.batch.batch_size: {batch} is not a size the probe ran on this machine "
+            "(run 'autotune' to measure, or set batch_size: null)"
+        ]
+    return []

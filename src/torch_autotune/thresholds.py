@@ -1,0 +1,26 @@
+"""Hardware and torch thresholds that both the rules and the profile's invariants read.
+
+Each is written once, here, with the rules-catalog entry behind it: a rule decides with it, and
+an invariant refuses a hand-edited profile that crosses it. Pure data: imports nothing.
+"""
+
+from __future__ import annotations
+
+BF16_MIN_CC = (8, 0)
+"""Catalog A1, D12, P: native bf16 Tensor Cores start at sm_80 (Ampere)."""
+
+TF32_MIN_CC = (8, 0)
+"""Catalog B1, B5, P: TF32 Tensor Cores start at sm_80 (Ampere); below, the flags are no-ops."""
+
+FULL_TRITON_CC = (8, 0)
+"""Catalog D8, P: below cc 8.0 bf16 cannot compile and tl.dot uses no Tensor Cores."""
+
+MAX_AUTOTUNE_MIN_SMS = 68
+"""Catalog D13: Inductor's is_big_gpu(): ``min_sms = 16 if device.type == "xpu" else 68``."""
+
+COMPILE_MIN_TORCH = (2, 0)
+"""Catalog D1: torch.compile exists from torch 2.0."""
+
+FP32_PRECISION_API_MIN_TORCH = (2, 9)
+"""Catalog B2, Q: torch 2.9 introduced torch.backends.*.fp32_precision (mixing it with the old
+allow_tf32 flags raises)."""
