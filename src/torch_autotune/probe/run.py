@@ -137,7 +137,7 @@ def _workers(
         return None, (), "Windows keeps num_workers=0 (--workers N overrides it); not measured"
     if budget.left() <= 0:
         return None, (), "not measured: the time budget ran out"
-    from torch_autotune.probe.loader import choose_workers
+    from torch_autotune.probe.workers import choose_workers
 
     progress("workers", "DataLoader worker counts")
     dl = profile.settings.dataloader
