@@ -47,7 +47,8 @@ from torch.utils.data import Dataset
 
 from torch_autotune import __version__
 from torch_autotune.detect.cgroup import read_cpu_quota, usable_cpus
-from torch_autotune.probe.loader import LoaderTrial, choose_workers, measure_loader
+from torch_autotune.probe.loader import LoaderTrial, measure_loader
+from torch_autotune.probe.workers import choose_workers
 
 TARGET_FRACTION = 0.95
 TIMEOUT_S = 30.0  # per batch, start-up included: generous, nothing here should hang

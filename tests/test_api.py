@@ -148,7 +148,7 @@ def test_the_front_door_gives_its_profiles_this_machines_id(tmp_path: Path) -> N
     assert tuned.provenance.machine_id == machine_id()
 
 
-MEASURING = ("probe/run.py", "probe/workers.py", "probe/ablation.py")
+MEASURING = ("probe/run.py", "probe/workers_phase.py", "probe/ablation.py")
 NOT_FOR_MEASURING = ("api", "compose", "detect", "rules", "store", "cli", "render")
 
 

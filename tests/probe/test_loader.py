@@ -20,15 +20,12 @@ from hypothesis import strategies as st
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from torch_autotune.errors import WorkloadError, raised_by_user_code
-from torch_autotune.probe.loader import (
-    LoaderTrial,
+from torch_autotune.probe.loader import LoaderTrial, loader_kwargs, measure_loader, worker_failure
+from torch_autotune.probe.workers import (
     Measure,
     choose_workers,
-    loader_kwargs,
-    measure_loader,
     search_workers,
     worker_candidates,
-    worker_failure,
 )
 
 TIMEOUT_S = 5.0  # per batch; worker start-up by fork takes well under a second here

@@ -61,7 +61,7 @@ from torch_autotune.probe.trials import (
     TrialRunner,
     preserved,
 )
-from torch_autotune.probe.workers import WORKERS_MAX_S, WORKERS_SHARE, measure_workers
+from torch_autotune.probe.workers_phase import WORKERS_MAX_S, WORKERS_SHARE, measure_workers
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import (
     CompileRecord,

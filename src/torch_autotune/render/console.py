@@ -1,0 +1,144 @@
+"""The command's consoles and its progress lines: rich on a terminal; whole, unpadded lines in a
+pipe, a log file or CI, where a closed reader is the command's to handle."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TextIO, cast
+
+from rich.console import Console
+
+UNWRAPPED_WIDTH = 4096
+"""The width of a console that is not a terminal: wide enough that no line is wrapped."""
+
+
+def make_console(*, stderr: bool = False, environ: Mapping[str, str] | None = None) -> Console:
+    """A console for the command's output: rich's own on a terminal. Anywhere else (a pipe, a
+    log file, CI) rich would wrap every line at 80 columns and pad lines with spaces; this one
+    keeps each line whole, unless ``COLUMNS`` in ``environ`` asks for a width, and ends it at
+    its last character."""
+    console = _Console(stderr=stderr, highlight=False)  # writes to sys.stdout/err at print time
+    if is_terminal(console):
+        return console
+    env = os.environ if environ is None else environ
+    width = None if env.get("COLUMNS") else UNWRAPPED_WIDTH
+    lines = cast("TextIO", _TrimmedLines(stderr))  # rich writes, flushes, asks isatty/encoding
+    return _Console(file=lines, width=width, highlight=False)
+
+
+class _Console(Console):
+    """rich's Console, but a closed pipe is the command's to handle (quietly, exit 141): rich's
+    own handling exits 1 on its own."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+class _TrimmedLines(io.TextIOBase):
+    """``sys.stdout`` or ``sys.stderr``, looked up at every write as rich does, with the spaces
+    that end each line (a table's padding) left out."""
+
+    _TRAILING = re.compile(r"[ \t]+(?=\n)")
+
+    def __init__(self, stderr: bool) -> None:
+        self.stderr = stderr
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr if self.stderr else sys.stdout
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> int:
+        self.stream.write(self._TRAILING.sub("", text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def is_terminal(console: Console) -> bool:
+    """Whether a person watches ``console`` live: a terminal that can redraw a line."""
+    return console.is_terminal and not console.is_dumb_terminal
+
+
+@contextmanager
+def progress_reporter(
+    budget_s: float,
+    console: Console | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[Callable[[str, str], None]]:
+    """A progress callback that shows each phase and what it tries, against the time budget.
+
+    On a terminal, a progress bar that is gone when the run ends. Anywhere else (CI, nohup, a
+    log file), where a bar shows nothing, one plain line per call on ``console`` (default:
+    stderr), such as ``autotune: [12.3 s of 120 s] search: batch 64``: one for each phase
+    and each trial, so that a log says where the time went.
+    """
+    console = console or make_console(stderr=True)
+    if not is_terminal(console):
+        yield _plain_reporter(budget_s, console, clock)
+        return
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        TextColumn("of {task.total:.0f} s budget"),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("starting", total=budget_s)
+        started = clock()
+
+        def report(phase: str, what: str) -> None:
+            total = _budget_told(phase, what)
+            if total is not None:
+                progress.update(task, total=total)
+            progress.update(task, description=f"{phase}: {what}", completed=clock() - started)
+
+        yield report
+
+
+def _budget_told(phase: str, what: str) -> float | None:
+    """The budget ``tune()`` chose, from its ``("budget", "180 s")`` report; None otherwise."""
+    if phase != "budget":
+        return None
+    try:
+        return float(what.removesuffix(" s"))
+    except ValueError:
+        return None
+
+
+def _plain_reporter(
+    budget_s: float, console: Console, clock: Callable[[], float]
+) -> Callable[[str, str], None]:
+    """One line per call (a call that repeats the one before is left out)."""
+    started = clock()
+    last: list[tuple[str, str]] = []
+    total = [budget_s]
+
+    def report(phase: str, what: str) -> None:
+        if last == [(phase, what)]:
+            return
+        last[:] = [(phase, what)]
+        told = _budget_told(phase, what)
+        total[0] = total[0] if told is None else told
+        line = f"autotune: [{clock() - started:.1f} s of {total[0]:.0f} s] {phase}: {what}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    return report

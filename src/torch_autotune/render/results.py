@@ -1,0 +1,219 @@
+"""What a run measured and what the bench found, as text: the summary ``autotune`` prints, the
+bench's arms and each setting's effect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from torch_autotune.bench import BenchEvidence, Effect
+from torch_autotune.profile import CompileRecord, Evidence, Profile
+from torch_autotune.render.machine import facts_table, plain_value
+
+
+def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
+    """The summary of a full run: machine, decisions, batch sizes, throughput, workers."""
+    evidence = profile.evidence
+    console.print(facts_table("torch-autotune: measured profile", _run_facts(profile)))
+    if evidence is not None and evidence.throughput:
+        console.print(_throughput_table(evidence))
+    if evidence is not None and evidence.loader:
+        console.print(_loader_table(evidence))
+    for warning in evidence.warnings if evidence is not None else ():
+        console.print(Text(f"warning: {warning}", style="yellow"))
+    if saved is not None:
+        console.print(saved_note(profile, saved))
+
+
+def _run_facts(profile: Profile) -> list[tuple[str, str]]:
+    """The machine, what was measured and the settings in force, a row each."""
+    evidence = profile.evidence
+    snapshot = profile.provenance.snapshot
+    gpus = ", ".join(sorted({a.name for a in snapshot.accelerators})) or "no GPU"
+    facts = [
+        (
+            "machine",
+            f"{gpus}; {snapshot.host.cpus_usable} usable CPUs; torch "
+            f"{snapshot.software.torch_version}",
+        ),
+        ("device", profile.settings.device),
+    ]
+    if evidence is not None:
+        limit = f"{evidence.max_batch_size} (limited by {evidence.limited_by}"
+        limit += f": {evidence.limit_reason})" if evidence.limit_reason else ")"
+        facts += [
+            ("workload", evidence.workload),
+            ("largest batch", limit),
+            ("fastest batch", str(evidence.fastest_batch_size)),
+            ("recommended", f"{evidence.batch_size} (ran again before it was recommended)"),
+            ("run time", _run_time(evidence)),
+        ]
+        if evidence.compile is not None:
+            facts.append(("torch.compile", _compile_text(evidence.compile)))
+    s = profile.settings
+    facts += [
+        ("precision", s.precision.dtype + (" + GradScaler" if s.precision.grad_scaler else "")),
+        ("TF32", plain_value(s.matmul.tf32)),
+        ("compile", str(s.compile.mode) if s.compile.enabled else "off"),
+        ("memory format", s.memory_format),
+        (
+            "DataLoader",
+            f"{s.dataloader.num_workers} workers, pin_memory "
+            f"{plain_value(s.dataloader.pin_memory)}",
+        ),
+    ]
+    return facts
+
+
+def _throughput_table(evidence: Evidence) -> Table:
+    table = Table(title="Throughput", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("batch", "samples/s", "spread", "note"):
+        table.add_column(column, justify="right" if column != "note" else "left")
+    for record in evidence.throughput:
+        notes = ["compiled" if record.compiled else "eager"]
+        if not record.steady:
+            notes.append("noisy: not used to choose")
+        table.add_row(
+            str(record.batch_size),
+            f"{record.samples_per_s:.1f}",
+            f"{record.relative_spread * 100:.0f}%",
+            ", ".join(notes),
+        )
+    return table
+
+
+def _loader_table(evidence: Evidence) -> Table:
+    table = Table(title="DataLoader workers", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("workers", "samples/s", "note"):
+        table.add_column(column, justify="right" if column != "note" else "left")
+    for loader in evidence.loader:
+        rate = "-" if loader.samples_per_s is None else f"{loader.samples_per_s:.1f}"
+        table.add_row(str(loader.num_workers), rate, loader.error or "")
+    return table
+
+
+def saved_note(profile: Profile, saved: Path) -> str:
+    """Where a profile was stored and the call that returns it."""
+    if profile.evidence is None:
+        return f"saved to {saved}; torch_autotune.recommend() returns it on this machine"
+    return (
+        f"saved to {saved}; torch_autotune.recommend(workload={profile.evidence.workload!r}) "
+        "returns it on this machine, and so does recommend() until another profile is saved"
+    )
+
+
+def _run_time(evidence: Evidence) -> str:
+    """'41.2 s of 120 s budget (search 12.0 s, throughput 20.1 s, ...)'."""
+    text = f"{evidence.elapsed_s:.1f} s of {evidence.budget_s:.0f} s budget"
+    if evidence.phases:
+        text += " (" + ", ".join(f"{p.name} {p.seconds:.1f} s" for p in evidence.phases) + ")"
+    return text
+
+
+def _compile_text(record: CompileRecord) -> str:
+    if not record.measured:
+        return f"not measured ({record.reason}); decided by the rules"
+    return record.reason
+
+
+def _effect_cell(effect: Effect | None) -> Text:
+    if effect is None:
+        return Text("not measured", style="dim")
+    style = {"faster": "green", "slower": "red"}.get(effect.verdict, "")
+    return Text(
+        f"{effect.speedup:.2f}x ({effect.low:.2f}-{effect.high:.2f}) {effect.verdict}", style=style
+    )
+
+
+def bench_summary(bench: BenchEvidence) -> str:
+    """One sentence: is the profile faster than the baseline, by how much, what was dropped."""
+    dropped = [s.setting for s in bench.settings if s.outcome == "dropped"]
+    tuned = bench.tuned
+    if tuned is None:
+        return "The profile and the baseline could not both be measured: no comparison."
+    text = (
+        f"The profile as tuned trains at {tuned.speedup:.2f}x the baseline's speed "
+        f"(range {tuned.low:.2f}-{tuned.high:.2f} over {tuned.rounds} rounds: {tuned.verdict})."
+    )
+    if dropped:
+        text += f" Dropped as measured slower: {', '.join(dropped)}."
+        if bench.final is not None:
+            text += (
+                f" Without them: {bench.final.speedup:.2f}x the baseline "
+                f"(range {bench.final.low:.2f}-{bench.final.high:.2f}: {bench.final.verdict})."
+            )
+    else:
+        text += " No setting measured slower than without it."
+    if bench.reverted:
+        text += (
+            " The profile was still slower than the baseline, so every setting the bench "
+            "switched went back to the baseline's value."
+        )
+    return text
+
+
+def render_bench(profile: Profile, console: Console) -> None:
+    """The bench: every arm's throughput, each setting's effect alone and in the profile."""
+    evidence = profile.evidence
+    bench = evidence.bench if evidence is not None else None
+    if bench is None:
+        console.print("This profile has no bench results: run 'autotune bench'.")
+        return
+    snapshot = profile.provenance.snapshot
+    gpus = ", ".join(sorted({a.name for a in snapshot.accelerators})) or snapshot.host.cpu_model
+    console.print(
+        Text(
+            f"autotune bench: {bench.workload} on {bench.device} ({gpus}, torch "
+            f"{snapshot.software.torch_version}), {bench.rounds} interleaved rounds of "
+            f"{bench.seconds_per_measurement:g} s per arm",
+            style="bold",
+        )
+    )
+    console.print(_arms_table(bench))
+    if bench.settings:
+        console.print(_settings_table(bench))
+    else:
+        console.print("The profile trains exactly as the baseline does: nothing to ablate.")
+    for note in bench.not_ablated:
+        console.print(Text(f"not ablated: {note}", style="dim"))
+    console.print(Text(bench_summary(bench), style="bold"))
+
+
+def _arms_table(bench: BenchEvidence) -> Table:
+    arms = Table(box=box.SIMPLE_HEAD, title="Arms", title_justify="left")
+    for column, justify in (("arm", "left"), ("trains with", "left"), ("samples/s", "right")):
+        arms.add_column(column, justify=justify)  # type: ignore[arg-type]
+    arms.add_column("spread", justify="right")
+    for arm in bench.arms:
+        median, spread = arm.median, arm.spread
+        arms.add_row(
+            "\n".join(arm.names),
+            arm.config.describe(),
+            "failed" if median is None else f"{median:.1f}",
+            arm.error or ("-" if spread is None else f"{spread * 100:.0f}%"),
+        )
+    return arms
+
+
+def _settings_table(bench: BenchEvidence) -> Table:
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        title="Each setting: speedup on alone (vs baseline) and off alone (vs the profile)",
+        title_justify="left",
+    )
+    for column in ("setting", "baseline -> profile", "on alone", "in the profile", "outcome"):
+        table.add_column(column)
+    for s in bench.settings:
+        outcome = Text(s.outcome, style="red" if s.outcome == "dropped" else "")
+        table.add_row(
+            s.setting,
+            f"{s.baseline_value} -> {s.tuned_value}",
+            _effect_cell(s.on_alone),
+            _effect_cell(s.off_alone),
+            outcome,
+        )
+    return table
