@@ -33,9 +33,8 @@ from typing import Any
 import torch
 
 from torch_autotune import __version__
+from torch_autotune.api import bench, tune
 from torch_autotune.bench import BenchEvidence, Effect
-from torch_autotune.probe.ablation import bench
-from torch_autotune.probe.run import tune
 from torch_autotune.profile import Decision, Profile, Source
 
 RESULTS = Path(__file__).parent / "results"

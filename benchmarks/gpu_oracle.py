@@ -37,9 +37,9 @@ from typing import Any
 import torch
 
 from torch_autotune import __version__
+from torch_autotune.api import tune
 from torch_autotune.bench import ArmFailed, TrainConfig, tuned_config
 from torch_autotune.probe.loop import TrainingLoop
-from torch_autotune.probe.run import tune
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.profile import Profile
 from torch_autotune.profile_io import load_profile

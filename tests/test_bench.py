@@ -43,6 +43,7 @@ from torch_autotune.profile import (
 from torch_autotune.profile_io import dump_profile, parse_profile
 from torch_autotune.rules.context import Measurements
 from torch_autotune.rules.engine import build_profile
+from torch_autotune.store import machine_id
 
 DRIFT = (1.0, 0.62, 1.35, 0.8, 1.1)  # the machine's speed in each round: noise that pairs away
 
@@ -79,6 +80,7 @@ def measured(
         Measurements(batch_size=batch, num_workers=workers),
         Preferences(mode=mode, model_kind=model_kind),  # type: ignore[arg-type]
         evidence=evidence,
+        host_id=machine_id(),  # as tune() leaves it: written by this machine
     )
 
 

@@ -3,6 +3,7 @@ or NaN anywhere in a profile, a snapshot or a bench record."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from tests.test_bench import measured
-from torch_autotune import bench, bounds, hardware, profile
+from torch_autotune import bounds, hardware, profile
 from torch_autotune.bench import TrainConfig
 from torch_autotune.detect.cgroup import read_cpu_quota, read_memory_limit
 from torch_autotune.detect.recorded import load_snapshot
@@ -24,6 +25,9 @@ from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile
 from torch_autotune.profile_io import dump_profile, parse_profile
 from torch_autotune.rules import context
+
+# the module: ``torch_autotune.bench`` is the public bench() function
+bench = importlib.import_module("torch_autotune.bench")
 
 MODELS = [
     model

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.test_bench import measured
-from torch_autotune import __version__
+from torch_autotune import __version__, api
 from torch_autotune.cli import cli
 from torch_autotune.errors import (
     EXIT_BAD_INPUT,
@@ -28,7 +28,6 @@ from torch_autotune.errors import (
     EXIT_WORKLOAD,
 )
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.probe import run as probe_run
 from torch_autotune.profile import Profile
 from torch_autotune.store import ProfileStore
 
@@ -274,7 +273,7 @@ def fake_tune(monkeypatch: pytest.MonkeyPatch) -> list[float]:
             progress(phase, what)
         return measured("cpu-laptop-linux", workload="conv", workers=None)
 
-    monkeypatch.setattr(probe_run, "tune", tune)
+    monkeypatch.setattr(api, "tune", tune)
     return budgets
 
 
@@ -354,13 +353,12 @@ def test_a_deprecation_from_torch_is_shown_and_not_blamed_on_the_model(
 ) -> None:
     from tests.test_bench import measured
     from tests.test_the_suite import TORCH_DEPRECATION, warn_from
-    from torch_autotune.probe import run as probe_run
 
     def tune(*_args: object, **_kwargs: object) -> object:
         warn_from(module, TORCH_DEPRECATION)  # torch.compile imports inductor in the first trial
         return measured("h100-80gb-hbm3")
 
-    monkeypatch.setattr(probe_run, "tune", tune)
+    monkeypatch.setattr(api, "tune", tune)
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("error")  # as under python -W error or PYTHONWARNINGS=error
         result = run("--no-save")
@@ -430,7 +428,7 @@ def test_autotune_warns_when_it_measured_the_cpu_of_a_machine_with_a_gpu(
     def tune(_workload: object, **_options: object) -> Profile:
         return measured("rtx-5090-old-wheel", workload="conv", workers=None)
 
-    monkeypatch.setattr(probe_run, "tune", tune)
+    monkeypatch.setattr(api, "tune", tune)
     result = run("--no-save")
     assert result.exit_code == 0, result.output
     assert "autotune: warning: training on the CPU although this machine has a GPU" in (

@@ -5,10 +5,9 @@ training loop runs in ``tests/probe/test_ablation.py`` and the system tier)."""
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,11 @@ from click.testing import CliRunner, Result
 from tests.probe.fake_trials import mlp_machine, tune_on
 from tests.rules.helpers import snapshot
 from tests.test_bench import measured
+from torch_autotune import api
 from torch_autotune.bench import TrainConfig
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_PROBE, EXIT_USAGE, ProbeError
-from torch_autotune.probe import ablation
-from torch_autotune.probe import run as probe_run
+from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile
 from torch_autotune.profile_io import dump_profile, load_profile
 from torch_autotune.rules.engine import build_profile
@@ -43,7 +42,7 @@ def _arm_speed(config: TrainConfig, _seconds: float) -> float:
 def _simulated_arms() -> Iterator[None]:
     """The bench the command runs measures its arms with ``_arm_speed``: no training."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ablation, "bench", functools.partial(ablation.bench, measure=_arm_speed))
+        patch.setattr(api, "bench", functools.partial(api.bench, measure=_arm_speed))
         yield
 
 
@@ -138,10 +137,9 @@ def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def this_machine_is_a_laptop(monkeypatch: pytest.MonkeyPatch) -> None:
+def this_machine_is_a_laptop(detected_as: Callable[[str], HardwareSnapshot]) -> None:
     """The bench finds the stored profile by detecting the machine: a recorded one here."""
-    detection = importlib.import_module("torch_autotune.detect")
-    monkeypatch.setattr(detection, "detect", lambda *_a, **_k: snapshot("cpu-laptop-linux"))
+    detected_as("cpu-laptop-linux")
 
 
 @pytest.mark.usefixtures("this_machine_is_a_laptop")
@@ -154,7 +152,7 @@ def test_the_budget_reaches_the_tuning_the_bench_starts(
         asked.append((workload, budget_s))
         raise ProbeError("stopped by the test after tuning was asked for")
 
-    monkeypatch.setattr(probe_run, "tune", fake_tune)
+    monkeypatch.setattr(api, "tune", fake_tune)
     result = run("bench", "-m", "mlp", "--budget", "33", "--store", str(tmp_path))
     assert result.exit_code == EXIT_PROBE, result.output
     assert asked == [("mlp", 33.0)]
@@ -174,7 +172,7 @@ def test_the_bench_takes_the_profile_measured_on_the_workload_asked_for(
         benched.append((profile.evidence.workload if profile.evidence else None, workload))
         return profile
 
-    monkeypatch.setattr(ablation, "bench", fake_bench)
+    monkeypatch.setattr(api, "bench", fake_bench)
     asked = run("bench", "-m", "conv", "--store", str(tmp_path))
     assert asked.exit_code == 0, asked.output
     assert "tuning first" not in asked.stderr

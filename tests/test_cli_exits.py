@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.test_bench import measured
+from torch_autotune import api
 from torch_autotune.cli import cli
 from torch_autotune.errors import (
     EXIT_BAD_INPUT,
@@ -27,8 +28,6 @@ from torch_autotune.errors import (
     blame_user_code,
 )
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.probe import ablation
-from torch_autotune.probe import run as probe_run
 from torch_autotune.profile import Profile
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -113,8 +112,8 @@ def test_a_number_that_cannot_run_is_a_usage_error_on_one_line(
     def never(*_args: object, **_kwargs: object) -> Profile:
         raise AssertionError("the probe ran with an impossible number")
 
-    monkeypatch.setattr(probe_run, "tune", never)
-    monkeypatch.setattr(ablation, "bench", never)
+    monkeypatch.setattr(api, "tune", never)
+    monkeypatch.setattr(api, "bench", never)
     result = run(*command, value, "--no-save")
     assert result.exit_code == EXIT_USAGE, result.output
     line = one_line(result.stderr)
@@ -140,13 +139,13 @@ def test_a_count_beyond_any_machine_is_a_usage_error(args: list[str]) -> None:
 def test_the_library_refuses_the_same_numbers() -> None:
     for budget in (float("nan"), float("inf"), 0.0):
         with pytest.raises(ValueError, match="budget_s must be a finite number"):
-            probe_run.tune("mlp", budget_s=budget)
+            api.tune("mlp", budget_s=budget)
     with pytest.raises(ValueError, match="num_workers must be in"):
-        probe_run.tune("mlp", num_workers=10**12)
+        api.tune("mlp", num_workers=10**12)
     profile = measured("cpu-laptop-linux")
     for seconds in (float("nan"), float("inf"), -1.0):
         with pytest.raises(ValueError, match="seconds finite and > 0"):
-            ablation.bench(profile, seconds=seconds)
+            api.bench(profile, seconds=seconds)
 
 
 # --- Ctrl-C: 130 and one line ---------------------------------------------------------------------
@@ -156,7 +155,7 @@ def test_ctrl_c_inside_a_command_is_130_and_one_line(monkeypatch: pytest.MonkeyP
     def interrupted(*_args: object, **_kwargs: object) -> Profile:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(probe_run, "tune", interrupted)
+    monkeypatch.setattr(api, "tune", interrupted)
     result = run("--no-save")
     assert result.exit_code == EXIT_INTERRUPTED
     assert one_line(result.stderr) == "autotune: interrupted"
@@ -247,7 +246,7 @@ def test_a_bug_of_ours_in_tune_is_exit_1_with_the_traceback(
     def buggy(*_args: object, **_kwargs: object) -> Profile:
         raise KeyError("a key our own code forgot")
 
-    monkeypatch.setattr(probe_run, "tune", buggy)
+    monkeypatch.setattr(api, "tune", buggy)
     result = run("--no-save")
     assert result.exit_code == EXIT_INTERNAL
     assert "Traceback (most recent call last)" in result.stderr
@@ -269,7 +268,7 @@ def test_a_bug_of_ours_in_bench_is_exit_1(
         raise AssertionError("unreachable")
 
     detected_as("cpu-laptop-linux")
-    monkeypatch.setattr(ablation, "bench", buggy)
+    monkeypatch.setattr(api, "bench", buggy)
     result = run("bench", "--model", "mlp", "--no-save", "--budget", "5")
     assert result.exit_code == EXIT_INTERNAL, result.output
     assert f"internal error: {ValidationError.__name__}" in result.stderr
@@ -283,7 +282,7 @@ def test_an_error_the_probe_marked_as_the_users_is_exit_5(
         blame_user_code(error)
         raise error
 
-    monkeypatch.setattr(probe_run, "tune", users_bug)
+    monkeypatch.setattr(api, "tune", users_bug)
     result = run("--no-save")
     assert result.exit_code == EXIT_WORKLOAD
     assert "the user's dataset is broken" in result.stderr
@@ -338,7 +337,7 @@ def test_torchs_numpy_warning_does_not_open_the_output(
         warn_from(module, message, UserWarning)  # as torch does on its first import
         return measured("cpu-laptop-linux", workload="conv")
 
-    monkeypatch.setattr(probe_run, "tune", tune)
+    monkeypatch.setattr(api, "tune", tune)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = run("--no-save")

@@ -35,7 +35,7 @@ def test_nvml_and_torch_agree_on_every_gpu() -> None:
 
 
 def test_the_probe_measures_the_gpu_with_allocator_readings() -> None:
-    from torch_autotune.probe.run import tune
+    from torch_autotune.api import tune
 
     profile = tune("conv", mode="balanced", budget_s=60)
     evidence = profile.evidence
@@ -80,7 +80,7 @@ def _memory_hungry() -> object:
 
 
 def test_the_probe_finds_the_real_limit_measures_compile_and_keeps_to_its_budget() -> None:
-    from torch_autotune.probe.run import tune
+    from torch_autotune.api import tune
     from torch_autotune.profile import Source
 
     profile = tune(_memory_hungry(), mode="speed", budget_s=90)  # type: ignore[arg-type]
@@ -123,7 +123,7 @@ def test_the_bench_trains_every_arm_on_the_gpu_or_says_why_not() -> None:
     import torch
 
     from tests.test_bench import measured
-    from torch_autotune.probe.ablation import bench
+    from torch_autotune.api import bench
     from torch_autotune.profile import Mode
 
     profile = measured(

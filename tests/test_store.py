@@ -88,7 +88,9 @@ def test_recommend_without_a_stored_profile_gives_rules_only(tmp_path: Path) -> 
 
 
 def test_stale_profile_is_reported_and_never_used(tmp_path: Path) -> None:
-    old = build_profile(snapshot(), preferences=Preferences(model_kind="conv"), now=NOW)
+    old = build_profile(
+        snapshot(), preferences=Preferences(model_kind="conv"), now=NOW, host_id=machine_id()
+    )  # written by this machine
     ProfileStore(tmp_path).save(old)
     changed = upgraded_driver(snapshot())
     with pytest.warns(StaleProfileWarning, match="driver 570.133.20 -> 580.65.06"):

@@ -4,7 +4,6 @@ command exits 4 with one line naming the file and the fix; nothing on disk chang
 
 from __future__ import annotations
 
-import importlib
 import json
 import warnings
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from torch_autotune.api import recommend
 from torch_autotune.cli import cli
 from torch_autotune.detect import RecordedMachine
 from torch_autotune.errors import EXIT_STORE, StoredProfileError, StoredProfileWarning
+from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import PROFILE_SCHEMA_VERSION, Profile, fingerprint
 from torch_autotune.profile_io import dump_profile
 from torch_autotune.rules.engine import build_profile
@@ -179,11 +179,10 @@ def test_commands_exit_4_with_one_line_naming_the_file_and_the_fix(
 
 @pytest.mark.parametrize("command", [["report"], ["bench", "--rounds", "1"]])
 def test_commands_on_this_machine_exit_4_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+    tmp_path: Path, detected_as: Callable[[str], HardwareSnapshot], command: list[str]
 ) -> None:
     """report and bench read this machine's stored profile (detection faked: the laptop)."""
-    detection = importlib.import_module("torch_autotune.detect")
-    monkeypatch.setattr(detection, "detect", lambda *_a, **_k: snapshot(CPU_ONLY))
+    detected_as(CPU_ONLY)
     path = laptop_store(tmp_path, BAD["another-machine"]())
     result = run(*command, "--store", str(tmp_path))
     assert result.exit_code == EXIT_STORE, result.output

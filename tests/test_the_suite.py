@@ -17,11 +17,10 @@ import torch
 from tests.probe.fake_trials import FakeTrials, mlp_machine
 from tests.rules.helpers import snapshot
 from torch_autotune import detect
+from torch_autotune.api import bench, tune
 from torch_autotune.bench import TrainConfig
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.probe.ablation import bench
 from torch_autotune.probe.loop import TrainingLoop
-from torch_autotune.probe.run import tune
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, resolve_workload
 

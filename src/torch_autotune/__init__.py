@@ -1,14 +1,15 @@
 """torch-autotune: hardware-aware configuration tuning for PyTorch training.
 
 Importing this package is free: it reads no hardware, starts no NVML session and does not
-import torch. Detection happens when ``detect()`` is called.
+import torch. Detection happens when ``detect()`` is called; ``tune()`` and ``bench()`` import
+torch when they run. All four are defined in ``torch_autotune.api``, the one front door.
 """
 
 from __future__ import annotations
 
-from torch_autotune.api import recommend
+from torch_autotune.api import bench, detect, recommend, tune
 from torch_autotune.bench import TrainConfig
-from torch_autotune.detect import LiveMachine, RecordedMachine, detect, load_snapshot
+from torch_autotune.detect import LiveMachine, RecordedMachine, load_snapshot
 from torch_autotune.errors import (
     AutotuneError,
     InputFileError,
@@ -78,17 +79,3 @@ __all__ = [
     "recommend",
     "tune",
 ]
-
-
-def __getattr__(name: str) -> object:
-    """``tune`` and ``bench`` are loaded on first use: they bring torch, which
-    ``import torch_autotune`` avoids."""
-    if name == "tune":
-        from torch_autotune.probe.run import tune
-
-        return tune
-    if name == "bench":
-        from torch_autotune.probe.ablation import bench
-
-        return bench
-    raise AttributeError(f"module 'torch_autotune' has no attribute {name!r}")

@@ -1,25 +1,63 @@
-"""recommend(): this machine's profile, cheaply, for use inside a training script.
+"""The front door: ``detect()``, ``recommend()``, ``tune()`` and ``bench()``, and the few
+questions the ``autotune`` command asks of the library.
 
-The path is: a fast detection (NVML and the OS, no torch, no CUDA context), the machine's
-fingerprint, and one JSON file from the store. Only when no fresh profile is stored does the
-rules engine run, and the profile it returns says it was not measured.
+This is the one place that wires the parts together. Detection (``torch_autotune.detect``)
+describes the machine; the rules engine (``rules.engine``, pure) turns the description into a
+profile; the probe (``probe.run``) and the bench's runner (``probe.ablation``) only measure;
+``compose`` turns what they measured back into a profile; the store (``store``) keeps it. The
+host id of the provenance is read here, not in the engine. The command line parses, calls
+these functions and renders what they return.
+
+Importing this module is cheap: no torch, no hardware. ``tune()`` and ``bench()`` import the
+probe, and with it torch, when they run.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from torch_autotune.detect import Machine, detect
+from torch_autotune import compose
+from torch_autotune.bench import TrainConfig
+from torch_autotune.detect import Machine
+from torch_autotune.detect import detect as detect_machine
 from torch_autotune.errors import (
+    ProbeError,
     StaleProfileWarning,
     StoredProfileError,
     StoredProfileWarning,
     UnusableGpuWarning,
 )
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.profile import Mode, Profile
+from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS, Measure
+from torch_autotune.profile import Mode, Preferences, Profile, fingerprint
 from torch_autotune.store import Lookup, ProfileStore, machine_id
+
+if TYPE_CHECKING:
+    from torch_autotune.probe.seam import Trials
+    from torch_autotune.probe.trials import StepSettings
+    from torch_autotune.probe.workloads import Workload
+
+Progress = Callable[[str, str], None]
+"""``progress(phase, what)``: called as each phase and each trial starts."""
+
+
+def _silent(_phase: str, _what: str) -> None:
+    """Progress that goes nowhere: the library never prints."""
+
+
+def detect(machine: Machine | None = None, *, deep: bool = False) -> HardwareSnapshot:
+    """Describe a machine: this one by default, or the one ``machine`` stands for.
+
+    Fast by default (NVML, the OS and package metadata; torch is not imported and no CUDA
+    context is created). ``deep=True`` imports torch to fill what those sources cannot answer.
+    Never raises for odd hardware: unreadable fields are None with a warning in the snapshot.
+    """
+    return detect_machine(machine, deep=deep)
 
 
 def recommend(
@@ -45,7 +83,9 @@ def recommend(
     the file and the fix, and the rules-only profile comes back, so a training script goes on.
     A GPU the installed torch cannot run (no kernels for its architecture) gives a CPU profile
     and an ``UnusableGpuWarning`` that names the torch build that would run it. Importing
-    torch and starting CUDA are left to the caller.
+    torch and starting CUDA are left to the caller. The path is a fast detection, the
+    machine's fingerprint and one JSON file from the store; only without a fresh stored
+    profile does the rules engine run.
     """
     return profile_for(detect(machine), mode, workload=workload, store=store, writer=machine_id())
 
@@ -62,7 +102,7 @@ def profile_for(
 
     ``writer`` is the machine id whose stale profiles are reported (``machine_id()`` for this
     machine); None for a recorded snapshot of another machine, whose history this store
-    cannot know, so nothing is called stale.
+    cannot know, so nothing is called stale. A rules-only profile says this host wrote it.
     """
     wanted = None if mode is None else Mode(mode)
     try:
@@ -83,10 +123,7 @@ def profile_for(
             ),
             stacklevel=3,
         )
-    from torch_autotune.rules.context import Preferences
-    from torch_autotune.rules.engine import build_profile
-
-    profile = build_profile(snapshot, preferences=Preferences(mode=wanted or Mode.SPEED))
+    profile = rules_profile(snapshot, Preferences(mode=wanted or Mode.SPEED))
     _warn_if_gpu_unused(profile)
     return profile
 
@@ -105,3 +142,205 @@ def _warn_if_gpu_unused(profile: Profile) -> None:
     reason = unused_gpu_reason(profile)
     if reason is not None:
         warnings.warn(UnusableGpuWarning(reason), stacklevel=4)
+
+
+def rules_profile(
+    snapshot: HardwareSnapshot, preferences: Preferences, *, host_id: str | None = None
+) -> Profile:
+    """The profile the rules give for ``snapshot`` and ``preferences``, nothing measured
+    (``autotune recommend``). ``host_id`` defaults to this host's id."""
+    from torch_autotune.rules.engine import build_profile
+
+    host = machine_id() if host_id is None else host_id
+    return build_profile(snapshot, preferences=preferences, host_id=host)
+
+
+def tune(
+    workload: str | Workload | None = None,
+    *,
+    snapshot: HardwareSnapshot | None = None,
+    mode: Mode | str = Mode.SPEED,
+    budget_s: float | None = None,
+    max_batch_size: int | None = None,
+    target_global_batch: int | None = None,
+    fixed_shapes: bool = True,
+    num_workers: int | None = None,
+    progress: Progress | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    trials: Callable[[Workload, StepSettings], Trials] | None = None,
+) -> Profile:
+    """Probe this machine with a workload and return the measured profile (not saved).
+
+    ``workload`` is a built-in name ("conv", "resnet50", "transformer", "gpt2", "mlp"), a
+    ``Workload``, or "package.module:factory"; by default the built-in sized for the device
+    the rules choose. ``snapshot`` describes the machine instead of detecting it. ``budget_s``
+    bounds the whole run, detection included (default 120 s, 180 s where torch.compile is
+    measured). The user's model, optimizer state, RNG and torch's global flags are as before
+    when this returns or raises. ``trials`` replaces the real training steps and ``clock`` the
+    timer (tests drive the orchestration with recorded timings through them).
+    """
+    compose.check_tune_arguments(budget_s, max_batch_size, target_global_batch, num_workers)
+    if trials is None and importlib.util.find_spec("torch") is None:
+        raise ProbeError(
+            "torch is not installed, so nothing can be probed; install the build for this "
+            "machine (https://pytorch.org/get-started/locally/) and run autotune again"
+        )
+    from torch_autotune.probe.run import default_budget_s, measure
+    from torch_autotune.rules.engine import build_profile
+
+    report = progress or _silent
+    started = clock()
+    report("detect", "this machine")
+    machine = snapshot or detect()
+    host = machine_id()
+    chosen = _workload(workload, machine, host)
+    preferences = Preferences(
+        mode=Mode(mode),
+        model_kind=chosen.kind,
+        fixed_shapes=fixed_shapes,
+        optimizer="adamw",
+        num_workers=num_workers,
+    )
+    rules_only = build_profile(machine, preferences=preferences, host_id=host)
+    total = budget_s if budget_s is not None else default_budget_s(rules_only)
+    report("budget", f"{total:g} s")
+    result = measure(
+        chosen,
+        rules_only,
+        budget_s=total,
+        started=started,
+        max_batch_size=max_batch_size,
+        progress=report,
+        clock=clock,
+        trials=trials,
+    )
+    measured = compose.measurements(result, machine, target_global_batch)
+    return build_profile(machine, measured, preferences, evidence=result.evidence, host_id=host)
+
+
+def _workload(workload: str | Workload | None, machine: HardwareSnapshot, host: str) -> Workload:
+    """The workload asked for; by default the built-in sized for the device the rules choose."""
+    from torch_autotune.probe.workloads import resolve_workload
+    from torch_autotune.rules.engine import build_profile
+
+    if workload is not None:
+        return resolve_workload(workload)
+    return resolve_workload(None, device=build_profile(machine, host_id=host).settings.device)
+
+
+def bench(
+    profile: Profile | None = None,
+    workload: str | Workload | None = None,
+    *,
+    baseline: TrainConfig | None = None,
+    rounds: int = DEFAULT_ROUNDS,
+    seconds: float = DEFAULT_SECONDS,
+    budget_s: float | None = None,
+    progress: Progress | None = None,
+    measure: Measure | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Profile:
+    """Measure the profile against the baseline on this machine; return the profile with the
+    bench in its evidence and the settings that measured slower dropped.
+
+    ``profile``: a measured profile (from ``tune()``); None tunes the workload first, in
+    ``budget_s`` seconds (None: ``tune()``'s default budget).
+    ``workload``: default the one the profile was measured on. ``baseline``: default fp32,
+    batch 32, no workers, no pinning, eager, torch's default backends. Every arm runs once per
+    round, ``rounds`` rounds, each measurement at least ``seconds`` long after its warm-up.
+    ``measure`` replaces the real training loop: (config, seconds) -> samples/s.
+    """
+    from torch_autotune.bench import apply_bench
+
+    compose.check_bench_arguments(rounds, seconds)
+    started = clock()
+    if profile is None:
+        profile = tune(workload, budget_s=budget_s, progress=progress, clock=clock)
+    measured_on = _measured_on(profile)
+    from torch_autotune.probe.ablation import run_arms
+    from torch_autotune.probe.workloads import resolve_workload
+
+    chosen = resolve_workload(workload if workload is not None else measured_on)
+    plan, not_ablated = compose.bench_plan(
+        profile, baseline, has_dataset=chosen.dataset is not None, workload=chosen.name
+    )
+    results = run_arms(
+        plan,
+        chosen,
+        profile.settings,
+        mode=profile.mode.value,
+        rounds=rounds,
+        seconds=seconds,
+        progress=progress,
+        measure=measure,
+        clock=clock,
+    )
+    evidence = compose.bench_evidence(
+        results,
+        workload=chosen.name,
+        device=profile.settings.device,
+        rounds=rounds,
+        seconds=seconds,
+        not_ablated=not_ablated,
+        elapsed_s=clock() - started,
+    )
+    return apply_bench(profile, plan, evidence)
+
+
+def _measured_on(profile: Profile) -> str:
+    """The workload ``profile`` was measured on; a rules-only profile cannot be benched."""
+    if profile.evidence is None:
+        raise ProbeError(
+            "this profile was not measured (rules only): the bench needs the batch size the "
+            "probe ran; run 'autotune' first"
+        )
+    return profile.evidence.workload
+
+
+# --- what the command line asks ---------------------------------------------------------------
+
+
+def default_tune_budget_s() -> float:
+    """The longest default budget of a run (where torch.compile is measured), for a progress
+    bar drawn before the rules have said whether it is."""
+    from torch_autotune.probe.run import DEFAULT_COMPILE_BUDGET_S
+
+    return DEFAULT_COMPILE_BUDGET_S
+
+
+def host_id() -> str:
+    """This host's machine id (a hash of its host name), as profiles and the store record it."""
+    return machine_id()
+
+
+def save(profile: Profile, store: str | Path | None = None, *, force: bool = False) -> Path:
+    """Store ``profile`` for its machine (and its workload, when measured); return the file.
+    A rules-only profile replaces a measured one only with ``force``
+    (``MeasuredProfileExistsError`` otherwise)."""
+    return ProfileStore(store).save(profile, force=force)
+
+
+def stored_measured(store: str | Path | None, workload: str | None) -> Profile | None:
+    """The stored profile measured on ``workload`` for this machine (default: the machine's
+    profile saved last), or None when there is none or it was not measured."""
+    stored = ProfileStore(store).load(fingerprint(detect()), workload)
+    return stored if stored is not None and stored.evidence is not None else None
+
+
+def measured_workloads(profile: Profile, store: str | Path | None = None) -> list[str]:
+    """The workloads a profile was measured on, in the store, for ``profile``'s machine."""
+    return ProfileStore(store).measured_workloads(profile.provenance.fingerprint)
+
+
+def bench_estimate_s(
+    profile: Profile | None, rounds: int, seconds: float, budget_s: float | None
+) -> float:
+    """Seconds ``bench(profile, rounds=..., seconds=...)`` should take, for a progress bar;
+    with no measured profile, the tuning it does first (``budget_s`` or the longest default)."""
+    tune_s = budget_s if budget_s is not None else default_tune_budget_s()
+    return compose.bench_estimate_s(profile, rounds, seconds, tune_s)
+
+
+def settings_diff(first: Profile, second: Profile) -> list[tuple[str, Any, Any]]:
+    """The settings two profiles disagree on: (dotted setting, first's value, second's)."""
+    return compose.settings_diff(first, second)

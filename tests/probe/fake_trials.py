@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torch_autotune.api import tune
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.probe.run import tune
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import MIN_BLOCKS, PointOutcome, StepSettings, spread
 from torch_autotune.probe.workloads import Workload

@@ -8,11 +8,11 @@ import torch
 
 from tests.rules.helpers import snapshot
 from tests.test_bench import measured
+from torch_autotune import api
+from torch_autotune.api import bench
 from torch_autotune.bench import ArmFailed, TrainConfig, plan_arms, tuned_config
 from torch_autotune.errors import ProbeError, raised_by_user_code
 from torch_autotune.knobs import train_settings
-from torch_autotune.probe import run
-from torch_autotune.probe.ablation import bench
 from torch_autotune.probe.loop import TrainingLoop
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
@@ -168,7 +168,7 @@ def test_without_a_profile_the_bench_tunes_first_in_the_budget_given(
         asked.append((workload, budget_s))
         return a100
 
-    monkeypatch.setattr(run, "tune", fake_tune)
+    monkeypatch.setattr(api, "tune", fake_tune)
     model = SpeedModel(tuned_config(a100), {"precision": 2.0})
     result = bench(None, "conv", rounds=1, seconds=0.1, budget_s=budget_s, measure=model)
     assert asked == [("conv", expected)]
@@ -298,7 +298,7 @@ def test_a_bug_in_the_users_model_surfaces_as_their_own_error() -> None:
 @pytest.mark.slow
 def test_bench_on_the_cpu_end_to_end() -> None:
     """A real (short) tune and bench: numbers for every arm, and the verdict is recorded."""
-    from torch_autotune.probe.run import tune
+    from torch_autotune.api import tune
 
     laptop = snapshot("cpu-laptop-linux")
     profile = tune("mlp", snapshot=laptop, budget_s=20, max_batch_size=64)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.probe.fake_trials import FakeTrials, mlp_machine, recorded, tune_on
+from torch_autotune.api import tune
 from torch_autotune.errors import EXIT_PROBE, ProbeError
-from torch_autotune.probe.run import tune
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import PointOutcome, StepSettings
 from torch_autotune.probe.workloads import Workload

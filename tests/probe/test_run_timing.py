@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.probe.fake_trials import FakeTrials, Machine, cpu_machine, recorded, tune_on
+from torch_autotune.api import tune
 from torch_autotune.errors import ProbeError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.points import compile_seconds, payoff_minutes
-from torch_autotune.probe.run import tune
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source

@@ -1,38 +1,35 @@
-"""``autotune bench``: the baseline, the profile, and each setting on alone and off alone, in
+"""The bench's runner: the baseline, the profile, and each setting on alone and off alone, in
 interleaved rounds on this machine; then the profile without what measured slower.
 
 Which arms, what the numbers mean and what is dropped is decided in ``torch_autotune.bench``
-(pure); this module runs the arms. ``measure`` is the seam: by default a real
+(pure); ``torch_autotune.api.bench()`` plans the arms and builds the benched profile; this
+module only runs the arms. ``measure`` is the seam: by default a real
 ``TrainingLoop``, in tests any function of (config, seconds) that returns samples/s.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from torch_autotune.bench import (
-    NOT_ABLATED,
     ArmFailed,
     ArmRecord,
-    BenchEvidence,
+    Effect,
+    Plan,
+    SettingEffect,
     TrainConfig,
-    apply_bench,
     effect,
     final_config,
     judge,
-    plan_arms,
     round_order,
-    tuned_config,
 )
-from torch_autotune.bounds import MAX_ROUNDS
-from torch_autotune.errors import ProbeError
 
 if TYPE_CHECKING:
     from torch_autotune.probe.workloads import Workload
-    from torch_autotune.profile import Profile
+    from torch_autotune.settings import Settings
 
 DEFAULT_ROUNDS = 5
 DEFAULT_SECONDS = 2.0
@@ -40,12 +37,6 @@ DEFAULT_SECONDS = 2.0
 Measure = Callable[[TrainConfig, float], float]
 """(config, seconds) -> samples/s; raises ``ArmFailed`` when the arm cannot be measured."""
 Progress = Callable[[str, str], None]
-
-
-def _loader_free(config: TrainConfig, baseline: TrainConfig) -> TrainConfig:
-    """``config`` with the baseline's DataLoader settings (a workload without a dataset)."""
-    fields = ("num_workers", "prefetch_factor", "pin_memory")
-    return config.model_copy(update={f: getattr(baseline, f) for f in fields})
 
 
 class _Rounds:
@@ -90,69 +81,53 @@ class _Rounds:
         ]
 
 
-def bench(
-    profile: Profile | None = None,
-    workload: str | Workload | None = None,
+@dataclass(frozen=True)
+class ArmResults:
+    """What the rounds measured: every arm's record, the profile's effect over the baseline,
+    each setting's effects, and the effect of the profile without the settings that measured
+    slower (None: nothing was dropped)."""
+
+    records: tuple[ArmRecord, ...]
+    tuned: Effect | None
+    settings: tuple[SettingEffect, ...]
+    final: Effect | None
+
+
+def run_arms(
+    plan: Plan,
+    workload: Workload,
+    settings: Settings,
     *,
-    baseline: TrainConfig | None = None,
+    mode: str,
     rounds: int = DEFAULT_ROUNDS,
     seconds: float = DEFAULT_SECONDS,
-    budget_s: float | None = None,
     progress: Progress | None = None,
     measure: Measure | None = None,
     clock: Callable[[], float] = time.perf_counter,
-) -> Profile:
-    """Measure the profile against the baseline on this machine; return the profile with the
-    bench in its evidence and the settings that measured slower dropped.
+) -> ArmResults:
+    """Train every arm of ``plan`` once per round, ``rounds`` rounds, each measurement at least
+    ``seconds`` long after its warm-up; judge each setting (``bench.judge``) and, when some
+    measured slower, run the profile without them against the baseline too.
 
-    ``profile``: a measured profile (from ``tune()``); None tunes the workload first, in
-    ``budget_s`` seconds (None: ``tune()``'s default budget).
-    ``workload``: default the one the profile was measured on. ``baseline``: default fp32,
-    batch 32, no workers, no pinning, eager, torch's default backends. Every arm runs once per
-    round, ``rounds`` rounds, each measurement at least ``seconds`` long after its warm-up.
+    ``measure`` is the seam: by default a real ``TrainingLoop`` over ``workload`` on the
+    device of ``settings`` (the profile's), each arm trained with its config applied to them.
+    The user's RNG and torch's global flags are as before when this returns.
     """
-    from torch_autotune.probe.run import tune
     from torch_autotune.probe.trials import preserved
-    from torch_autotune.probe.workloads import resolve_workload
 
-    if not 1 <= rounds <= MAX_ROUNDS or not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(
-            f"rounds must be in [1, {MAX_ROUNDS}] and seconds finite and > 0, got {rounds} "
-            f"and {seconds}"
-        )
     report = progress or (lambda _phase, _what: None)
-    started = clock()
-    if profile is None:
-        profile = tune(workload, budget_s=budget_s, progress=progress, clock=clock)
-    if profile.evidence is None:
-        raise ProbeError(
-            "this profile was not measured (rules only): the bench needs the batch size the "
-            "probe ran; run 'autotune' first"
-        )
-    chosen = resolve_workload(workload if workload is not None else profile.evidence.workload)
-    base = baseline or TrainConfig()
-    tuned = tuned_config(profile, base)
-    not_ablated = list(NOT_ABLATED)
-    if chosen.dataset is None:
-        tuned = _loader_free(tuned, base)
-        not_ablated.append(
-            f"DataLoader settings: the {chosen.name} workload has no dataset to load from"
-        )
-    plan = plan_arms(base, tuned)
     labels = [", ".join(names) for names in plan.names]
     with preserved():
         if measure is None:
             from torch_autotune.probe.loop import TrainingLoop
 
-            loop = TrainingLoop(
-                chosen, profile.settings.device, settings=profile.settings, clock=clock
-            )
+            loop = TrainingLoop(workload, settings.device, settings=settings, clock=clock)
             measure = loop.measure
         runs = _Rounds(measure, seconds, report)
         rows = runs.run(plan.configs, labels, rounds)
-        tuned_effect, settings = judge(plan, rows, mode=profile.mode.value)
+        tuned_effect, effects = judge(plan, rows, mode=mode)
         records = runs.records(plan.configs, plan.names, rows)
-        final = final_config(plan, settings)
+        final = final_config(plan, effects)
         final_effect = None
         if final != plan.tuned:
             baseline_at = plan.index(plan.baseline)
@@ -165,18 +140,4 @@ def bench(
                 more = runs.run(configs, ["baseline", "without the dropped settings"], rounds)
                 final_effect = effect([r[1] for r in more], [r[0] for r in more])
                 records += runs.records(configs, names, more)
-    overall = final_effect or tuned_effect
-    evidence = BenchEvidence(
-        workload=chosen.name,
-        device=profile.settings.device,
-        rounds=rounds,
-        seconds_per_measurement=seconds,
-        arms=tuple(records),
-        tuned=tuned_effect,
-        settings=tuple(settings),
-        final=final_effect,
-        reverted=overall is not None and overall.verdict == "slower",
-        not_ablated=tuple(not_ablated),
-        elapsed_s=round(max(0.0, clock() - started), 3),
-    )
-    return apply_bench(profile, plan, evidence)
+    return ArmResults(tuple(records), tuned_effect, tuple(effects), final_effect)

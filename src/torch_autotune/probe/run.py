@@ -1,41 +1,39 @@
-"""The whole job: detect, apply the rules, probe, and build the measured profile.
+"""One probe run: measure a workload on this machine with the rules-only profile's settings.
 
-``tune()`` is the Python entry point (``autotune`` with no subcommand calls it). Phases, all on
-one ``Budget`` (one clock, one deadline; each phase has a share and cannot overrun the run):
+``measure()`` only measures: ``torch_autotune.api.tune()`` detects the machine, builds the
+rules-only profile (what to probe with: device, AMP dtype, memory format, compile, optimizer
+options), calls it, and builds the measured profile from the ``ProbeResult``. Phases, all on
+one ``Budget`` (one clock, one deadline; each phase has a share and cannot overrun the run;
+detection, before them, counts against it too):
 
-1. detection and a rules-only profile (what to probe with: device, AMP dtype, memory format,
-   compile, optimizer options);
-2. **search**: the largest batch that trains, in eager mode with the profile's other settings
+1. **search**: the largest batch that trains, in eager mode with the profile's other settings
    and without the cuDNN autotuner (its warm-up, 6-9 s per new shape for ResNet-50 on an
    H100, would cost a minute over a search); capped by the dataset, the user's maximum and, on
    the CPU, a size past which CPU throughput no longer grows. A size is skipped for time only
    when the time model (``timemodel``) predicts that it, plus measuring it afterwards, takes
    longer than what is left of the whole budget;
-3. **throughput**: steady samples/s at the top candidate sizes (the largest with the memory
+2. **throughput**: steady samples/s at the top candidate sizes (the largest with the memory
    margin of catalog K2, rounded to a multiple of 8 on Tensor-Core GPUs, and halvings of it),
    with the cuDNN autotuner as the profile sets it; a point runs until its timed blocks agree
    within 5% or its share of the time is spent, and a point that stays noisy is not used to
    pick the fastest batch;
-4. **compile** (speed mode, where the rules allow torch.compile): one compiled module, the
+3. **compile** (speed mode, where the rules allow torch.compile): one compiled module, the
    batch dimension marked dynamic so it compiles once, measured at the fastest eager size;
    compile stays in the profile only when it is faster beyond noise there, and its one-off
    cost is reported with the training time after which it pays off. When the predicted
    compile time does not fit, compile is decided by the rules and marked as not measured;
-5. **confirm**: the recommended size runs once more with the final settings;
-6. **workers**: DataLoader worker counts over the workload's dataset (Windows keeps 0);
-7. the profile rebuilt with these measurements and their evidence.
+4. **confirm**: the recommended size runs once more with the final settings;
+5. **workers**: DataLoader worker counts over the workload's dataset (Windows keeps 0).
 
 Progress is reported through a callback, so the library never prints.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_WORKERS
 from torch_autotune.errors import ProbeError, WorkloadError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
@@ -63,20 +61,18 @@ from torch_autotune.probe.trials import (
     TrialRunner,
     preserved,
 )
-from torch_autotune.probe.workloads import Workload, resolve_workload
+from torch_autotune.probe.workers_phase import WORKERS_MAX_S, WORKERS_SHARE, measure_workers
+from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import (
     CompileRecord,
     Evidence,
     LoaderRecord,
-    Mode,
     PhaseRecord,
     Preferences,
     Profile,
     SearchTrialRecord,
     ThroughputRecord,
 )
-from torch_autotune.rules.context import Measurements
-from torch_autotune.rules.engine import build_profile
 
 DEFAULT_BUDGET_S = 120.0
 """The budget on the CPU, and on a GPU where torch.compile is not measured."""
@@ -85,11 +81,6 @@ DEFAULT_COMPILE_BUDGET_S = 180.0
 CPU_CAP = 512  # on the CPU memory rarely limits; throughput flattens long before this
 GPU_CAP = 1 << 16
 EXTRA_HALVINGS = 3  # further halvings while the smallest size is faster beyond noise
-WORKERS_SHARE = 0.1  # of the budget, at most WORKERS_MAX_S, kept for the DataLoader measurement
-WORKERS_MAX_S = 20.0
-LOADER_BATCH_CAP = 256  # loader samples/s barely depend on the batch; huge batches take long
-
-# --- helpers ---------------------------------------------------------------------------------
 
 
 def _ram_budget(machine: HardwareSnapshot) -> int | None:
@@ -108,149 +99,50 @@ def _multiple(profile: Profile) -> int:
     return 8 if profile.settings.device == "cuda" and tensor_cores and uses_tc else 1
 
 
-def _max_workers(profile: Profile) -> int:
-    """Worker counts worth measuring: the usable CPUs (quota-aware) per training process on a
-    GPU, half of them on the CPU, where workers compete with the training threads (G6)."""
-    snapshot = profile.provenance.snapshot
-    usable = snapshot.host.cpus_usable
-    if profile.device == "cpu":
-        return max(1, usable // 2)
-    gpus = [a for a in snapshot.accelerators if a.backend.value in ("cuda", "rocm", "mps")]
-    return max(1, usable // max(1, len(gpus)))
-
-
-def _workers(
-    *,
-    workload: Workload,
-    profile: Profile,
-    batch_size: int,
-    step_rate: float | None,
-    budget: Budget,
-    progress: Progress,
-) -> tuple[int | None, tuple[LoaderRecord, ...], str | None]:
-    snapshot = profile.provenance.snapshot
-    if workload.dataset is None:
-        return None, (), None
-    if profile.provenance.preferences.num_workers is not None:
-        return None, (), "set by the user: not measured"
-    if snapshot.host.os_name == "windows":
-        return None, (), "Windows keeps num_workers=0 (--workers N overrides it); not measured"
-    if budget.left() <= 0:
-        return None, (), "not measured: the time budget ran out"
-    from torch_autotune.probe.workers import choose_workers
-
-    progress("workers", "DataLoader worker counts")
-    dl = profile.settings.dataloader
-    loader_batch = min(batch_size, LOADER_BATCH_CAP)
-    choice = choose_workers(
-        workload.dataset,
-        batch_size=loader_batch,
-        max_workers=_max_workers(profile),
-        step_rate_samples_per_s=step_rate,
-        pin_memory=dl.pin_memory,
-        persistent_workers=False,
-        prefetch_factor=None,
-        batches=8,
-        timeout_s=30.0,
-        until=budget.deadline,
-        clock=budget.clock,
-    )
-    records = tuple(
-        LoaderRecord(num_workers=t.num_workers, samples_per_s=t.samples_per_s, error=t.error)
-        for t in choice.trials
-    )
-    reason = choice.reason
-    if loader_batch < batch_size:
-        reason += f" (loaded in batches of {loader_batch}: samples/s hardly depend on the batch)"
-    return choice.num_workers, records, reason
-
-
-def _default_budget(rules_only: Profile) -> float:
+def default_budget_s(rules_only: Profile) -> float:
+    """The run's budget when none is given: longer where torch.compile is measured."""
     return DEFAULT_COMPILE_BUDGET_S if rules_only.settings.compile.enabled else DEFAULT_BUDGET_S
 
 
-def tune(
-    workload: str | Workload | None = None,
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe run measured: the evidence for the profile, and the worker count the
+    DataLoader measurement chose (None: not measured, the rules decide)."""
+
+    evidence: Evidence
+    num_workers: int | None
+
+
+def measure(
+    workload: Workload,
+    rules_only: Profile,
     *,
-    snapshot: HardwareSnapshot | None = None,
-    mode: Mode | str = Mode.SPEED,
-    budget_s: float | None = None,
+    budget_s: float,
+    started: float,
     max_batch_size: int | None = None,
-    target_global_batch: int | None = None,
-    fixed_shapes: bool = True,
-    num_workers: int | None = None,
     progress: Progress | None = None,
     clock: Callable[[], float] = time.perf_counter,
     trials: Callable[[Workload, StepSettings], Trials] | None = None,
-) -> Profile:
-    """Probe this machine with a workload and return the measured profile (not saved).
+) -> ProbeResult:
+    """Probe ``workload`` with the settings of ``rules_only`` (the rules-only profile of the
+    machine, with the preferences it was made with); return what was measured.
 
-    ``workload`` is a built-in name ("conv", "resnet50", "transformer", "gpt2", "mlp"), a
-    ``Workload``, or "package.module:factory". ``budget_s`` bounds the whole run (default
-    120 s, 180 s where torch.compile is measured). The user's model, optimizer state, RNG and
-    torch's global flags are as before when this returns or raises. ``trials`` replaces the
-    real training steps (tests drive the orchestration with recorded timings through it).
+    ``budget_s`` bounds the whole run, which began at ``started`` on ``clock`` (detection
+    counts against it too). The user's model, optimizer state, RNG and torch's global flags
+    are as before when this returns or raises. ``trials`` replaces the real training steps
+    (tests drive the orchestration with recorded timings through it).
     """
-    import importlib.util
-
-    from torch_autotune.detect import detect
-
-    _check_arguments(budget_s, max_batch_size, target_global_batch, num_workers)
-    if trials is None and importlib.util.find_spec("torch") is None:
-        raise ProbeError(
-            "torch is not installed, so nothing can be probed; install the build for this "
-            "machine (https://pytorch.org/get-started/locally/) and run autotune again"
-        )
     report = progress or (lambda _phase, _what: None)
-    started = clock()
-    report("detect", "this machine")
-    machine = snapshot or detect()
-    chosen = _resolve(workload, machine)
-    preferences = Preferences(
-        mode=Mode(mode),
-        model_kind=chosen.kind,
-        fixed_shapes=fixed_shapes,
-        optimizer="adamw",
-        num_workers=num_workers,
-    )
-    rules_only = build_profile(machine, preferences=preferences)
-    total = budget_s if budget_s is not None else _default_budget(rules_only)
-    budget = Budget(total, clock, started=started)  # detection counts against it too
-    report("budget", f"{total:g} s")
+    budget = Budget(budget_s, clock, started=started)
     settings = StepSettings.from_profile(rules_only)
     eager_settings = settings.with_compile(None)
     make = trials or (lambda w, s: TrialRunner(w, s, clock=clock))
-    runner = make(chosen, eager_settings)
-    run = _Run(chosen, machine, preferences, rules_only, settings, runner, budget, report)
+    runner = make(workload, eager_settings)
+    machine = rules_only.provenance.snapshot
+    preferences = rules_only.provenance.preferences
+    run = _Run(workload, machine, preferences, rules_only, settings, runner, budget, report)
     with preserved():
-        return _probe(run, max_batch_size=max_batch_size, target_global_batch=target_global_batch)
-
-
-def _check_arguments(
-    budget_s: float | None,
-    max_batch_size: int | None,
-    target_global_batch: int | None,
-    num_workers: int | None,
-) -> None:
-    """ValueError for a number no run can use: a budget that is not finite and positive, a
-    count outside what a machine can have (``torch_autotune.bounds``)."""
-    if budget_s is not None and not (math.isfinite(budget_s) and budget_s > 0):
-        raise ValueError(f"budget_s must be a finite number of seconds > 0, got {budget_s}")
-    for name, value, low, high in (
-        ("max_batch_size", max_batch_size, 1, MAX_BATCH_SIZE),
-        ("target_global_batch", target_global_batch, 1, MAX_GLOBAL_BATCH),
-        ("num_workers", num_workers, 0, MAX_WORKERS),
-    ):
-        if value is not None and not low <= value <= high:
-            raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-
-
-def _resolve(workload: str | Workload | None, machine: HardwareSnapshot) -> Workload:
-    """The workload asked for; by default the one sized for the device the rules choose."""
-    if workload is not None:
-        return resolve_workload(workload)
-    device = build_profile(machine).settings.device
-    return resolve_workload(None, device=device)
+        return _probe(run, max_batch_size=max_batch_size)
 
 
 @dataclass
@@ -468,7 +360,7 @@ class _Run:
         self, batch: int, step_rate: float | None
     ) -> tuple[int | None, tuple[LoaderRecord, ...], str | None]:
         with self.budget.phase("workers"):
-            return _workers(
+            return measure_workers(
                 workload=self.workload,
                 profile=self.rules_only,
                 batch_size=batch,
@@ -478,8 +370,8 @@ class _Run:
             )
 
 
-def _probe(run: _Run, *, max_batch_size: int | None, target_global_batch: int | None) -> Profile:
-    """The phases after detection, in order (the module docstring), and the profile."""
+def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
+    """The phases after detection, in order (the module docstring), and what they found."""
     guarded, found, limit = run.search(max_batch_size)
     assert found.largest is not None  # search() raised otherwise
     multiple = _multiple(run.rules_only)
@@ -515,10 +407,6 @@ def _probe(run: _Run, *, max_batch_size: int | None, target_global_batch: int | 
             f"the run used {run.budget.elapsed():.0f} s of its {run.budget.total_s:.0f} s "
             "budget; more time (--budget) measures more"
         )
-    accumulation = None
-    if target_global_batch is not None:
-        processes = max(1, len(run.machine.accelerators))
-        accumulation = max(1, math.ceil(target_global_batch / (batch * processes)))
     evidence = Evidence(
         workload=run.workload.name,
         device=run.settings.device,
@@ -534,27 +422,23 @@ def _probe(run: _Run, *, max_batch_size: int | None, target_global_batch: int | 
         budget_s=run.budget.total_s,
         elapsed_s=round(run.budget.elapsed(), 3),
         memory_limit_bytes=limit,
-        phases=tuple(
-            PhaseRecord(
-                name=p.name,
-                seconds=round(p.seconds, 3),
-                allowed_s=None if p.allowed_s is None else round(max(0.0, p.allowed_s), 3),
-            )
-            for p in run.budget.phases
-        ),
+        phases=_phases(run.budget),
         compile=run.compile,
         warnings=tuple(run.warnings),
     )
-    measured_compile = run.compile is not None and run.compile.measured
-    measurements = Measurements(
-        batch_size=batch,
-        num_workers=workers,
-        grad_accum_steps=accumulation,
-        workers_reason=workers_reason if workers is not None else None,
-        compile_enabled=run.compile.kept if run.compile is not None and measured_compile else None,
-        compile_reason=None if run.compile is None else run.compile.reason,
+    return ProbeResult(evidence=evidence, num_workers=workers)
+
+
+def _phases(budget: Budget) -> tuple[PhaseRecord, ...]:
+    """The budget's phases as the evidence records them (seconds to the millisecond)."""
+    return tuple(
+        PhaseRecord(
+            name=p.name,
+            seconds=round(p.seconds, 3),
+            allowed_s=None if p.allowed_s is None else round(max(0.0, p.allowed_s), 3),
+        )
+        for p in budget.phases
     )
-    return build_profile(run.machine, measurements, run.preferences, evidence=evidence)
 
 
 def _cap_reason(device: str) -> str:

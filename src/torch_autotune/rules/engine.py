@@ -30,10 +30,12 @@ from torch_autotune.rules.dataloader import cpu_threads, dataloader
 from torch_autotune.rules.memory import allocator, cudnn, memory_format
 from torch_autotune.rules.optimizer import batch, optimizer
 from torch_autotune.rules.precision import precision, tf32
-from torch_autotune.store import machine_id
 from torch_autotune.version import __version__
 
 Rule = Callable[[Context], Iterable[Finding]]
+
+UNKNOWN_HOST = "unknown"
+"""The machine id of a profile built without one: the engine reads no host name."""
 
 RULES: tuple[Rule, ...] = (
     choose_device,
@@ -95,10 +97,15 @@ def build_profile(
     preferences: Preferences | None = None,
     *,
     now: datetime | None = None,
-    host_id: str | None = None,
+    host_id: str = UNKNOWN_HOST,
     evidence: Evidence | None = None,
 ) -> Profile:
-    """The profile the rules give for a machine. Pure: no hardware, no I/O, no torch."""
+    """The profile the rules give for a machine. Pure: no hardware, no I/O, no torch.
+
+    ``host_id`` is the provenance's machine id (``store.machine_id()``, a hash of the host
+    name, which the caller reads: ``torch_autotune.api`` does); without it the profile says
+    ``UNKNOWN_HOST``. ``now`` is the creation time (default: the current time in UTC).
+    """
     ctx = Context(
         snapshot=snapshot, preferences=preferences or Preferences(), measurements=measurements
     )
@@ -117,7 +124,7 @@ def build_profile(
         notes=tuple(_notes(ctx)),
         provenance=Provenance(
             fingerprint=fingerprint(snapshot),
-            machine_id=host_id if host_id is not None else machine_id(),
+            machine_id=host_id,
             tool_version=__version__,
             torch_version=snapshot.software.torch_version,
             created_at=now or datetime.now(timezone.utc),

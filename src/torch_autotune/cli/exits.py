@@ -1,0 +1,117 @@
+"""Where errors become messages and exit codes: the one place (see ``torch_autotune.errors``).
+
+AutotuneError: its one line and its code. Ctrl-C: 'interrupted', 130. A closed standard output
+(``autotune show | head -1``): nothing said, 141, as a process SIGPIPE ends. A usage error:
+one line, 2. Any other exception is a bug of ours: the traceback, a line that asks for a
+report, 1. The user's own code failing is handled where it runs (``group.user_code``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from torch_autotune.errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    AutotuneError,
+)
+
+# torch warns "Failed to initialize NumPy: No module named 'numpy'" when it is first imported
+# without numpy (from torch._subclasses.functional_tensor, torch 2.x). numpy is optional for
+# torch and for torch-autotune (only seeded DataLoader workers use it, when it is there), so
+# the command does not depend on it to keep its first line from being torch's warning.
+_NUMPY_MISSING = "Failed to initialize NumPy"
+
+
+class Group(click.Group):
+    """A click group that turns every error into one message and its exit code (the module
+    docstring says which)."""
+
+    def main(  # click's own signature, with the handling of its standalone mode
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as error:
+            click.echo(f"autotune: error: {_usage_line(error)}", err=True)
+            sys.exit(error.exit_code)
+        except click.Abort:  # Ctrl-C while click parsed the arguments
+            click.echo("autotune: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else EXIT_OK)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings(
+                        "ignore", message=_NUMPY_MISSING, category=UserWarning, module=r"torch\."
+                    )
+                    return super().invoke(ctx)
+            finally:
+                sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        except AutotuneError as error:
+            click.echo(f"autotune: error: {error}", err=True)
+            ctx.exit(error.exit_code)
+        except KeyboardInterrupt:
+            click.echo("autotune: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except BrokenPipeError:
+            _silence_stdout()
+            ctx.exit(EXIT_BROKEN_PIPE)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as error:
+            _report_bug(error)
+            ctx.exit(EXIT_INTERNAL)
+
+
+def _usage_line(error: click.ClickException) -> str:
+    """Click's message on one line, with where to read the usage."""
+    message = " ".join(error.format_message().split())
+    context = getattr(error, "ctx", None)
+    if context is None:
+        return message
+    return f"{message.rstrip('.')}; see '{context.command_path} --help'"
+
+
+def _silence_stdout() -> None:
+    """Point standard output at the null device after a broken pipe, so that the interpreter's
+    last flush does not fail again (the recipe of Python's signal documentation)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    except (OSError, ValueError):  # a stream without a descriptor (a test runner's): no flush
+        return
+
+
+def _report_bug(error: Exception) -> None:
+    """A bug of torch-autotune: the traceback and one line asking for a report."""
+    import traceback
+
+    traceback.print_exception(error)
+    click.echo(
+        f"autotune: internal error: {type(error).__name__}: {_first_line(error)}; this is a bug "
+        "in torch-autotune, please report it with the traceback above",
+        err=True,
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0].rstrip(".") if text else "(no message)"

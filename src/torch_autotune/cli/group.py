@@ -1,0 +1,135 @@
+"""``autotune`` itself: the command group and the whole job that runs without a subcommand
+(``torch_autotune.api.tune``, then the store), and the user's code run in between."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from torch_autotune.cli import options
+from torch_autotune.cli.exits import Group
+from torch_autotune.cli.output import console, plot_after_run, warn_unused_gpu
+from torch_autotune.errors import EXIT_WORKLOAD, raised_by_user_code
+from torch_autotune.version import __version__
+
+T = TypeVar("T")
+
+# Modules outside torch_autotune: the user's, torch's and every other package's.
+_NOT_OURS = r"(?!torch_autotune(\.|$))"
+
+
+@click.group(
+    cls=Group,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(__version__, "--version", "-V", prog_name="torch-autotune")
+@options.model(
+    "What to probe: a built-in workload (resnet50, gpt2, conv, transformer, mlp; default "
+    "resnet50 on a GPU, conv on the CPU) or your own factory (see the README)."
+)
+@options.budget(
+    "Seconds the whole run may take (default 120, or 180 where torch.compile is measured); no "
+    "phase runs past it."
+)
+@options.max_batch_size()
+@options.target_batch()
+@options.mode(default="speed")
+@options.variable_shapes()
+@options.workers()
+@options.plot(
+    "Also draw the charts into a PNG file (needs the 'plot' extra; without it they are drawn "
+    "in the terminal)."
+)
+@options.no_save("Show the profile without storing it.")
+@options.store()
+@click.pass_context
+def cli(  # click passes options by name
+    ctx: click.Context,
+    *,
+    workload: str | None,
+    budget: float | None,
+    max_batch_size: int | None,
+    target_batch: int | None,
+    mode: str,
+    variable_shapes: bool,
+    workers: int | None,
+    plot_file: Path | None,
+    no_save: bool,
+    store: Path | None,
+) -> None:
+    """Hardware-aware configuration tuner for PyTorch training.
+
+    Without a command: detect this machine, apply the rules, probe the largest and the fastest
+    batch and the DataLoader workers with a real training step, and save the profile that
+    torch_autotune.recommend() returns.
+
+    \b
+    Exit codes: 0 success, 1 internal error (a bug), 2 usage error,
+    3 an input file is missing or invalid, 4 the profile store cannot be
+    read or written (or holds a corrupt or foreign profile, or --save would
+    replace a measured one), 5 the workload cannot be built or trained,
+    6 the probe could not measure (no torch, budget too small),
+    130 interrupted, 141 standard output closed early.
+    'autotune diff' exits 1 when the profiles differ, as diff(1).
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from torch_autotune import api
+    from torch_autotune.render import progress_reporter, render_run
+
+    def run() -> Any:
+        with progress_reporter(budget or api.default_tune_budget_s()) as report:
+            return api.tune(
+                workload,
+                mode=mode,
+                budget_s=budget,
+                max_batch_size=max_batch_size,
+                target_global_batch=target_batch,
+                fixed_shapes=not variable_shapes,
+                num_workers=workers,
+                progress=report,
+            )
+
+    profile = user_code(ctx, run)
+    warn_unused_gpu(profile)
+    saved = None if no_save else api.save(profile, store)
+    render_run(profile, console(), saved)
+    if plot_file is not None:
+        plot_after_run(profile, plot_file)
+
+
+def user_code(ctx: click.Context, run: Callable[[], T]) -> T:
+    """Run the probe or the bench; a failure of the user's model shows their traceback and
+    exits 5. Only an exception the probe marked as raised in the user's code does
+    (``errors.blame_user_code``); any other one is a bug of ours.
+
+    A deprecation warning from outside torch-autotune is no failure of the training step: it is
+    shown, never raised, even where the warning filters make warnings errors (torch 2.11 warns
+    about ``torch.jit.script_method`` when torch.compile first imports inductor). Ours still
+    follow the filters.
+    """
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            for category in (DeprecationWarning, PendingDeprecationWarning):
+                warnings.filterwarnings("default", category=category, module=_NOT_OURS)
+            return run()
+    except Exception as error:
+        if not raised_by_user_code(error):
+            raise  # ours: an AutotuneError, or a bug (exits.Group says which)
+        import traceback  # the user's model or data raised: show their traceback, not ours
+
+        traceback.print_exception(error)
+        click.echo(
+            f"autotune: error: the training step raised {type(error).__name__} (not "
+            "out-of-memory, so not a batch that is too big); fix the model or its data, see the "
+            "traceback above",
+            err=True,
+        )
+        ctx.exit(EXIT_WORKLOAD)
+        raise  # unreachable: ctx.exit raises

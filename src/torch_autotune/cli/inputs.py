@@ -1,0 +1,140 @@
+"""What a command reads: the files and standard input named on the command line, and the
+profile of this machine that ``show``, ``export`` and ``report`` start from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from torch_autotune.errors import InputFileError, ProfileFileError, SnapshotFileError
+
+
+def is_stdin(path: Path) -> bool:
+    """Whether ``path`` is '-', standard input."""
+    return str(path) == "-"
+
+
+def stdin_text(error: type[InputFileError]) -> str:
+    """Standard input as text, within the input limits; a terminal is refused, not waited on."""
+    import sys
+
+    from torch_autotune.input_files import read_stream
+
+    stream = sys.stdin.buffer
+    if stream.isatty():
+        raise click.UsageError(
+            "'-' reads standard input, which is a terminal here; pipe a file in, such as "
+            "'autotune detect --json | autotune recommend --snapshot -'"
+        )
+    return read_stream(stream, "standard input", error)
+
+
+def recorded_machine(snapshot_file: Path | None) -> Any:
+    """The machine recorded in ``snapshot_file`` ('-': standard input); None for this one."""
+    from torch_autotune.detect import RecordedMachine, parse_snapshot
+
+    if snapshot_file is None:
+        return None
+    if is_stdin(snapshot_file):
+        text = stdin_text(SnapshotFileError)
+        return RecordedMachine(parse_snapshot(text, source="standard input"))
+    return RecordedMachine.from_file(snapshot_file)
+
+
+def snapshot(snapshot_file: Path | None) -> Any:
+    """The snapshot of the machine recorded in ``snapshot_file``, else of this one."""
+    from torch_autotune import api
+
+    return api.detect(recorded_machine(snapshot_file))
+
+
+def load_profile(path: Path) -> Any:
+    """The profile in the file ``path`` ('-': standard input)."""
+    from torch_autotune.profile_io import load_profile, parse_profile
+
+    if is_stdin(path):
+        return parse_profile(stdin_text(ProfileFileError), source="standard input")
+    return load_profile(path)
+
+
+def load_baseline(path: Path | None) -> Any:
+    """The user's baseline in the file ``path`` ('-': standard input); None: the default."""
+    from torch_autotune.profile_io import load_baseline, parse_baseline
+
+    if path is None:
+        return None
+    if is_stdin(path):
+        return parse_baseline(stdin_text(ProfileFileError), source="standard input")
+    return load_baseline(path)
+
+
+def current_profile(
+    store: Path | None,
+    mode: str | None,
+    snapshot_file: Path | None,
+    workload: str | None = None,
+) -> Any:
+    """recommend() for this machine (or a recorded one), for ``workload`` when one is named:
+    stored if fresh, else rules only, with a note on stderr that says which.
+
+    A recorded machine is another machine (or this one at another time): the store's profile
+    for its fingerprint is shown when there is one, else the rules-only profile for it, and
+    nothing is called stale, since this machine's history says nothing about it. A stored
+    profile that cannot be used (corrupt, or made for another machine) is an error (exit 4)
+    naming the file and the fix, where recommend() in a script warns and goes on.
+    """
+    import warnings
+
+    from torch_autotune import api
+    from torch_autotune.errors import (
+        StaleProfileWarning,
+        StoredProfileWarning,
+        UnusableGpuWarning,
+    )
+
+    machine = snapshot(snapshot_file)
+    with warnings.catch_warnings(record=True) as caught:
+        for category in (StaleProfileWarning, StoredProfileWarning, UnusableGpuWarning):
+            warnings.simplefilter("always", category)
+        writer = None if snapshot_file is not None else api.host_id()
+        profile = api.profile_for(machine, mode, workload=workload, store=store, writer=writer)
+    for warning in caught:
+        if isinstance(warning.message, StoredProfileWarning):
+            raise warning.message.error
+    stale = False
+    for warning in caught:
+        stale = stale or isinstance(warning.message, StaleProfileWarning)
+        click.echo(f"autotune: warning: {warning.message}", err=True)
+    if not profile.measured and not stale:
+        text = _nothing_stored(store, profile, workload, snapshot_file)
+        click.echo(f"autotune: note: {text}", err=True)
+    return profile
+
+
+def _nothing_stored(
+    store: Path | None, profile: Any, workload: str | None, snapshot_file: Path | None = None
+) -> str:
+    """Why the rules-only profile is shown, and the command that measures one."""
+    machine = "this machine" if snapshot_file is None else f"the machine in {snapshot_file}"
+    there = "" if snapshot_file is None else " on that machine"
+    if workload is None:
+        return (
+            f"no profile stored for {machine}; showing the rules-only profile (run "
+            f"'autotune'{there} to measure)"
+        )
+    import difflib
+
+    from torch_autotune import api
+
+    measured = api.measured_workloads(profile, store)
+    text = f"no profile measured on {workload} for {machine}"
+    close = difflib.get_close_matches(workload, measured, n=1)
+    if close:
+        text += f"; perhaps you meant '{close[0]}'?"
+    elif measured:
+        text += f" (measured here: {', '.join(measured)})"
+    return (
+        f"{text}; showing the rules-only profile (run 'autotune -m {workload}'{there} to measure)"
+    )

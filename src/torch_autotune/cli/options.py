@@ -1,0 +1,205 @@
+"""Every option of ``autotune``, declared once.
+
+An option that several commands share is one function here: its flags, destination, type,
+default and environment variable are written once. Where a command gives the option a meaning
+of its own (``-m`` picks what to probe for ``autotune``, and which stored profile for
+``show``), the command passes its own help text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import click
+
+from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_ROUNDS, MAX_WORKERS
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Decorator(Protocol):
+    """What ``click.option(...)`` returns: it adds the option to a command function."""
+
+    def __call__(self, function: F, /) -> F: ...
+
+
+MODES = ("speed", "balanced", "reproducible")
+
+
+class InputFile(click.Path):
+    """A file to read ('-': standard input). Click checks nothing: the loader that reads it
+    reports a missing, unreadable or invalid file as an InputFileError (exit 3, one line),
+    where click's own checks would make it a usage error (exit 2)."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, allow_dash=True, readable=False)
+        self.name = "file"
+
+
+class Directory(click.Path):
+    """The profile store's directory; the store reports what is wrong with it (exit 4)."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path, readable=False)
+        self.name = "directory"
+
+
+class Finite(click.FloatRange):
+    """A number in a range, and finite: click's FloatRange lets 'inf' through where there is
+    no maximum, and 'nan' through every bound (a comparison with NaN is always false)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+OUTPUT_FILE = click.Path(dir_okay=False, path_type=Path)
+"""A file torch-autotune writes (atomically)."""
+
+
+def model(help: str) -> Decorator:
+    """``-m/--model NAME|package.module:factory``: a workload, built-in or the user's."""
+    return click.option(
+        "-m",
+        "--model",
+        "workload",
+        default=None,
+        metavar="NAME|package.module:factory",
+        help=help,
+    )
+
+
+def budget(help: str) -> Decorator:
+    """``--budget S``: seconds for a whole probe run."""
+    return click.option("--budget", type=Finite(min=1), default=None, help=help)
+
+
+def mode(default: str | None) -> Decorator:
+    """``--mode``: speed, balanced or reproducible (None: whichever mode is stored)."""
+    return click.option(
+        "--mode",
+        type=click.Choice(MODES),
+        default=default,
+        show_default=default is not None,
+        help="speed (default): fastest; balanced: no torch.compile start-up cost; "
+        "reproducible: deterministic kernels, TF32 off, seeded workers.",
+    )
+
+
+def variable_shapes() -> Decorator:
+    """``--variable-shapes``: the input shapes change from batch to batch."""
+    return click.option(
+        "--variable-shapes", is_flag=True, help="Input shapes change from batch to batch."
+    )
+
+
+def store() -> Decorator:
+    """``--store DIR``: the profile store (``TORCH_AUTOTUNE_HOME``, else the user config
+    directory)."""
+    return click.option(
+        "--store",
+        "store",
+        type=Directory(),
+        envvar="TORCH_AUTOTUNE_HOME",
+        help="Profile store directory [env TORCH_AUTOTUNE_HOME; default: the user config dir].",
+    )
+
+
+def snapshot(help: str) -> Decorator:
+    """``--snapshot FILE``: a machine recorded by ``autotune detect --json`` ('-': stdin)."""
+    return click.option("--snapshot", "snapshot_file", type=InputFile(), help=help)
+
+
+def profile_file(help: str) -> Decorator:
+    """``--profile FILE``: a profile file instead of the stored profile ('-': stdin)."""
+    return click.option("--profile", "profile_file", type=InputFile(), help=help)
+
+
+def plot(help: str) -> Decorator:
+    """``--plot FILE``: draw the charts into a PNG file."""
+    return click.option("--plot", "plot_file", type=OUTPUT_FILE, help=help)
+
+
+def output(help: str) -> Decorator:
+    """``-o/--output FILE``: write a file (atomically)."""
+    return click.option("-o", "--output", type=OUTPUT_FILE, help=help)
+
+
+def as_json(help: str) -> Decorator:
+    """``--json``: print JSON for a program to read."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def no_save(help: str) -> Decorator:
+    """``--no-save``: leave the store alone."""
+    return click.option("--no-save", is_flag=True, help=help)
+
+
+def stored_model() -> Decorator:
+    """``-m/--model`` where it picks a stored profile (show, export, report)."""
+    return model(
+        "The profile measured on this workload (as given to 'autotune -m'); default: the "
+        "profile saved last on this machine."
+    )
+
+
+def recorded_snapshot() -> Decorator:
+    """``--snapshot`` where a command reasons about a recorded machine instead of this one."""
+    return snapshot(
+        "Reason about the machine recorded in FILE (from 'autotune detect --json'; '-' reads "
+        "standard input)."
+    )
+
+
+def max_batch_size() -> Decorator:
+    """``--max-batch-size N``: the largest batch the probe tries."""
+    return click.option(
+        "--max-batch-size",
+        type=click.IntRange(1, MAX_BATCH_SIZE),
+        help="Never try a larger batch (default: 512 on the CPU, 65536 on a GPU).",
+    )
+
+
+def target_batch() -> Decorator:
+    """``--target-batch N``: the global batch gradient accumulation keeps."""
+    return click.option(
+        "--target-batch",
+        type=click.IntRange(1, MAX_GLOBAL_BATCH),
+        help="Global batch to keep: gradient accumulation makes up what does not fit.",
+    )
+
+
+def workers() -> Decorator:
+    """``--workers N``: DataLoader workers to use instead of measuring."""
+    return click.option(
+        "--workers",
+        type=click.IntRange(0, MAX_WORKERS),
+        help="Use this many DataLoader workers instead of measuring (Windows measures none).",
+    )
+
+
+def rounds() -> Decorator:
+    """``--rounds N``: the bench's interleaved rounds."""
+    return click.option(
+        "--rounds",
+        type=click.IntRange(1, MAX_ROUNDS),
+        default=5,
+        show_default=True,
+        help="Interleaved rounds; each runs every arm once (3 or more to call an effect).",
+    )
+
+
+def seconds() -> Decorator:
+    """``--seconds S``: the bench's training time per arm and round."""
+    return click.option(
+        "--seconds",
+        type=Finite(min=0.05),
+        default=2.0,
+        show_default=True,
+        help="Seconds of training per arm and round, after its warm-up.",
+    )

@@ -1,0 +1,165 @@
+"""The pure steps of ``torch_autotune.api``: from what was measured to a profile, and what the
+command line asks about profiles. No hardware, no store, no torch.
+
+``api`` calls these in order; they are here so that the front door reads as the wiring alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from torch_autotune.bench import (
+    NOT_ABLATED,
+    BenchEvidence,
+    Plan,
+    TrainConfig,
+    plan_arms,
+    tuned_config,
+)
+from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_ROUNDS, MAX_WORKERS
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.profile import Profile
+
+if TYPE_CHECKING:
+    from torch_autotune.probe.ablation import ArmResults
+    from torch_autotune.probe.run import ProbeResult
+    from torch_autotune.rules.context import Measurements
+
+ARM_WARMUP_S = 1.0
+"""A guess at one arm's warm-up beyond its measured seconds, for the bench's time estimate."""
+TUNE_FIRST_ARMS = 4
+"""Arms the estimate assumes when the bench tunes first and cannot plan its arms yet."""
+
+_LOADER_FIELDS = ("num_workers", "prefetch_factor", "pin_memory")
+
+
+def check_tune_arguments(
+    budget_s: float | None,
+    max_batch_size: int | None,
+    target_global_batch: int | None,
+    num_workers: int | None,
+) -> None:
+    """ValueError for a number no run can use: a budget that is not finite and positive, a
+    count outside what a machine can have (``torch_autotune.bounds``)."""
+    if budget_s is not None and not (math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"budget_s must be a finite number of seconds > 0, got {budget_s}")
+    for name, value, low, high in (
+        ("max_batch_size", max_batch_size, 1, MAX_BATCH_SIZE),
+        ("target_global_batch", target_global_batch, 1, MAX_GLOBAL_BATCH),
+        ("num_workers", num_workers, 0, MAX_WORKERS),
+    ):
+        if value is not None and not low <= value <= high:
+            raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+def check_bench_arguments(rounds: int, seconds: float) -> None:
+    """ValueError for rounds outside [1, MAX_ROUNDS] or seconds that are not finite and > 0."""
+    if not 1 <= rounds <= MAX_ROUNDS or not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"rounds must be in [1, {MAX_ROUNDS}] and seconds finite and > 0, got {rounds} "
+            f"and {seconds}"
+        )
+
+
+def measurements(
+    result: ProbeResult, machine: HardwareSnapshot, target_global_batch: int | None
+) -> Measurements:
+    """What the rules engine takes from a probe run on ``machine``: the batch size, the worker
+    count, the gradient accumulation that makes up ``target_global_batch`` over one training
+    process per accelerator, and the compile decision."""
+    from torch_autotune.rules.context import Measurements
+
+    evidence = result.evidence
+    batch = evidence.batch_size
+    accumulation = None
+    if target_global_batch is not None:
+        processes = max(1, len(machine.accelerators))
+        accumulation = max(1, math.ceil(target_global_batch / (batch * processes)))
+    compile_record = evidence.compile
+    return Measurements(
+        batch_size=batch,
+        num_workers=result.num_workers,
+        grad_accum_steps=accumulation,
+        workers_reason=evidence.workers_reason if result.num_workers is not None else None,
+        compile_enabled=(
+            compile_record.kept if compile_record is not None and compile_record.measured else None
+        ),
+        compile_reason=None if compile_record is None else compile_record.reason,
+    )
+
+
+def bench_plan(
+    profile: Profile, baseline: TrainConfig | None, *, has_dataset: bool, workload: str
+) -> tuple[Plan, tuple[str, ...]]:
+    """The bench's arms for ``profile`` against ``baseline`` (default: ``TrainConfig()``), and
+    what the bench does not ablate. A workload without a dataset keeps the baseline's
+    DataLoader settings in every arm: there is nothing to load."""
+    base = baseline or TrainConfig()
+    tuned = tuned_config(profile, base)
+    not_ablated = list(NOT_ABLATED)
+    if not has_dataset:
+        tuned = tuned.model_copy(update={f: getattr(base, f) for f in _LOADER_FIELDS})
+        not_ablated.append(
+            f"DataLoader settings: the {workload} workload has no dataset to load from"
+        )
+    return plan_arms(base, tuned), tuple(not_ablated)
+
+
+def bench_evidence(
+    results: ArmResults,
+    *,
+    workload: str,
+    device: str,
+    rounds: int,
+    seconds: float,
+    not_ablated: tuple[str, ...],
+    elapsed_s: float,
+) -> BenchEvidence:
+    """The bench's evidence from what its rounds measured. The profile counts as reverted when
+    it is, after its drops, still slower than the baseline (rule M2)."""
+    overall = results.final or results.tuned
+    return BenchEvidence(
+        workload=workload,
+        device=device,
+        rounds=rounds,
+        seconds_per_measurement=seconds,
+        arms=results.records,
+        tuned=results.tuned,
+        settings=results.settings,
+        final=results.final,
+        reverted=overall is not None and overall.verdict == "slower",
+        not_ablated=not_ablated,
+        elapsed_s=round(max(0.0, elapsed_s), 3),
+    )
+
+
+def bench_estimate_s(
+    profile: Profile | None, rounds: int, seconds: float, tune_budget_s: float
+) -> float:
+    """Seconds a bench should take, for a progress bar: arms x rounds x (seconds + warm-up),
+    plus ``tune_budget_s`` when there is no measured profile yet and it tunes first."""
+    if profile is None:
+        return tune_budget_s + rounds * TUNE_FIRST_ARMS * (seconds + ARM_WARMUP_S)
+    plan = plan_arms(TrainConfig(), tuned_config(profile))
+    return float(len(plan.configs) * rounds * (seconds + ARM_WARMUP_S))
+
+
+def settings_diff(first: Profile, second: Profile) -> list[tuple[str, Any, Any]]:
+    """The settings two profiles disagree on: (dotted setting, first's value, second's value),
+    sorted by setting; a setting one of them lacks has the value None there."""
+    a, b = _flatten(first.settings.model_dump()), _flatten(second.settings.model_dump())
+    return [
+        (key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)
+    ]
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

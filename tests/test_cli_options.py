@@ -1,0 +1,62 @@
+"""Each option of ``autotune`` is declared once (``torch_autotune.cli.options``), so that a
+flag shared by several commands cannot drift: the same type, bounds, destination and
+environment variable wherever it appears."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import click
+
+import torch_autotune.cli
+from torch_autotune.cli import cli
+
+CLI_PACKAGE = Path(torch_autotune.cli.__file__).parent
+
+
+def _declared_flags() -> Counter[str]:
+    """Every flag written in a ``click.option(...)`` call anywhere in the CLI's source."""
+    flags: Counter[str] = Counter()
+    for source in CLI_PACKAGE.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr != "option":
+                continue
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and str(arg.value).startswith("-"):
+                    flags[str(arg.value)] += 1
+    return flags
+
+
+def test_every_flag_is_written_once_in_the_source() -> None:
+    flags = _declared_flags()
+    assert "--store" in flags  # the walk finds the declarations
+    assert {flag: n for flag, n in flags.items() if n > 1} == {}
+
+
+def _shape(option: click.Option) -> tuple[object, ...]:
+    """What must agree wherever a flag appears: all but its help and its default."""
+    kind = option.type
+    bounds = (getattr(kind, "min", None), getattr(kind, "max", None))
+    choices = tuple(getattr(kind, "choices", ()))
+    return (option.name, type(kind), bounds, choices, option.envvar, option.is_flag)
+
+
+def test_a_flag_shared_by_commands_means_the_same_everywhere() -> None:
+    commands: list[click.Command] = [cli, *cli.commands.values()]
+    seen: dict[str, set[tuple[object, ...]]] = defaultdict(set)
+    for command in commands:
+        for param in command.params:
+            if isinstance(param, click.Option):
+                for flag in param.opts:
+                    seen[flag].add(_shape(param))
+    shared = {flag for flag in seen if sum(flag in _opts(c) for c in commands) > 1}
+    assert {"--store", "--model", "--mode", "--budget", "--snapshot", "--json"} <= shared
+    assert {flag: shapes for flag, shapes in seen.items() if len(shapes) > 1} == {}
+
+
+def _opts(command: click.Command) -> set[str]:
+    return {flag for p in command.params if isinstance(p, click.Option) for flag in p.opts}
