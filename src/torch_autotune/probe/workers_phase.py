@@ -3,6 +3,8 @@ to measure them (the user set them, Windows, no dataset, no time left)."""
 
 from __future__ import annotations
 
+import os
+
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.seam import Progress
 from torch_autotune.probe.workloads import Workload
@@ -15,13 +17,24 @@ LOADER_BATCH_CAP = 256  # loader samples/s barely depend on the batch; huge batc
 
 def _max_workers(profile: Profile) -> int:
     """Worker counts worth measuring: the usable CPUs (quota-aware) per training process on a
-    GPU, half of them on the CPU, where workers compete with the training threads (G6)."""
+    GPU, half of them on the CPU, where workers compete with the training threads (G6).
+
+    Never more CPUs than this process may run on: the workers are measured here, also when the
+    profile describes a recorded machine with more of them (a test's snapshot, a machine you are
+    not on), and torch warns about more workers than CPUs.
+    """
     snapshot = profile.provenance.snapshot
-    usable = snapshot.host.cpus_usable
+    usable = min(snapshot.host.cpus_usable, _process_cpus() or snapshot.host.cpus_usable)
     if profile.device == "cpu":
         return max(1, usable // 2)
     gpus = [a for a in snapshot.accelerators if a.backend.value in ("cuda", "rocm", "mps")]
     return max(1, usable // max(1, len(gpus)))
+
+
+def _process_cpus() -> int | None:
+    """The CPUs this process may run on (its affinity; all of them where there is none)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count()
 
 
 def measure_workers(
