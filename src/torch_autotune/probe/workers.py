@@ -48,7 +48,7 @@ from torch_autotune.errors import WorkloadError
 from torch_autotune.probe.loader import LoaderTrial, measure_loader
 
 if TYPE_CHECKING:
-    from torch.utils.data import Dataset
+    from torch.utils.data import Dataset  # noqa: TID251 (a type only: the search imports no torch)
 
 __all__ = [
     "FAR_BEHIND",
