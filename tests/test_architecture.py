@@ -11,6 +11,7 @@ banned-api and T20); these tests hold what ruff cannot say: the graph as a whole
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import shutil
 import subprocess
@@ -107,11 +108,16 @@ def imported(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def graph(*, lazy_by_design: bool = True) -> dict[str, set[str]]:
-    """Who imports whom; without ``lazy_by_design``, less the lazy imports allowed upwards."""
+@functools.cache
+def _parsed() -> dict[str, frozenset[str]]:
     known = modules()
     names = set(known)
-    edges = {name: imported(name, path, names) for name, path in known.items()}
+    return {name: frozenset(imported(name, path, names)) for name, path in known.items()}
+
+
+def graph(*, lazy_by_design: bool = True) -> dict[str, set[str]]:
+    """Who imports whom; without ``lazy_by_design``, less the lazy imports allowed upwards."""
+    edges = {name: set(targets) for name, targets in _parsed().items()}
     if not lazy_by_design:
         for source, target in LAZY_BY_DESIGN:
             edges.get(source, set()).discard(target)

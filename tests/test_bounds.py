@@ -177,6 +177,7 @@ SNAPSHOT = load_snapshot(
 ).model_dump(mode="json")
 
 
+@pytest.mark.slow  # 300 hostile profiles: seconds
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_profile_that_validates_holds_only_numbers_that_can_run(data: st.DataObject) -> None:
@@ -195,6 +196,7 @@ def test_a_profile_that_validates_holds_only_numbers_that_can_run(data: st.DataO
         assert parse_profile(dump_profile(loaded, fmt), fmt=fmt) == loaded  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # 300 hostile snapshots
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_a_snapshot_that_validates_holds_only_numbers_that_can_run(data: st.DataObject) -> None:

@@ -200,6 +200,7 @@ def test_report_draws_the_charts_in_the_terminal(benched_file: Path) -> None:
     assert "Bench: speedup" in result.output  # whatever was measured: a panel for the bench
 
 
+@pytest.mark.slow  # draws a PNG with matplotlib: a second
 def test_report_writes_a_png(benched_file: Path, tmp_path: Path) -> None:
     png = tmp_path / "report.png"
     result = run("report", "--profile", str(benched_file), "--plot", str(png))

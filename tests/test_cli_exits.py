@@ -161,6 +161,7 @@ def test_ctrl_c_inside_a_command_is_130_and_one_line(monkeypatch: pytest.MonkeyP
     assert one_line(result.stderr) == "autotune: interrupted"
 
 
+@pytest.mark.slow  # a real run in a subprocess
 def test_ctrl_c_in_a_real_run_is_130_and_one_line(tmp_path: Path) -> None:
     """SIGINT while the user's factory module is being imported (the probe is under way)."""
     (tmp_path / "sleepy.py").write_text(
@@ -187,6 +188,7 @@ def test_ctrl_c_in_a_real_run_is_130_and_one_line(tmp_path: Path) -> None:
     assert rest == "autotune: interrupted\n"
 
 
+@pytest.mark.slow  # a subprocess
 def test_ctrl_c_while_the_command_is_imported_is_130_and_one_line() -> None:
     """The interrupt arrives exactly when the entry point imports the command's module."""
     code = textwrap.dedent(
@@ -220,6 +222,7 @@ def test_ctrl_c_while_the_command_is_imported_is_130_and_one_line() -> None:
 # --- a closed pipe: quietly, 141 ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a command in a subprocess
 @pytest.mark.parametrize("command", [["recommend"], ["detect", "--json"], ["export"]])
 def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
     snapshot_path: Path, tmp_path: Path, command: list[str]

@@ -272,6 +272,7 @@ def test_text_over_the_limit_is_refused_by_the_parsers_too(loader: str) -> None:
         load("a: 1\n" + "#" * MAX_INPUT_BYTES)
 
 
+@pytest.mark.slow  # parses 1 MiB inputs
 @pytest.mark.parametrize(
     "text",
     [

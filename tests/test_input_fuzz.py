@@ -26,6 +26,8 @@ from torch_autotune.input_files import MAX_INPUT_BYTES, read_stream
 from torch_autotune.profile_io import dump_profile, parse_baseline, parse_profile
 from torch_autotune.rules.engine import build_profile
 
+pytestmark = pytest.mark.slow  # fuzzing the loaders takes seconds: CI runs it, the quick loop not
+
 SNAPSHOT_TEXT = (Path(__file__).parent / "fixtures" / "snapshots" / "l4.json").read_text()
 PROFILE = build_profile(
     HardwareSnapshot.model_validate_json(SNAPSHOT_TEXT),

@@ -233,6 +233,7 @@ def test_env_quotes_hostile_values(tmp_path: Path) -> None:
 # --- Lightning's real API -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # imports Lightning and builds a Trainer: seconds
 @pytest.mark.usefixtures("no_cuda")
 @pytest.mark.parametrize("case", CPU_CASES)
 def test_lightning_trainer_constructs_for_cpu(case: str, tmp_path: Path) -> None:

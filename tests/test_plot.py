@@ -180,6 +180,7 @@ def axis(profile: Profile, label: str) -> Any:
 # --- the PNG ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # draws a PNG with matplotlib: a second
 def test_the_png_is_written_whole_and_has_the_figure_size(full: Profile, tmp_path: Path) -> None:
     from matplotlib.image import imread
 
@@ -279,6 +280,7 @@ def test_a_failed_drawing_leaves_the_existing_file_alone(
     assert [p.name for p in tmp_path.iterdir()] == ["report.png"]
 
 
+@pytest.mark.slow  # draws a PNG with matplotlib: a second
 def test_an_unwritable_path_is_a_store_error_and_leaves_nothing(
     full: Profile, tmp_path: Path
 ) -> None:

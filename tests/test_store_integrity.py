@@ -219,6 +219,7 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.slow  # a fuzz
 @FUZZ
 @given(content=st.one_of(st.binary(max_size=2048), mutated()))
 def test_any_stored_bytes_give_this_machines_profile_or_a_warning(

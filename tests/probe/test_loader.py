@@ -176,6 +176,7 @@ def test_a_killed_worker_fails_only_its_candidate() -> None:
     assert "worker crashed" in choice.reason
 
 
+@pytest.mark.slow  # waits out a real DataLoader timeout
 def test_a_hung_worker_fails_its_candidate_by_timeout_not_the_run() -> None:
     started = time.perf_counter()
     choice = choose_workers(HangsInWorker(), batch_size=4, max_workers=1, batches=3, timeout_s=0.3)

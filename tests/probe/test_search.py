@@ -53,6 +53,7 @@ curves = st.builds(
 )
 
 
+@pytest.mark.slow  # 3,000 curves: seconds
 @settings(max_examples=3000, deadline=None)
 @given(curve=curves, cap=st.integers(1, 1 << 16))
 def test_search_finds_the_exact_limit_on_any_curve(curve: MemoryCurve, cap: int) -> None:
