@@ -35,9 +35,15 @@ def torch_release(version: str | None) -> tuple[int, int] | None:
 
 def target_accelerators(settings: Settings, snapshot: HardwareSnapshot) -> list[Accelerator]:
     """The accelerators a profile's device setting trains on."""
-    if settings.device == "cuda":
+    return device_accelerators(settings.device, snapshot)
+
+
+def device_accelerators(device: str, snapshot: HardwareSnapshot) -> list[Accelerator]:
+    """The accelerators of ``snapshot`` that ``device`` ('cuda', 'mps', 'cpu') trains on: every
+    CUDA and ROCm GPU for 'cuda' (ROCm builds of torch answer to 'cuda' too)."""
+    if device == "cuda":
         wanted = {Backend.CUDA, Backend.ROCM}
-    elif settings.device == "mps":
+    elif device == "mps":
         wanted = {Backend.MPS}
     else:
         return []

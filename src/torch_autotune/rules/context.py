@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from torch_autotune.bounds import STRICT, AccumSteps, BatchSize, WorkerCount
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
+from torch_autotune.invariants import device_accelerators
 from torch_autotune.profile import Mode, Preferences, Source, torch_release
 
 __all__ = ["Context", "Finding", "Measurements", "Preferences"]
@@ -77,13 +78,7 @@ class Context:
     @property
     def gpus(self) -> list[Accelerator]:
         """The accelerators the profile trains on (all of the chosen back end)."""
-        if self.device == "cuda":
-            wanted = {Backend.CUDA, Backend.ROCM}
-        elif self.device == "mps":
-            wanted = {Backend.MPS}
-        else:
-            return []
-        return [a for a in self.snapshot.accelerators if a.backend in wanted]
+        return device_accelerators(self.device, self.snapshot)
 
     @property
     def nvidia(self) -> bool:
