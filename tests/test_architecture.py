@@ -5,7 +5,8 @@ The imports are parsed, not run: every ``import`` and ``from ... import`` of a m
 ``torch_autotune``, at module level or inside a function (a lazy import is still a
 dependency), except those under ``if TYPE_CHECKING:``, which exist for the type checker only.
 ruff enforces who may import torch, rich and click, and who may print (``pyproject.toml``,
-banned-api and T20); these tests hold what ruff cannot say: the graph as a whole.
+banned-api and T20); these tests hold what ruff cannot say: the graph as a whole, and the
+outside packages in the files ruff lets off its bans as a whole (``HOMES``).
 """
 
 from __future__ import annotations
@@ -264,6 +265,95 @@ def test_a_long_function_says_why() -> None:
         f"functions over {MAX_FUNCTION_LINES} lines without '{LONG_BY_DESIGN}' in the "
         f"docstring: {unexplained}"
     )
+
+
+# --- where the outside packages may be imported ---------------------------------------------
+
+HOMES: dict[str, tuple[str, ...]] = {
+    "torch": (
+        "apply",
+        "detect.torch_env",
+        "probe.loader",
+        "probe.loop",
+        "probe.oom",
+        "probe.timing",
+        "probe.trials",
+        "probe.workloads",
+    ),
+    "torch.cuda": (
+        "apply",
+        "detect.torch_env",
+        "probe.loader",
+        "probe.loop",
+        "probe.oom",
+        "probe.timing",
+        "probe.trials",
+    ),
+    "pynvml": ("detect.nvml",),
+    "rich": ("cli", "render", "plot.text"),
+    "click": ("cli",),
+    "matplotlib": ("plot.panels", "plot.png"),
+    "matplotlib.pyplot": (),
+}
+"""The modules (or packages, with everything in them) that may import each outside package
+that marks a floor; the most specific name rules (``matplotlib.pyplot`` over ``matplotlib``).
+
+ruff's banned-api says the same, but ruff lets a file off the rule as a whole, not name by name:
+``apply.py``, let off for torch, would pass ruff with ``import rich`` in it, and so would the
+probe's trials, loop, loader, oom and timing and ``detect/nvml.py``. This walk holds every
+module to every line, and runs where ruff is not installed."""
+
+
+def outside_imports(path: Path) -> set[str]:
+    """The dotted names of every absolute import in ``path`` (lazy ones included, those under
+    ``if TYPE_CHECKING:`` left out): ``from a.b import c`` is ``a.b.c``."""
+    found: set[str] = set()
+    for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif node.level == 0 and node.module:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def misplaced(module: str, imports: set[str]) -> list[str]:
+    """The imports of ``module`` that ``HOMES`` keeps elsewhere, each with where it belongs."""
+    bad = []
+    for name in sorted(imports):
+        rules = [key for key in HOMES if _within(name, key)]
+        if not rules:
+            continue
+        homes = HOMES[max(rules, key=len)]
+        if not any(_within(module, f"{PACKAGE}.{home}") for home in homes):
+            bad.append(f"{module} imports {name} (only in: {', '.join(homes) or 'no module'})")
+    return bad
+
+
+def test_the_homes_checker_sees_through_a_file_ruff_lets_off() -> None:
+    assert misplaced(f"{PACKAGE}.apply", {"torch.nn", "torch.cuda"}) == []
+    assert misplaced(f"{PACKAGE}.apply", {"rich.console"}) == [
+        f"{PACKAGE}.apply imports rich.console (only in: cli, render, plot.text)"
+    ]
+    assert misplaced(f"{PACKAGE}.detect.nvml", {"torch", "pynvml"}) != []
+    assert misplaced(f"{PACKAGE}.probe.workloads.models", {"torch.nn"}) == []
+    assert misplaced(f"{PACKAGE}.probe.workloads.models", {"torch.cuda"}) != []
+    assert misplaced(f"{PACKAGE}.plot.png", {"matplotlib.figure.Figure"}) == []
+    assert misplaced(f"{PACKAGE}.plot.png", {"matplotlib.pyplot"}) != []
+    assert misplaced(f"{PACKAGE}.plot.data", {"matplotlib.figure", "rich.text"}) != []
+    assert misplaced(f"{PACKAGE}.cli.group", {"click", "rich.console", "yaml"}) == []
+    assert misplaced(f"{PACKAGE}.cli", {"click.testing"}) == []
+    assert misplaced(f"{PACKAGE}.client", {"click"}) != []  # a name that only starts alike
+
+
+def test_outside_packages_are_imported_only_at_home() -> None:
+    bad = [
+        line for name, path in modules().items() for line in misplaced(name, outside_imports(path))
+    ]
+    assert not bad, "\n".join(bad)
 
 
 # --- the floors ruff holds -------------------------------------------------------------------
