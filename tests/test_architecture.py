@@ -15,6 +15,7 @@ import ast
 import functools
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -458,3 +459,55 @@ def test_the_library_never_prints() -> None:
         check=False,
     )
     assert [item["code"] for item in json.loads(found.stdout)] == ["T201"]
+
+
+# --- the architecture notes -------------------------------------------------------------------
+
+NOTES = ROOT / "docs" / "architecture.md"
+_CODE_SPAN = re.compile(r"`([^`\s]+)`")
+_NAME_IN_MODULE = re.compile(r"(?P<module>[a-z_/]+)\.(?P<name>[A-Za-z_][\w.]*?)(?:\(\))?")
+
+
+def cited_names(text: str) -> tuple[set[str], set[tuple[str, str]]]:
+    """What the notes name in code spans: files and folders of the package (``store.py``,
+    ``probe/workloads/``) and names in its modules (``probe/run.measure``: module, name)."""
+    files: set[str] = set()
+    names: set[tuple[str, str]] = set()
+    for span in _CODE_SPAN.findall(text):
+        if span.endswith((".py", "/")) and "<" not in span:
+            files.add(span)
+            continue
+        match = _NAME_IN_MODULE.fullmatch(span)
+        if match is not None:
+            module = match["module"].replace("/", ".")
+            names.add((f"{PACKAGE}.{module}", match["name"]))
+    return files, names
+
+
+def test_the_citation_finder_reads_files_and_names() -> None:
+    text = "`store.py`, `probe/workloads/`, `probe/run._Run.search`, `api.tune()`, `Profile`"
+    files, names = cited_names(text)
+    assert files == {"store.py", "probe/workloads/"}
+    assert names == {(f"{PACKAGE}.probe.run", "_Run.search"), (f"{PACKAGE}.api", "tune")}
+
+
+def test_the_architecture_notes_name_what_exists() -> None:
+    """Every file, folder and function docs/architecture.md names in the package exists: the
+    path of a batch size it draws goes through real functions."""
+    import importlib
+
+    files, names = cited_names(NOTES.read_text(encoding="utf-8"))
+    known = modules()
+    missing = sorted(f for f in files if not ((SRC / f).exists() or (ROOT / f).exists()))
+    checked = 0
+    for module, name in sorted(names):
+        if module not in known:
+            continue  # a span such as `ruff.toml` or `Profile.apply()`: not a module's name
+        found: object = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part, None)
+        if found is None:
+            missing.append(f"{module}.{name}")
+        checked += 1
+    assert checked >= 15, f"only {checked} names checked: the finder no longer reads the notes"
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"
