@@ -5,12 +5,14 @@ environment variable wherever it appears."""
 from __future__ import annotations
 
 import ast
+import inspect
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import click
 
 import torch_autotune.cli
+from torch_autotune import api
 from torch_autotune.cli import cli
 
 CLI_PACKAGE = Path(torch_autotune.cli.__file__).parent
@@ -60,3 +62,12 @@ def test_a_flag_shared_by_commands_means_the_same_everywhere() -> None:
 
 def _opts(command: click.Command) -> set[str]:
     return {flag for p in command.params if isinstance(p, click.Option) for flag in p.opts}
+
+
+def test_the_bench_commands_defaults_are_the_apis() -> None:
+    """``autotune bench`` always passes --rounds and --seconds, so the command's defaults
+    must be ``bench()``'s, or the two would train differently by default."""
+    defaults = inspect.signature(api.bench).parameters
+    options = {p.name: p for p in cli.commands["bench"].params}
+    for name in ("rounds", "seconds"):
+        assert options[name].default == defaults[name].default, name

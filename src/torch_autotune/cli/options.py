@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 import click
 
 from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_ROUNDS, MAX_WORKERS
+from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -188,7 +189,7 @@ def rounds() -> Decorator:
     return click.option(
         "--rounds",
         type=click.IntRange(1, MAX_ROUNDS),
-        default=5,
+        default=DEFAULT_ROUNDS,  # bench()'s own, written once
         show_default=True,
         help="Interleaved rounds; each runs every arm once (3 or more to call an effect).",
     )
@@ -199,7 +200,7 @@ def seconds() -> Decorator:
     return click.option(
         "--seconds",
         type=Finite(min=0.05),
-        default=2.0,
+        default=DEFAULT_SECONDS,  # bench()'s own, written once
         show_default=True,
         help="Seconds of training per arm and round, after its warm-up.",
     )
