@@ -12,6 +12,11 @@ Unit tests that train with real torch do so on the CPU, and say so (the device, 
 the CPU, or a snapshot without GPUs), so they pass alike on a machine with a GPU. There torch itself
 asks whether CUDA is available (the optimizer does, before every step); the guard tells torch "no
 GPU", as a CPU build would, and fails the test only when our own code asks.
+
+``--as-gpu-machine`` runs the unit and slow tiers as a machine with an NVIDIA GPU sees them: the
+driver's files are there (so detecting this machine asks NVML, which the guard refuses) and torch
+is a CUDA build. CI runs them so too, which keeps a test that needs this machine to have no GPU
+from passing here and failing on the next GPU machine (issue 10: 30 such failures on an H100).
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ SNAPSHOT_DIR = Path(__file__).parent / "fixtures" / "snapshots"
 def _gpu_present() -> bool:
     """Whether an NVIDIA driver is loaded, judged from files alone (no NVML, no CUDA)."""
     return Path("/proc/driver/nvidia/version").exists() or Path("/dev/dxg").exists()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--as-gpu-machine",
+        action="store_true",
+        help="run the unit and slow tiers as on a machine with an NVIDIA GPU: its driver's "
+        "files present, torch a CUDA build (the hardware guard still keeps the GPU out of reach)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -110,6 +124,34 @@ def _no_real_hardware(
     yield
 
 
+def as_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here on this machine looks like one with an NVIDIA GPU, as far as files and torch's
+    build can tell: the driver's files are present (detection asks NVML) and torch is a CUDA
+    build (torch's own code asks ``torch.cuda``). The guard still stands between a test and the
+    GPU: NVML refuses our code, and ``torch.cuda`` answers torch "no GPU" and refuses our code."""
+    import torch
+
+    from torch_autotune.detect import nvml
+
+    monkeypatch.setattr(nvml, "nvidia_driver_present", lambda *_args, **_kwargs: True)
+    # torch >= 2.6 asks torch.accelerator, whose compile-time answer is the CUDA build's
+    accelerator = torch.device("cuda")
+    monkeypatch.setattr(torch._C, "_accelerator_getAccelerator", lambda: accelerator, raising=False)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)  # older torch asks this
+
+
+@pytest.fixture(autouse=True)
+def _on_a_gpu_machine_if_asked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--as-gpu-machine``: every unit and slow test runs on the simulated GPU machine."""
+    if not request.config.getoption("--as-gpu-machine"):
+        return
+    if request.node.get_closest_marker("gpu") or request.node.get_closest_marker("system"):
+        return
+    as_gpu_machine(monkeypatch)
+
+
 @pytest.fixture(autouse=True)
 def _own_profile_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test has a profile store of its own (``TORCH_AUTOTUNE_HOME``): no test reads or
@@ -152,10 +194,5 @@ def gpu_machine(
     """This machine as the CPU tier sees a GPU machine: detection finds the recorded H100, and
     torch is a CUDA build, so torch's own code asks ``torch.cuda`` whether a GPU is there (the
     guard answers). Real CUDA stays out of reach: a test that trains on the detected GPU fails."""
-    import torch
-
-    # torch >= 2.6 asks torch.accelerator, whose compile-time answer is the CUDA build's
-    accelerator = torch.device("cuda")
-    monkeypatch.setattr(torch._C, "_accelerator_getAccelerator", lambda: accelerator, raising=False)
-    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)  # older torch asks this
+    as_gpu_machine(monkeypatch)
     return detected_as("h100-80gb-hbm3")

@@ -14,11 +14,13 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from tests.conftest import as_gpu_machine
 from tests.probe.fake_trials import FakeTrials, mlp_machine
 from tests.rules.helpers import snapshot
 from torch_autotune import detect
 from torch_autotune.api import bench, tune
 from torch_autotune.bench import TrainConfig
+from torch_autotune.detect import nvml
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.loop import TrainingLoop
 from torch_autotune.probe.trials import StepSettings
@@ -52,6 +54,26 @@ def test_the_simulated_gpu_machine_has_a_gpu_and_a_cuda_build(
     # torch's own question reaches the guard, which answers as a CPU build would
     assert torch.accelerator.current_accelerator(check_available=True) is None
     assert torch.accelerator.is_available() is False
+
+
+def test_on_a_gpu_machine_detecting_this_machine_asks_nvml_which_the_guard_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What ``--as-gpu-machine`` gives every unit and slow test: where the driver's files are
+    present, detection asks the real NVML, as on the H100 where this failed 30 tests."""
+    as_gpu_machine(monkeypatch)
+    with pytest.raises(pytest.fail.Exception, match="reached real NVML"):
+        detect()
+
+
+def test_as_gpu_machine_puts_every_unit_test_on_the_simulated_gpu_machine(
+    request: pytest.FixtureRequest,
+) -> None:
+    if not request.config.getoption("--as-gpu-machine"):
+        pytest.skip("runs under --as-gpu-machine (CI's second pass over the unit and slow tiers)")
+    assert nvml.nvidia_driver_present()
+    assert torch.accelerator.current_accelerator() == torch.device("cuda")
+    assert torch.accelerator.is_available() is False  # the guard's answer to torch
 
 
 def test_the_guard_fails_our_code_asking_for_the_gpu() -> None:
