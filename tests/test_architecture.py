@@ -271,26 +271,18 @@ def test_a_long_function_says_why() -> None:
 
 # --- where the outside packages may be imported ---------------------------------------------
 
+_CUDA_HOMES = (
+    "apply",
+    "detect.torch_env",
+    "probe.loader",
+    "probe.loop",
+    "probe.oom",
+    "probe.timing",
+    "probe.trials",
+)
 HOMES: dict[str, tuple[str, ...]] = {
-    "torch": (
-        "apply",
-        "detect.torch_env",
-        "probe.loader",
-        "probe.loop",
-        "probe.oom",
-        "probe.timing",
-        "probe.trials",
-        "probe.workloads",
-    ),
-    "torch.cuda": (
-        "apply",
-        "detect.torch_env",
-        "probe.loader",
-        "probe.loop",
-        "probe.oom",
-        "probe.timing",
-        "probe.trials",
-    ),
+    "torch": (*_CUDA_HOMES, "probe.workloads"),  # the workloads build models, never ask CUDA
+    "torch.cuda": _CUDA_HOMES,
     "pynvml": ("detect.nvml",),
     "rich": ("cli", "render", "plot.text"),
     "click": ("cli",),
