@@ -28,8 +28,8 @@ from torch_autotune.detect import detect as detect_machine
 from torch_autotune.errors import (
     ProbeError,
     StaleProfileWarning,
-    StoredProfileError,
     StoredProfileWarning,
+    StoreError,
     UnusableGpuWarning,
 )
 from torch_autotune.hardware import HardwareSnapshot
@@ -81,6 +81,8 @@ def recommend(
     it does when nothing was measured on ``workload`` here. A stored profile that is corrupt
     or was made for another machine is never used either: a ``StoredProfileWarning`` names
     the file and the fix, and the rules-only profile comes back, so a training script goes on.
+    A stored profile that cannot be read (its permissions, a directory in its place) is
+    treated the same way: ``recommend()`` never stops a training script over the store.
     A GPU the installed torch cannot run (no kernels for its architecture) gives a CPU profile
     and an ``UnusableGpuWarning`` that names the torch build that would run it. Importing
     torch and starting CUDA are left to the caller. The path is a fast detection, the
@@ -107,7 +109,7 @@ def profile_for(
     wanted = None if mode is None else Mode(mode)
     try:
         lookup = ProfileStore(store).lookup(snapshot, writer, workload)
-    except StoredProfileError as error:
+    except StoreError as error:  # a corrupt or foreign profile, or one that cannot be read
         warnings.warn(StoredProfileWarning(error), stacklevel=3)
         lookup = Lookup(None, None, None)
     if lookup.profile is not None and wanted in (None, lookup.profile.mode):

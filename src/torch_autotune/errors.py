@@ -87,10 +87,12 @@ class MeasuredProfileExistsError(StoreError):
 
 
 class StoredProfileWarning(UserWarning):
-    """``recommend()`` found a stored profile it cannot use (corrupt, or made for another
-    machine) and returns the rules-only profile instead; ``error`` says which file and why."""
+    """``recommend()`` found a stored profile it cannot use (corrupt, made for another
+    machine, or unreadable) and returns the rules-only profile instead; ``error`` (a
+    ``StoredProfileError``, or a ``StoreError`` for a file that cannot be read) says which file
+    and why."""
 
-    def __init__(self, error: StoredProfileError) -> None:
+    def __init__(self, error: StoreError) -> None:
         super().__init__(f"{error}; using the rules-only profile meanwhile")
         self.error = error
 
