@@ -23,7 +23,13 @@ from tests.test_store import NOW, snapshot
 from torch_autotune.api import recommend
 from torch_autotune.cli import cli
 from torch_autotune.detect import RecordedMachine
-from torch_autotune.errors import EXIT_STORE, StoredProfileError, StoredProfileWarning
+from torch_autotune.errors import (
+    EXIT_STORE,
+    MeasuredProfileExistsError,
+    StoredProfileError,
+    StoredProfileWarning,
+    StoreError,
+)
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import PROFILE_SCHEMA_VERSION, Profile, fingerprint
 from torch_autotune.profile_io import dump_profile
@@ -358,3 +364,57 @@ def test_any_stored_bytes_give_this_machines_profile_or_a_warning(
     assert profile.provenance.fingerprint == fingerprint(snapshot(CPU_ONLY))
     assert profile.device == "cpu"
     assert bool(caught) or profile == ProfileStore(tmp_path).load(profile.provenance.fingerprint)
+
+
+# --- saving rules only over a file the store cannot read ------------------------------------------
+
+
+def _measured_by_a_newer_release(data: dict[str, object]) -> None:
+    data["schema_version"] = PROFILE_SCHEMA_VERSION + 1
+    data["measured"] = True
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(lambda: edited(_measured_by_a_newer_release), id="newer-release"),
+        pytest.param(BAD["truncated"], id="truncated"),
+        pytest.param(BAD["not-utf8"], id="not-utf8"),
+    ],
+)
+def test_rules_only_never_replaces_a_stored_file_it_cannot_read(
+    tmp_path: Path, content: Callable[[], bytes]
+) -> None:
+    """A profile a newer release measured cannot be read here, and may be measured: saving a
+    rules-only profile over it (``recommend --save``) is refused as over a measured one."""
+    before = content()
+    path = laptop_store(tmp_path, before)
+    rules_only = build_profile(snapshot(CPU_ONLY), now=NOW)
+    with pytest.raises(MeasuredProfileExistsError, match=r"cannot be read .*--force"):
+        ProfileStore(tmp_path).save(rules_only)
+    assert path.read_bytes() == before
+    ProfileStore(tmp_path).save(rules_only, force=True)
+    assert ProfileStore(tmp_path).load(fingerprint(snapshot(CPU_ONLY))) == rules_only
+
+
+def test_recommend_save_keeps_a_profile_from_a_newer_release(
+    tmp_path: Path, snapshot_path: Path, detected_as: Callable[[str], HardwareSnapshot]
+) -> None:
+    detected_as(CPU_ONLY)
+    before = edited(_measured_by_a_newer_release)
+    path = laptop_store(tmp_path, before)
+    result = run("recommend", "--save", "--store", str(tmp_path))
+    assert result.exit_code == EXIT_STORE, result.output
+    (line,) = result.stderr.splitlines()
+    assert str(path) in line
+    assert "--force" in line
+    assert path.read_bytes() == before
+
+
+def test_a_store_that_is_a_file_is_reported_by_the_write(tmp_path: Path) -> None:
+    """Nothing there to lose: the error is the write's, not 'may hold a measured one'."""
+    store = tmp_path / "store"
+    store.write_text("a file")
+    with pytest.raises(StoreError, match=r"cannot write") as caught:
+        ProfileStore(store).save(build_profile(snapshot(CPU_ONLY), now=NOW))
+    assert not isinstance(caught.value, MeasuredProfileExistsError)

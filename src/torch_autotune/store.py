@@ -144,13 +144,7 @@ class ProfileStore:
         text = dump_profile(profile, "json")
         machine = self.path_for(profile.provenance.fingerprint)
         if not profile.measured and not force:
-            current = self._read_or_skip(machine)
-            if current is not None and current.measured:
-                raise MeasuredProfileExistsError(
-                    f"{machine} holds a profile measured on {measured_on(current) or 'a workload'}"
-                    "; saving the rules-only profile would replace it: add --force to replace "
-                    "it, or leave out --save"
-                )
+            self._check_replaceable(machine)
         workload = measured_on(profile)
         targets = [machine]
         if workload is not None:
@@ -163,6 +157,28 @@ class ProfileStore:
                     f"{exc}; choose another place with --store DIR or {ENV_HOME}"
                 ) from None
         return targets[0]
+
+    def _check_replaceable(self, machine: Path) -> None:
+        """MeasuredProfileExistsError when a rules-only profile would replace a measured one in
+        ``machine``, or a file this version cannot read: a profile from a newer release (that
+        may be measured), a corrupt one, one this user may not read. Whatever it holds, only
+        ``--force`` throws it away."""
+        try:
+            current = self._read(machine)
+        except StoreError as exc:
+            if not os.path.lexists(machine):
+                return  # nothing there to lose (the store is a file): the write says why
+            raise MeasuredProfileExistsError(
+                f"{machine} cannot be read as a profile here ('autotune show' says why) and may "
+                "hold a measured one, such as one from a newer release; saving the rules-only "
+                "profile would replace it: add --force to replace it, or leave out --save"
+            ) from exc
+        if current is not None and current.measured:
+            raise MeasuredProfileExistsError(
+                f"{machine} holds a profile measured on {measured_on(current) or 'a workload'}"
+                "; saving the rules-only profile would replace it: add --force to replace "
+                "it, or leave out --save"
+            )
 
     def load(self, fingerprint_hex: str, workload: str | None = None) -> Profile | None:
         """The machine's profile, or the one measured on ``workload``; None when there is none.

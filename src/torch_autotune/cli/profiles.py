@@ -62,7 +62,8 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
 @click.option(
     "--force",
     is_flag=True,
-    help="With --save: replace a measured profile stored for this machine (refused without).",
+    help="With --save: replace a measured profile stored for this machine, or a stored file "
+    "this version cannot read (refused without).",
 )
 @options.store()
 def recommend_command(  # click passes options by name
