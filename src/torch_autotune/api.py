@@ -329,6 +329,18 @@ def stored_measured(store: str | Path | None, workload: str | None) -> Profile |
     return stored if stored is not None and stored.evidence is not None else None
 
 
+def stored_profile(
+    snapshot: HardwareSnapshot, workload: str | None = None, store: str | Path | None = None
+) -> Profile | None:
+    """The profile the store holds for ``snapshot``'s machine (the one measured on
+    ``workload`` when one is named), whatever its mode; None when there is none, or when it
+    cannot be used (``recommend()`` has said why)."""
+    try:
+        return ProfileStore(store).load(fingerprint(snapshot), workload)
+    except StoreError:
+        return None
+
+
 def measured_workloads(profile: Profile, store: str | Path | None = None) -> list[str]:
     """The workloads a profile was measured on, in the store, for ``profile``'s machine."""
     return ProfileStore(store).measured_workloads(profile.provenance.fingerprint)
