@@ -23,6 +23,7 @@ from torch_autotune.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
+    EXIT_STORE,
     EXIT_USAGE,
     EXIT_WORKLOAD,
     blame_user_code,
@@ -95,6 +96,42 @@ def test_a_store_that_is_a_file_is_a_store_error_not_a_usage_error(
     result = run("recommend", "--snapshot", machine, "--save", "--store", str(store))
     assert result.exit_code == 4, result.output
     assert one_line(result.stderr).startswith("autotune: error: cannot write")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "--snapshot", "{machine}", "-o", "{path}"],
+        ["report", "--profile", "{profile}", "--plot", "{path}"],
+        ["bench", "--plot", "{path}"],
+        ["--plot", "{path}", "--no-save"],
+    ],
+    ids=["export-o", "report-plot", "bench-plot", "autotune-plot"],
+)
+def test_an_output_file_that_is_a_directory_is_exit_4_before_anything_runs(
+    tmp_path: Path, snapshot_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's table gives 4 to an output file (-o, --plot) that cannot be written;
+    click's own check gave a directory 2. It is still refused before anything is measured."""
+
+    def never(*_args: object, **_kwargs: object) -> Profile:
+        raise AssertionError("measured before the output was checked")
+
+    monkeypatch.setattr(api, "tune", never)
+    monkeypatch.setattr(api, "bench", never)
+    directory = tmp_path / "charts"
+    directory.mkdir()
+    profile = tmp_path / "profile.json"
+    profile.write_text(measured("tesla-t4").model_dump_json())
+    machine = str(snapshot_path / "tesla-t4.json")
+    arguments = [part.format(path=directory, machine=machine, profile=profile) for part in command]
+    result = run(*arguments, "--store", str(tmp_path / "store"))
+    assert result.exit_code == EXIT_STORE, result.output
+    line = one_line(result.stderr)
+    assert line.startswith("autotune: error: ")
+    assert f"{directory} is a directory" in line
+    assert "--help" not in line  # no misuse of the command: nothing to read in its usage
+    assert list(directory.iterdir()) == []
 
 
 # --- numbers: finite, positive, within what a machine can have: 2 ---------------------------------

@@ -21,6 +21,7 @@ from torch_autotune.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_USAGE,
     AutotuneError,
 )
 
@@ -85,7 +86,7 @@ def _usage_line(error: click.ClickException) -> str:
     """Click's message on one line, with where to read the usage."""
     message = " ".join(error.format_message().split())
     context = getattr(error, "ctx", None)
-    if context is None:
+    if context is None or error.exit_code != EXIT_USAGE:  # an unwritable -o is no misuse
         return message
     return f"{message.rstrip('.')}; see '{context.command_path} --help'"
 
