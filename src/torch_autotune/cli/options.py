@@ -16,7 +16,13 @@ from typing import Any, Protocol, TypeVar
 
 import click
 
-from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_ROUNDS, MAX_WORKERS
+from torch_autotune.bounds import (
+    MAX_BATCH_SIZE,
+    MAX_GLOBAL_BATCH,
+    MAX_ROUNDS,
+    MAX_SECONDS,
+    MAX_WORKERS,
+)
 from torch_autotune.errors import EXIT_STORE
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -104,7 +110,7 @@ def model(help: str) -> Decorator:
 
 def budget(help: str) -> Decorator:
     """``--budget S``: seconds for a whole probe run."""
-    return click.option("--budget", type=Finite(min=1), default=None, help=help)
+    return click.option("--budget", type=Finite(min=1, max=MAX_SECONDS), default=None, help=help)
 
 
 def mode(default: str | None) -> Decorator:
@@ -226,7 +232,7 @@ def seconds() -> Decorator:
     """``--seconds S``: the bench's training time per arm and round."""
     return click.option(
         "--seconds",
-        type=Finite(min=0.05),
+        type=Finite(min=0.05, max=MAX_SECONDS),
         default=2.0,
         show_default=True,
         help="Seconds of training per arm and round, after its warm-up.",
