@@ -60,3 +60,14 @@ def test_a_flag_shared_by_commands_means_the_same_everywhere() -> None:
 
 def _opts(command: click.Command) -> set[str]:
     return {flag for p in command.params if isinstance(p, click.Option) for flag in p.opts}
+
+
+def test_every_option_says_what_it_does() -> None:
+    """'autotune --help' listed --mode without a word, and 'recommend --help' --optimizer."""
+    silent = [
+        f"{command.name} {param.opts[-1]}"
+        for command in [cli, *cli.commands.values()]
+        for param in command.params
+        if isinstance(param, click.Option) and not param.hidden and not (param.help or "").strip()
+    ]
+    assert silent == []
