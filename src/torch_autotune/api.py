@@ -187,6 +187,10 @@ def tune(
             "torch is not installed, so nothing can be probed; install the build for this "
             "machine (https://pytorch.org/get-started/locally/) and run autotune again"
         )
+    if trials is None:  # torch first, with Ctrl-C held: its start-up would lose one
+        from torch_autotune.probe.interrupts import import_holding_ctrl_c
+
+        import_holding_ctrl_c("torch")
     from torch_autotune.probe.run import default_budget_s, measure
     from torch_autotune.rules.engine import build_profile
 
@@ -255,6 +259,10 @@ def bench(
     from torch_autotune.bench import apply_bench
 
     compose.check_bench_arguments(rounds, seconds)
+    if measure is None:  # torch first, with Ctrl-C held: its start-up would lose one
+        from torch_autotune.probe.interrupts import import_holding_ctrl_c
+
+        import_holding_ctrl_c("torch")
     started = clock()
     if profile is None:
         profile = tune(workload, budget_s=budget_s, progress=progress, clock=clock)
