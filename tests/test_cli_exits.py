@@ -199,6 +199,39 @@ def test_ctrl_c_inside_a_command_is_130_and_one_line(monkeypatch: pytest.MonkeyP
     assert one_line(result.stderr) == "autotune: interrupted"
 
 
+def test_clean_up_that_fails_after_a_ctrl_c_is_still_130_and_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C while torch imported inductor left sympy half-imported; restoring torch's
+    flags on the way out then raised AttributeError, reported as a bug of ours (exit 1)."""
+
+    def interrupted(*_args: object, **_kwargs: object) -> Profile:
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise AttributeError("module 'sympy' has no attribute 'printing'")
+
+    monkeypatch.setattr(api, "tune", interrupted)
+    result = run("--no-save")
+    assert result.exit_code == EXIT_INTERRUPTED
+    assert one_line(result.stderr) == "autotune: interrupted"
+
+
+def test_a_bug_of_ours_with_no_ctrl_c_behind_it_is_still_a_bug(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def buggy(*_args: object, **_kwargs: object) -> Profile:
+        try:
+            raise ValueError("handled")
+        except ValueError:
+            raise AttributeError("a bug in the handler") from None
+
+    monkeypatch.setattr(api, "tune", buggy)
+    result = run("--no-save")
+    assert result.exit_code == EXIT_INTERNAL
+    assert "Traceback" in result.stderr
+
+
 @pytest.mark.slow  # a real run in a subprocess
 def test_ctrl_c_in_a_real_run_is_130_and_one_line(tmp_path: Path) -> None:
     """SIGINT while the user's factory module is being imported (the probe is under way)."""
