@@ -12,6 +12,7 @@ import textwrap
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -73,16 +74,23 @@ def autotune(*args: str, home: Path, **options: object) -> subprocess.Popen[str]
 )
 @pytest.mark.parametrize("kind", ["directory", "unreadable", "missing"])
 def test_an_input_file_that_cannot_be_read_is_exit_3_with_one_line(
-    tmp_path: Path, command: list[str], kind: str
+    tmp_path: Path, command: list[str], kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "input.yaml"
     if kind == "directory":
         path.mkdir()
     elif kind == "unreadable":
-        if getattr(os, "geteuid", lambda: 1)() == 0:
-            pytest.skip("root reads every file")
         path.write_text("schema_version: 1\n")
         path.chmod(0)
+        if getattr(os, "geteuid", lambda: 1)() == 0:  # root reads every file: refuse it here
+            real_open = Path.open
+
+            def refused(self: Path, *args: Any, **kwargs: Any) -> Any:
+                if self == path:
+                    raise PermissionError(13, "Permission denied", str(self))
+                return real_open(self, *args, **kwargs)
+
+            monkeypatch.setattr(Path, "open", refused)
     result = run(*(part.format(path=path) for part in command))
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert str(path) in one_line(result.stderr)
