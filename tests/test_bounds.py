@@ -3,8 +3,9 @@ or NaN anywhere in a profile, a snapshot or a bench record."""
 
 from __future__ import annotations
 
-import importlib
+import ast
 import inspect
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from tests.test_bench import measured
-from torch_autotune import bounds, hardware, profile
+from torch_autotune import bounds, evidence, hardware, profile
+from torch_autotune import settings as settings_model
 from torch_autotune.bench import TrainConfig
 from torch_autotune.detect.cgroup import read_cpu_quota, read_memory_limit
 from torch_autotune.detect.recorded import load_snapshot
@@ -26,15 +28,14 @@ from torch_autotune.profile import Profile
 from torch_autotune.profile_io import dump_profile, parse_profile
 from torch_autotune.rules import context
 
-# the module: ``torch_autotune.bench`` is the public bench() function
-bench = importlib.import_module("torch_autotune.bench")
-
+MODEL_MODULES = (settings_model, evidence, profile, hardware, context)
 MODELS = [
     model
-    for module in (profile, hardware, bench, context)
+    for module in MODEL_MODULES
     for _, model in inspect.getmembers(module, inspect.isclass)
     if issubclass(model, BaseModel) and model.__module__ == module.__name__
 ]
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 # The largest a count of each kind may be; an integer under any other key is a seed at most.
 LIMITS = {
@@ -94,6 +95,23 @@ def integer_schemas(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str
             yield from integer_schemas(value, f"{path}[{index}]")
 
 
+def test_every_module_that_defines_a_model_is_checked() -> None:
+    """The models moved once (to settings.py and evidence.py) and this file went on checking
+    the modules they had left: find every class built on a pydantic model in the source, by
+    its bases, without importing (and so without torch)."""
+    model_bases = {"BaseModel", "StrictModel", "_Frozen"}
+    defining = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and any(
+                getattr(base, "id", getattr(base, "attr", None)) in model_bases
+                for base in node.bases
+            ):
+                defining.add(".".join(path.relative_to(SRC).with_suffix("").parts))
+    assert defining <= {module.__name__ for module in MODEL_MODULES}
+    assert {model.__name__ for model in MODELS} >= {"ThroughputRecord", "LoaderRecord", "Settings"}
+
+
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
 def test_every_model_refuses_infinity_and_nan(model: type[BaseModel]) -> None:
     assert model.model_config.get("allow_inf_nan") is False
@@ -134,6 +152,22 @@ def test_a_profile_file_with_a_float_that_is_not_finite_is_refused(fmt: str, val
     assert written in text
     with pytest.raises(ProfileFileError, match=r"finite number|greater than 0"):
         parse_profile(text.replace(written, written.replace("120.0", value)))
+
+
+@pytest.mark.parametrize("value", [0.0, -5.0])
+@pytest.mark.parametrize("record", ["throughput", "loader"])
+def test_a_measured_rate_is_positive(record: str, value: float) -> None:
+    """A rate of samples/s is what ran, so more than zero: the loader's was not checked."""
+    data = measured("cpu-laptop-linux", workers=2).model_dump(mode="json")
+    sound = {
+        "throughput": {"batch_size": 64, "samples_per_s": 900.0, "relative_spread": 0.01},
+        "loader": {"num_workers": 2, "samples_per_s": 5000.0},
+    }[record]
+    data["evidence"][record] = [sound]
+    assert parse_profile(json.dumps(data), fmt="json")  # the record as measured loads
+    data["evidence"][record] = [{**sound, "samples_per_s": value}]
+    with pytest.raises(ProfileFileError, match="greater than 0"):
+        parse_profile(json.dumps(data), fmt="json")
 
 
 def test_a_cgroup_limit_above_every_machine_binds_nothing(tmp_path: Path) -> None:

@@ -398,6 +398,51 @@ def test_a_snapshot_with_a_stored_profile_shows_it(snapshot_path: Path, tmp_path
     assert result.stderr == ""
 
 
+@pytest.mark.parametrize("command", ["show", "export"])
+def test_a_stored_rules_only_profile_is_not_called_missing(
+    snapshot_path: Path, tmp_path: Path, command: str
+) -> None:
+    """After 'recommend --save', show said "no profile stored for this machine"."""
+    machine = str(snapshot_path / "l4.json")
+    assert (
+        run("recommend", "--snapshot", machine, "--save", "--store", str(tmp_path)).exit_code == 0
+    )
+    result = run(command, "--snapshot", machine, "--store", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    (note,) = result.stderr.splitlines()
+    assert "no profile stored" not in note
+    assert "is rules-only (saved by 'autotune recommend --save')" in note
+    assert "run 'autotune' on that machine to measure" in note
+
+
+@pytest.mark.parametrize("workload", [None, "resnet50"])
+def test_a_profile_stored_for_another_mode_is_named_with_its_mode(
+    snapshot_path: Path, tmp_path: Path, workload: str | None
+) -> None:
+    """show --mode reproducible, with a speed profile measured on resnet50, said "no profile
+    measured on resnet50 ...; perhaps you meant 'resnet50'?"."""
+    ProfileStore(tmp_path).save(measured("l4", workload="resnet50"))
+    model = [] if workload is None else ["-m", workload]
+    result = on_the_l4(snapshot_path, "show", tmp_path, "--mode", "reproducible", *model)
+    assert result.exit_code == 0, result.output
+    (note,) = result.stderr.splitlines()
+    assert "perhaps you meant" not in note
+    assert "no profile" not in note
+    assert "is for speed mode, not reproducible" in note
+    again = "autotune --mode reproducible" + ("" if workload is None else f" -m {workload}")
+    assert f"run '{again}' on that machine to measure" in note
+
+
+def test_a_snapshot_on_standard_input_is_named_so(snapshot_path: Path, tmp_path: Path) -> None:
+    text = (snapshot_path / "l4.json").read_text()
+    result = CliRunner().invoke(
+        cli, ["show", "--snapshot", "-", "--store", str(tmp_path)], input=text
+    )
+    assert result.exit_code == 0, result.output
+    assert "the machine on standard input" in result.stderr
+    assert "machine in -" not in result.stderr
+
+
 @pytest.mark.parametrize("command", [["recommend"], ["show"], ["export"]])
 def test_a_gpu_torch_cannot_run_is_one_warning_line(
     snapshot_path: Path, tmp_path: Path, command: list[str]

@@ -111,6 +111,7 @@ def test_a_misspelt_baseline_key_is_named_with_the_fix(tmp_path: Path, measured_
     ("text", "message"),
     [
         ("- 1\n- 2\n", "is a list, not a baseline"),
+        ("64\n", "is a number, not a baseline"),
         ("precision: float64\n", "precision"),
         ("num_workers: 0\nprefetch_factor: 2\n", "prefetch_factor needs num_workers"),
         ("batch_size: [\n", "is not valid YAML"),

@@ -71,3 +71,14 @@ def test_the_bench_commands_defaults_are_the_apis() -> None:
     options = {p.name: p for p in cli.commands["bench"].params}
     for name in ("rounds", "seconds"):
         assert options[name].default == defaults[name].default, name
+
+
+def test_every_option_says_what_it_does() -> None:
+    """'autotune --help' listed --mode without a word, and 'recommend --help' --optimizer."""
+    silent = [
+        f"{command.name} {param.opts[-1]}"
+        for command in [cli, *cli.commands.values()]
+        for param in command.params
+        if isinstance(param, click.Option) and not param.hidden and not (param.help or "").strip()
+    ]
+    assert silent == []

@@ -251,7 +251,9 @@ def _raw(snapshot_path: Path) -> dict[str, Any]:
     [
         pytest.param("{not json", "is not valid JSON (line 1, column 2", id="corrupt"),
         pytest.param('{"schema_version": 1,', "is not valid JSON", id="truncated"),
-        pytest.param("[1, 2]", "holds a JSON list, not a snapshot object", id="list"),
+        pytest.param("[1, 2]", "is a list, not a snapshot", id="list"),
+        pytest.param("42", "is a number, not a snapshot", id="number"),
+        pytest.param("null", "is empty, not a snapshot", id="null"),
         pytest.param("", "is not valid JSON", id="empty"),
     ],
 )

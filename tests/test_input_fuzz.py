@@ -1,7 +1,8 @@
 """Fuzzing the loaders (issue 11): random bytes, random YAML and JSON structures (deep ones too),
 and random mutations of a valid profile and snapshot. Nothing but the documented
 ``InputFileError`` family escapes, nothing crashes, and each example stays within a time bound
-(hypothesis' ``deadline``); size limits are tested in ``test_input_files``.
+(hypothesis' ``deadline``) and a memory bound (``feed``); size limits are tested in
+``test_input_files``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import tracemalloc
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -54,11 +56,26 @@ FUZZ = settings(
 )
 
 
+# What one example may allocate: the inputs here are at most a few kB (the worst 1 MiB input
+# takes under 64 MiB, test_input_files), so an example that needs more has found a way to
+# grow a small text into a large tree (an alias bomb the limits missed).
+MAX_EXAMPLE_BYTES = 32 * 2**20
+
+
 def feed(text: str) -> None:
-    """Every loader takes ``text``: a value, or its own error class; anything else fails."""
-    for load, error in LOADERS:
-        with contextlib.suppress(error):
-            load(text)
+    """Every loader takes ``text``: a value, or its own error class; anything else fails.
+
+    The Python memory the loaders allocate is bounded too (tracemalloc: libyaml's C parser
+    keeps a few buffers of the text's size outside it)."""
+    tracemalloc.start()
+    try:
+        for load, error in LOADERS:
+            with contextlib.suppress(error):
+                load(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < MAX_EXAMPLE_BYTES, f"{peak / 2**20:.0f} MiB for {len(text)} characters"
 
 
 scalars = (
@@ -114,6 +131,31 @@ def test_random_structures_deep_and_shallow(value: Any, style: str) -> None:
     else:
         text = yaml.safe_dump(value, default_flow_style=style == "yaml-flow", width=80)
     feed(text)
+
+
+def _aliases(fanout: int, levels: int, flat: bool, field: str) -> str:
+    """YAML in which each level repeats the last ``fanout`` times through aliases: a few
+    hundred characters, and ``fanout ** levels`` values once the aliases are written out.
+    The last level is the value of ``field``: a list the models iterate item by item (a
+    profile's ``notes``) makes a validator walk every value written out."""
+    lines = ["l0: &l0 [a, b]"]
+    for level in range(1, levels + 1):
+        items = ", ".join([f"*l{level - 1}"] * fanout)
+        lines.append(f"l{level}: &l{level} " + (f"[{items}]" if flat else f"{{k: [{items}]}}"))
+    lines.append(f"{field}: *l{levels}")
+    return "\n".join(lines) + "\n"
+
+
+@FUZZ
+@given(
+    st.integers(1, 12),
+    st.integers(1, 14),
+    st.booleans(),
+    st.sampled_from(["notes", "settings", "decisions", "batch_size"]),
+)
+def test_aliases_that_multiply_stay_small(fanout: int, levels: int, flat: bool, field: str) -> None:
+    """Within the limits or refused, in bounded time and memory (an alias bomb is small text)."""
+    feed(_aliases(fanout, levels, flat, field))
 
 
 def _paths(data: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

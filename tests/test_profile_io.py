@@ -39,6 +39,8 @@ def _cases(good: str) -> dict[str, tuple[str, str]]:
         "truncated": (good[: len(good) // 2].rsplit("\n", 3)[0] + "\n  extra: [", "not valid YAML"),
         "empty": ("", "is empty, not a profile"),
         "list": ("- 1\n- 2\n", "is a list, not a profile"),
+        "number": ("42\n", "is a number, not a profile"),
+        "string": ("just words\n", "is a string, not a profile"),
         "unknown-key-typo": (
             good.replace("  num_workers:", "  num_worker:", 1),
             "unknown key 'settings.dataloader.num_worker'; did you mean 'num_workers'?",

@@ -5,9 +5,13 @@ command exits 4 with one line naming the file and the fix; nothing on disk chang
 from __future__ import annotations
 
 import json
+import os
+import threading
+import tracemalloc
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from click.testing import CliRunner, Result
@@ -19,12 +23,20 @@ from tests.test_store import NOW, snapshot
 from torch_autotune.api import recommend
 from torch_autotune.cli import cli
 from torch_autotune.detect import RecordedMachine
-from torch_autotune.errors import EXIT_STORE, StoredProfileError, StoredProfileWarning
+from torch_autotune.errors import (
+    EXIT_STORE,
+    MeasuredProfileExistsError,
+    StoredProfileError,
+    StoredProfileWarning,
+    StoreError,
+)
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import PROFILE_SCHEMA_VERSION, Profile, fingerprint
 from torch_autotune.profile_io import dump_profile
 from torch_autotune.rules.engine import build_profile
 from torch_autotune.store import ProfileStore
+
+T = TypeVar("T")
 
 CPU_ONLY = "cpu-laptop-linux"
 V100 = "tesla-v100-sxm2-16gb"
@@ -148,6 +160,125 @@ def test_a_corrupt_profile_of_an_old_fingerprint_is_no_stale_evidence(tmp_path: 
         assert on_the_laptop(tmp_path).measured is False
 
 
+# --- a stored file that cannot be read, or is no file at all --------------------------------------
+
+
+def _a_directory(path: Path) -> None:
+    path.mkdir()
+
+
+def _a_fifo(path: Path) -> None:
+    os.mkfifo(path)  # nobody writes to it: a blocking open would wait for ever
+
+
+def _a_link_to_a_device(path: Path) -> None:
+    # /dev/null, not /dev/zero: were the read unbounded again, this test would fail, not fill
+    # the memory of the machine it runs on (the FIFO already tells a read that refuses
+    # anything but a regular file from one that waits)
+    path.symlink_to(os.devnull)
+
+
+def _a_file_in_place_of_the_store(path: Path) -> None:
+    path.parent.rmdir()
+    path.parent.write_text("not a directory")  # profiles/ is a file
+
+
+def _no_permission(path: Path) -> None:
+    path.write_text(valid_text())
+    path.chmod(0)  # refused to any user but root: the test below also refuses it to root
+
+
+SPECIAL = {
+    "a-directory": _a_directory,
+    "a-fifo": _a_fifo,
+    "a-link-to-a-device": _a_link_to_a_device,
+    "the-store-is-a-file": _a_file_in_place_of_the_store,
+    "no-permission": _no_permission,
+}
+
+
+def special_store(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A store in which the laptop's profile is ``SPECIAL[kind]``."""
+    if kind in ("a-fifo", "a-link-to-a-device") and not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on Windows, and links need privileges there")
+    path = ProfileStore(tmp_path).path_for(fingerprint(snapshot(CPU_ONLY)))
+    path.parent.mkdir(parents=True)
+    SPECIAL[kind](path)
+    if kind == "no-permission":
+        real_open = os.open
+
+        def refused(name: object, *args: object, **kwargs: object) -> int:
+            if Path(str(name)) == path:
+                raise PermissionError(13, "Permission denied", str(name))
+            return real_open(name, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(os, "open", refused)  # root reads every file: refuse it here too
+    return path
+
+
+def within_seconds(seconds: float, call: Callable[[], T]) -> T:
+    """``call()`` in a thread, which must end within ``seconds`` (a FIFO opened for reading
+    blocks until a writer comes)."""
+    done: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            done.append(call())
+        except BaseException as error:  # handed to the test thread
+            errors.append(error)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        thread.join(seconds)
+    assert not thread.is_alive(), f"still reading after {seconds} s"
+    if errors:
+        raise errors[0]
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return done[0]
+
+
+@pytest.mark.parametrize("kind", sorted(SPECIAL))
+def test_recommend_warns_when_the_stored_file_cannot_be_read(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """recommend() never stops a training script over the store: an unreadable file, a
+    directory, a FIFO or a device in a profile's place is a warning naming it, at once, in
+    little memory, and the rules-only profile comes back."""
+    path = special_store(tmp_path, kind, monkeypatch)
+    tracemalloc.start()
+    try:
+        with pytest.warns(StoredProfileWarning) as caught:
+            profile = within_seconds(10, lambda: on_the_laptop(tmp_path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20
+    assert profile.measured is False
+    assert profile.device == "cpu"
+    (warning,) = caught
+    message = str(warning.message)
+    assert str(path) in message
+    assert "\n" not in message
+    assert "delete it" in message or "--store DIR" in message
+
+
+@pytest.mark.parametrize("kind", sorted(SPECIAL))
+def test_show_exits_4_when_the_stored_file_cannot_be_read(
+    tmp_path: Path, snapshot_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = special_store(tmp_path, kind, monkeypatch)
+    laptop = str(snapshot_path / f"{CPU_ONLY}.json")
+    result = within_seconds(10, lambda: run("show", "--snapshot", laptop, "--store", str(tmp_path)))
+    assert result.exit_code == EXIT_STORE, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("autotune: error: ")
+    assert str(path) in line
+
+
 # --- the command: exit 4, one line, nothing changed -------------------------------------------
 
 
@@ -233,3 +364,57 @@ def test_any_stored_bytes_give_this_machines_profile_or_a_warning(
     assert profile.provenance.fingerprint == fingerprint(snapshot(CPU_ONLY))
     assert profile.device == "cpu"
     assert bool(caught) or profile == ProfileStore(tmp_path).load(profile.provenance.fingerprint)
+
+
+# --- saving rules only over a file the store cannot read ------------------------------------------
+
+
+def _measured_by_a_newer_release(data: dict[str, object]) -> None:
+    data["schema_version"] = PROFILE_SCHEMA_VERSION + 1
+    data["measured"] = True
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(lambda: edited(_measured_by_a_newer_release), id="newer-release"),
+        pytest.param(BAD["truncated"], id="truncated"),
+        pytest.param(BAD["not-utf8"], id="not-utf8"),
+    ],
+)
+def test_rules_only_never_replaces_a_stored_file_it_cannot_read(
+    tmp_path: Path, content: Callable[[], bytes]
+) -> None:
+    """A profile a newer release measured cannot be read here, and may be measured: saving a
+    rules-only profile over it (``recommend --save``) is refused as over a measured one."""
+    before = content()
+    path = laptop_store(tmp_path, before)
+    rules_only = build_profile(snapshot(CPU_ONLY), now=NOW)
+    with pytest.raises(MeasuredProfileExistsError, match=r"cannot be read .*--force"):
+        ProfileStore(tmp_path).save(rules_only)
+    assert path.read_bytes() == before
+    ProfileStore(tmp_path).save(rules_only, force=True)
+    assert ProfileStore(tmp_path).load(fingerprint(snapshot(CPU_ONLY))) == rules_only
+
+
+def test_recommend_save_keeps_a_profile_from_a_newer_release(
+    tmp_path: Path, snapshot_path: Path, detected_as: Callable[[str], HardwareSnapshot]
+) -> None:
+    detected_as(CPU_ONLY)
+    before = edited(_measured_by_a_newer_release)
+    path = laptop_store(tmp_path, before)
+    result = run("recommend", "--save", "--store", str(tmp_path))
+    assert result.exit_code == EXIT_STORE, result.output
+    (line,) = result.stderr.splitlines()
+    assert str(path) in line
+    assert "--force" in line
+    assert path.read_bytes() == before
+
+
+def test_a_store_that_is_a_file_is_reported_by_the_write(tmp_path: Path) -> None:
+    """Nothing there to lose: the error is the write's, not 'may hold a measured one'."""
+    store = tmp_path / "store"
+    store.write_text("a file")
+    with pytest.raises(StoreError, match=r"cannot write") as caught:
+        ProfileStore(store).save(build_profile(snapshot(CPU_ONLY), now=NOW))
+    assert not isinstance(caught.value, MeasuredProfileExistsError)

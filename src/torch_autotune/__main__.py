@@ -1,23 +1,12 @@
-"""The ``autotune`` command's entry point, also ``python -m torch_autotune``.
+"""``python -m torch_autotune``: the ``autotune`` command.
 
-The command's modules are imported inside ``main()``, so that a Ctrl-C while they load is one
-line and exit 130, like a Ctrl-C later, which the command itself handles (``cli._Group``).
+Its entry point is ``_torch_autotune_main.main``, outside this package: Python imports the
+package before this module, so only there is a Ctrl-C while the package loads one line too.
 """
 
-import sys
+from _torch_autotune_main import main
 
-EXIT_INTERRUPTED = 130  # errors.EXIT_INTERRUPTED, not imported: nothing is imported before main
-
-
-def main() -> None:
-    """Import the command and run it."""
-    try:
-        from torch_autotune.cli import main as run
-    except KeyboardInterrupt:
-        sys.stderr.write("autotune: interrupted\n")
-        sys.exit(EXIT_INTERRUPTED)
-    run()
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     main()

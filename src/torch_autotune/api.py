@@ -28,8 +28,8 @@ from torch_autotune.detect import detect as detect_machine
 from torch_autotune.errors import (
     ProbeError,
     StaleProfileWarning,
-    StoredProfileError,
     StoredProfileWarning,
+    StoreError,
     UnusableGpuWarning,
 )
 from torch_autotune.hardware import HardwareSnapshot
@@ -81,6 +81,8 @@ def recommend(
     it does when nothing was measured on ``workload`` here. A stored profile that is corrupt
     or was made for another machine is never used either: a ``StoredProfileWarning`` names
     the file and the fix, and the rules-only profile comes back, so a training script goes on.
+    A stored profile that cannot be read (its permissions, a directory in its place) is
+    treated the same way: ``recommend()`` never stops a training script over the store.
     A GPU the installed torch cannot run (no kernels for its architecture) gives a CPU profile
     and an ``UnusableGpuWarning`` that names the torch build that would run it. Importing
     torch and starting CUDA are left to the caller. The path is a fast detection, the
@@ -107,7 +109,7 @@ def profile_for(
     wanted = None if mode is None else Mode(mode)
     try:
         lookup = ProfileStore(store).lookup(snapshot, writer, workload)
-    except StoredProfileError as error:
+    except StoreError as error:  # a corrupt or foreign profile, or one that cannot be read
         warnings.warn(StoredProfileWarning(error), stacklevel=3)
         lookup = Lookup(None, None, None)
     if lookup.profile is not None and wanted in (None, lookup.profile.mode):
@@ -185,6 +187,10 @@ def tune(
             "torch is not installed, so nothing can be probed; install the build for this "
             "machine (https://pytorch.org/get-started/locally/) and run autotune again"
         )
+    if trials is None:  # torch first, with Ctrl-C held: its start-up would lose one
+        from torch_autotune.probe.interrupts import import_holding_ctrl_c
+
+        import_holding_ctrl_c("torch")
     from torch_autotune.probe.run import default_budget_s, measure
     from torch_autotune.rules.engine import build_profile
 
@@ -253,6 +259,10 @@ def bench(
     from torch_autotune.bench import apply_bench
 
     compose.check_bench_arguments(rounds, seconds)
+    if measure is None:  # torch first, with Ctrl-C held: its start-up would lose one
+        from torch_autotune.probe.interrupts import import_holding_ctrl_c
+
+        import_holding_ctrl_c("torch")
     started = clock()
     if profile is None:
         profile = tune(workload, budget_s=budget_s, progress=progress, clock=clock)
@@ -325,6 +335,18 @@ def stored_measured(store: str | Path | None, workload: str | None) -> Profile |
     profile saved last), or None when there is none or it was not measured."""
     stored = ProfileStore(store).load(fingerprint(detect()), workload)
     return stored if stored is not None and stored.evidence is not None else None
+
+
+def stored_profile(
+    snapshot: HardwareSnapshot, workload: str | None = None, store: str | Path | None = None
+) -> Profile | None:
+    """The profile the store holds for ``snapshot``'s machine (the one measured on
+    ``workload`` when one is named), whatever its mode; None when there is none, or when it
+    cannot be used (``recommend()`` has said why)."""
+    try:
+        return ProfileStore(store).load(fingerprint(snapshot), workload)
+    except StoreError:
+        return None
 
 
 def measured_workloads(profile: Profile, store: str | Path | None = None) -> list[str]:

@@ -24,6 +24,7 @@ __all__ = [
     "MAX_GRAD_ACCUM_STEPS",
     "MAX_PREFETCH_FACTOR",
     "MAX_ROUNDS",
+    "MAX_SECONDS",
     "MAX_WORKERS",
     "SEED_MAX",
     "SEED_MIN",
@@ -77,6 +78,11 @@ MAX_BYTES = 1 << 60
 
 MAX_ROUNDS = 1000
 """Interleaved bench rounds: 5 by default; 1000 rounds of every arm take hours."""
+
+MAX_SECONDS = 7 * 24 * 3600.0
+"""Seconds of a time budget, or of one bench arm in one round: a week. The defaults are 120 s,
+180 s and 2 s; a finite but absurd time (``--seconds 1e300``) ran for ever, with a progress
+estimate of 'inf s', where it was surely a typo."""
 
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
 """The seeds ``torch.manual_seed`` accepts."""

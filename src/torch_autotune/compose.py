@@ -18,7 +18,13 @@ from torch_autotune.bench import (
     plan_arms,
     tuned_config,
 )
-from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_ROUNDS, MAX_WORKERS
+from torch_autotune.bounds import (
+    MAX_BATCH_SIZE,
+    MAX_GLOBAL_BATCH,
+    MAX_ROUNDS,
+    MAX_SECONDS,
+    MAX_WORKERS,
+)
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile
 
@@ -43,8 +49,10 @@ def check_tune_arguments(
 ) -> None:
     """ValueError for a number no run can use: a budget that is not finite and positive, a
     count outside what a machine can have (``torch_autotune.bounds``)."""
-    if budget_s is not None and not (math.isfinite(budget_s) and budget_s > 0):
-        raise ValueError(f"budget_s must be a finite number of seconds > 0, got {budget_s}")
+    if budget_s is not None and not (math.isfinite(budget_s) and 0 < budget_s <= MAX_SECONDS):
+        raise ValueError(
+            f"budget_s must be a number of seconds > 0 and at most {MAX_SECONDS:g}, got {budget_s}"
+        )
     for name, value, low, high in (
         ("max_batch_size", max_batch_size, 1, MAX_BATCH_SIZE),
         ("target_global_batch", target_global_batch, 1, MAX_GLOBAL_BATCH),
@@ -55,11 +63,11 @@ def check_tune_arguments(
 
 
 def check_bench_arguments(rounds: int, seconds: float) -> None:
-    """ValueError for rounds outside [1, MAX_ROUNDS] or seconds that are not finite and > 0."""
-    if not 1 <= rounds <= MAX_ROUNDS or not (math.isfinite(seconds) and seconds > 0):
+    """ValueError for rounds outside [1, MAX_ROUNDS] or seconds outside (0, MAX_SECONDS]."""
+    if not 1 <= rounds <= MAX_ROUNDS or not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
         raise ValueError(
-            f"rounds must be in [1, {MAX_ROUNDS}] and seconds finite and > 0, got {rounds} "
-            f"and {seconds}"
+            f"rounds must be in [1, {MAX_ROUNDS}] and seconds > 0 and at most {MAX_SECONDS:g}, "
+            f"got {rounds} and {seconds}"
         )
 
 

@@ -10,8 +10,8 @@ Exit codes (documented in the README):
     3  an input file is missing, unreadable, or not valid (snapshot, profile)
     4  the profile store cannot be read or written (location, permissions, disk), a stored
        profile is corrupt or was made for another machine, or a write would replace a
-       measured profile with a rules-only one (without --force); an output file (-o, --plot)
-       cannot be written
+       measured profile (or a stored file it cannot read) with a rules-only one (without
+       --force); an output file (-o, --plot) cannot be written
     5  the workload cannot be used: the user's model factory fails to import or run, or its
        training step raises an error that is not out-of-memory (the user's own traceback is
        shown)
@@ -83,14 +83,17 @@ class StoredProfileError(StoreError):
 
 
 class MeasuredProfileExistsError(StoreError):
-    """Saving would replace a measured profile with a rules-only one (``--force`` does)."""
+    """Saving would replace a measured profile with a rules-only one, or a stored file that
+    cannot be read and may hold one (``--force`` does)."""
 
 
 class StoredProfileWarning(UserWarning):
-    """``recommend()`` found a stored profile it cannot use (corrupt, or made for another
-    machine) and returns the rules-only profile instead; ``error`` says which file and why."""
+    """``recommend()`` found a stored profile it cannot use (corrupt, made for another
+    machine, or unreadable) and returns the rules-only profile instead; ``error`` (a
+    ``StoredProfileError``, or a ``StoreError`` for a file that cannot be read) says which file
+    and why."""
 
-    def __init__(self, error: StoredProfileError) -> None:
+    def __init__(self, error: StoreError) -> None:
         super().__init__(f"{error}; using the rules-only profile meanwhile")
         self.error = error
 

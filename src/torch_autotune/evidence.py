@@ -228,7 +228,7 @@ class LoaderRecord(StrictModel):
     """DataLoader throughput with one worker count."""
 
     num_workers: WorkerCount
-    samples_per_s: float | None = Field(description="None: the candidate failed.")
+    samples_per_s: float | None = Field(gt=0, description="None: the candidate failed.")
     error: str | None = None
 
 

@@ -155,6 +155,24 @@ def parse_data(
     return data
 
 
+def kind_of(data: Any) -> str:
+    """What parsed data is, in a user's words, for "FILE is ..., not a profile": 'empty', 'a
+    list', 'a number', 'a string', 'true or false', 'a mapping'."""
+    if data is None:
+        return "empty"
+    if isinstance(data, bool):
+        return "true or false"
+    if isinstance(data, int | float):
+        return "a number"
+    if isinstance(data, str):
+        return "a string"
+    if isinstance(data, list):
+        return "a list"
+    if isinstance(data, dict):
+        return "a mapping"
+    return f"a {type(data).__name__}"  # a date or bytes, which YAML can hold
+
+
 # How JSON text starts: a bracket, then a string, a number, a literal or another bracket. YAML
 # flow style starts with a bracket and a plain word ('{schema_version: 1').
 _JSON_START = re.compile(r'\s*[\[{]\s*(?:["\[\]{}]|-?[0-9]|true\b|false\b|null\b)')

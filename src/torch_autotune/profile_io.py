@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ValidationError
 
 from torch_autotune.errors import ProfileFileError
-from torch_autotune.input_files import Format, parse_data, read_input
+from torch_autotune.input_files import Format, kind_of, parse_data, read_input
 
 if TYPE_CHECKING:
     from torch_autotune.bench import TrainConfig
@@ -83,8 +83,7 @@ def parse_profile(text: str, source: str = "profile", fmt: Format | None = None)
     """
     raw = parse_data(text, source, ProfileFileError, _REGENERATE, fmt)
     if not isinstance(raw, dict):
-        kind = "empty" if raw is None else f"a {type(raw).__name__}"
-        raise ProfileFileError(f"{source} is {kind}, not a profile; regenerate it")
+        raise ProfileFileError(f"{source} is {kind_of(raw)}, not a profile; {_REGENERATE}")
     version = raw.get("schema_version")
     if isinstance(version, int) and version > PROFILE_SCHEMA_VERSION:
         raise ProfileFileError(
@@ -121,7 +120,7 @@ def parse_baseline(text: str, source: str = "baseline") -> TrainConfig:
         raw = {}
     if not isinstance(raw, dict):
         raise ProfileFileError(
-            f"{source} is a {type(raw).__name__}, not a baseline; write a mapping such as "
+            f"{source} is {kind_of(raw)}, not a baseline; write a mapping such as "
             "'batch_size: 64' (fields: " + ", ".join(TrainConfig.model_fields) + ")"
         )
     try:

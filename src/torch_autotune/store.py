@@ -27,6 +27,8 @@ and a profile made for another machine than its file name says (a V100 profile c
 this machine's fingerprint would have given a CPU-only machine ``device: cuda``), is a
 ``StoredProfileError`` naming the file and the fix; reading never deletes it. The profile's own
 fingerprint must equal the one in its file name, and the fingerprint of the machine it records.
+Only a regular file is read, and no more of it than a profile can hold: a FIFO in its place is
+refused rather than waited on, a link to ``/dev/zero`` rather than read until memory runs out.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import hashlib
 import os
 import platform
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,13 +144,7 @@ class ProfileStore:
         text = dump_profile(profile, "json")
         machine = self.path_for(profile.provenance.fingerprint)
         if not profile.measured and not force:
-            current = self._read_or_skip(machine)
-            if current is not None and current.measured:
-                raise MeasuredProfileExistsError(
-                    f"{machine} holds a profile measured on {measured_on(current) or 'a workload'}"
-                    "; saving the rules-only profile would replace it: add --force to replace "
-                    "it, or leave out --save"
-                )
+            self._check_replaceable(machine)
         workload = measured_on(profile)
         targets = [machine]
         if workload is not None:
@@ -160,6 +157,28 @@ class ProfileStore:
                     f"{exc}; choose another place with --store DIR or {ENV_HOME}"
                 ) from None
         return targets[0]
+
+    def _check_replaceable(self, machine: Path) -> None:
+        """MeasuredProfileExistsError when a rules-only profile would replace a measured one in
+        ``machine``, or a file this version cannot read: a profile from a newer release (that
+        may be measured), a corrupt one, one this user may not read. Whatever it holds, only
+        ``--force`` throws it away."""
+        try:
+            current = self._read(machine)
+        except StoreError as exc:
+            if not os.path.lexists(machine):
+                return  # nothing there to lose (the store is a file): the write says why
+            raise MeasuredProfileExistsError(
+                f"{machine} cannot be read as a profile here ('autotune show' says why) and may "
+                "hold a measured one, such as one from a newer release; saving the rules-only "
+                "profile would replace it: add --force to replace it, or leave out --save"
+            ) from exc
+        if current is not None and current.measured:
+            raise MeasuredProfileExistsError(
+                f"{machine} holds a profile measured on {measured_on(current) or 'a workload'}"
+                "; saving the rules-only profile would replace it: add --force to replace "
+                "it, or leave out --save"
+            )
 
     def load(self, fingerprint_hex: str, workload: str | None = None) -> Profile | None:
         """The machine's profile, or the one measured on ``workload``; None when there is none.
@@ -201,26 +220,11 @@ class ProfileStore:
     def _read(self, path: Path, workload: str | None = None) -> Profile | None:
         """The profile in ``path``; None when there is none. StoredProfileError when it is
         corrupt, StoreError when it cannot be read."""
-        from torch_autotune.input_files import MAX_INPUT_BYTES
         from torch_autotune.profile_io import parse_profile
 
-        try:
-            size = path.stat().st_size
-            if size > MAX_INPUT_BYTES:  # read nothing: a profile is a few tens of kB
-                raise StoredProfileError(
-                    f"{path} is {size / 1024**2:.1f} MiB, larger than any profile (the limit "
-                    f"is {MAX_INPUT_BYTES // 1024**2} MiB); {_fix(workload)}"
-                )
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        text = _read_stored_text(path, workload)
+        if text is None:
             return None
-        except UnicodeDecodeError as exc:
-            raise StoredProfileError(
-                f"{path} is not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); "
-                f"{_fix(workload)}"
-            ) from None
-        except OSError as exc:
-            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from None
         try:
             return parse_profile(text, source=str(path), fmt="json")
         except ProfileFileError as exc:
@@ -276,6 +280,65 @@ class ProfileStore:
             if p.provenance.fingerprint != wanted and p.provenance.machine_id == machine
         ]
         return max(others, key=lambda p: p.provenance.created_at, default=None)
+
+
+def _read_stored_text(path: Path, workload: str | None) -> str | None:
+    """The text of the stored file ``path``; None when there is none.
+
+    Only a regular file is read, and no further than the input limit: a profile is a few tens
+    of kB, and a FIFO in its place would block every read, a link to ``/dev/zero`` fill the
+    memory. The file is opened without blocking, so that a FIFO is refused, not waited on.
+    """
+    from torch_autotune.input_files import MAX_INPUT_BYTES
+
+    try:
+        # O_BINARY: Windows would translate line ends; O_NONBLOCK: a FIFO opens at once
+        descriptor = os.open(
+            path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0)
+        )
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            kind = "a directory" if stat.S_ISDIR(status.st_mode) else "not a regular file"
+            raise StoredProfileError(f"{path} is {kind}, not a profile; {_fix(workload)}")
+        data = b""
+        while status.st_size <= MAX_INPUT_BYTES and len(data) <= MAX_INPUT_BYTES:
+            chunk = os.read(descriptor, MAX_INPUT_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    finally:
+        os.close(descriptor)
+    size = max(status.st_size, len(data))
+    if size > MAX_INPUT_BYTES:
+        raise StoredProfileError(
+            f"{path} is {size / 1024**2:.1f} MiB, larger than any profile (the limit is "
+            f"{MAX_INPUT_BYTES // 1024**2} MiB); {_fix(workload)}"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StoredProfileError(
+            f"{path} is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}); "
+            f"{_fix(workload)}"
+        ) from None
+
+
+def _unreadable(path: Path, exc: OSError) -> StoreError:
+    """The error for a stored file that exists but cannot be read."""
+    if isinstance(exc, NotADirectoryError):
+        why = "a part of its path is a file; the store must be a directory"
+    else:
+        why = f"{exc.strerror or exc}; check that this user may read it"
+    return StoreError(
+        f"cannot read {path}: {why}, or choose another place with --store DIR or {ENV_HOME}"
+    )
 
 
 def _fix(workload: str | None) -> str:

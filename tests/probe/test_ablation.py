@@ -295,6 +295,59 @@ def test_a_bug_in_the_users_model_surfaces_as_their_own_error() -> None:
     assert raised_by_user_code(caught.value)
 
 
+class _BrokenSamples(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise KeyError(f"sample {index} is missing")
+
+
+def _workload(
+    dataset: torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]] | None,
+) -> Workload:
+    mlp = resolve_workload("mlp")
+    return Workload(
+        name="mine",
+        kind="mlp",
+        make_model=lambda: torch.nn.Linear(16, 4),
+        make_optimizer=lambda params, **kw: torch.optim.SGD(params, lr=0.1, **kw),
+        make_batch=lambda n: (torch.randn(n, 16), torch.randint(0, 4, (n,))),
+        dataset=dataset,
+        loss_fn=mlp.loss_fn,
+    )
+
+
+def test_the_users_dataset_failing_in_the_bench_is_theirs() -> None:
+    loop = TrainingLoop(_workload(_BrokenSamples()), "cpu", warmup_steps=1, min_steps=1)
+    with pytest.raises(KeyError, match="sample 0 is missing") as caught:
+        loop.measure(TrainConfig(batch_size=4), 0.01)
+    assert raised_by_user_code(caught.value)
+
+
+@pytest.mark.parametrize("dataset", [None, "samples"])
+def test_a_bug_in_moving_the_batch_is_ours_in_the_bench(
+    dataset: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch's move to the device is torch-autotune's code: a failure there is a bug to
+    report (exit 1), not the user's data failing (exit 5)."""
+    from torch_autotune.probe import loop as loop_module
+
+    def ours(*_args: object, **_kwargs: object) -> object:
+        raise TypeError("a bug in batch_to_device")
+
+    monkeypatch.setattr(loop_module, "batch_to_device", ours)
+    samples = (
+        None
+        if dataset is None
+        else torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
+    )
+    loop = TrainingLoop(_workload(samples), "cpu", warmup_steps=1, min_steps=1)
+    with pytest.raises(TypeError, match="a bug in batch_to_device") as caught:
+        loop.measure(TrainConfig(batch_size=4), 0.01)
+    assert not raised_by_user_code(caught.value)
+
+
 @pytest.mark.slow
 def test_bench_on_the_cpu_end_to_end() -> None:
     """A real (short) tune and bench: numbers for every arm, and the verdict is recorded."""

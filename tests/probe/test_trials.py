@@ -14,6 +14,7 @@ import torch
 
 from torch_autotune.apply import optimizer_kwargs
 from torch_autotune.errors import raised_by_user_code
+from torch_autotune.probe import trials
 from torch_autotune.probe.search import find_max_batch_size
 from torch_autotune.probe.trials import StepSettings, TrialRunner, preserved
 
@@ -201,3 +202,20 @@ def test_step_settings_follow_the_profile() -> None:
             "compile": step.settings.compile.model_copy(update={"enabled": False, "mode": None})
         }
     )
+
+
+@pytest.mark.parametrize("helper", ["autocast", "batch_to_device", "optimizer_kwargs"])
+def test_a_bug_in_our_own_step_code_is_not_blamed_on_the_user(
+    helper: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the user's code earns exit 5: the settings' autocast, the batch's move to the
+    device and the optimizer's options are torch-autotune's, and a failure there is ours
+    (exit 1, a bug to report), where it was marked as the user's model failing."""
+
+    def ours(*_args: object, **_kwargs: object) -> Any:
+        raise TypeError(f"a bug in {helper}")
+
+    monkeypatch.setattr(trials, helper, ours)
+    with pytest.raises(TypeError, match="a bug in") as caught:
+        TrialRunner(Tiny(OomAt(), adam), StepSettings())(8)
+    assert not raised_by_user_code(caught.value)

@@ -21,6 +21,7 @@ from torch_autotune.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_USAGE,
     AutotuneError,
 )
 
@@ -77,6 +78,9 @@ class Group(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as error:
+            if _after_ctrl_c(error):
+                click.echo("autotune: interrupted", err=True)
+                ctx.exit(EXIT_INTERRUPTED)
             _report_bug(error)
             ctx.exit(EXIT_INTERNAL)
 
@@ -85,9 +89,28 @@ def _usage_line(error: click.ClickException) -> str:
     """Click's message on one line, with where to read the usage."""
     message = " ".join(error.format_message().split())
     context = getattr(error, "ctx", None)
-    if context is None:
+    if context is None or error.exit_code != EXIT_USAGE:  # an unwritable -o is no misuse
         return message
     return f"{message.rstrip('.')}; see '{context.command_path} --help'"
+
+
+def _after_ctrl_c(error: BaseException) -> bool:
+    """Whether ``error`` was raised while a Ctrl-C was being handled: by clean-up that ran on
+    the way out (restoring torch's flags), which a Ctrl-C in the middle of an import can
+    break. A Ctrl-C during torch's first ``use_deterministic_algorithms``, which imports
+    inductor and sympy (0.8 s), left sympy half-imported, and putting the flags back raised
+    "module 'sympy' has no attribute 'printing'": an internal error, exit 1, a traceback."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error.__context__, error.__cause__]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        pending += [current.__context__, current.__cause__]
+    return False
 
 
 def _silence_stdout() -> None:

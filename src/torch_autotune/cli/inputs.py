@@ -108,17 +108,50 @@ def current_profile(
         stale = stale or isinstance(warning.message, StaleProfileWarning)
         click.echo(f"autotune: warning: {warning.message}", err=True)
     if not profile.measured and not stale:
-        text = _nothing_stored(store, profile, workload, snapshot_file)
+        stored = api.stored_profile(machine, workload, store)
+        if stored is None:
+            text = _nothing_stored(store, profile, workload, snapshot_file)
+        else:
+            text = _stored_is_not_measured(stored, profile, workload, snapshot_file)
         click.echo(f"autotune: note: {text}", err=True)
     return profile
+
+
+def _machine_words(snapshot_file: Path | None) -> tuple[str, str]:
+    """How a note names the machine, and where the command that measures it runs."""
+    if snapshot_file is None:
+        return "this machine", ""
+    where = "on standard input" if is_stdin(snapshot_file) else f"in {snapshot_file}"
+    return f"the machine {where}", " on that machine"
+
+
+def _stored_is_not_measured(
+    stored: Any, profile: Any, workload: str | None, snapshot_file: Path | None
+) -> str:
+    """Why a rules-only profile is shown although the store holds one: the stored profile is
+    rules-only itself (``recommend --save``), or of another mode than the one asked for."""
+    machine, there = _machine_words(snapshot_file)
+    what = f"the profile stored for {machine}"
+    if workload is not None:
+        what = f"the profile measured on {workload} for {machine}"
+    if stored == profile:
+        return (
+            f"{what} is rules-only (saved by 'autotune recommend --save'), not measured (run "
+            f"'autotune'{there} to measure)"
+        )
+    mode = profile.mode.value
+    model = "" if workload is None else f" -m {workload}"
+    return (
+        f"{what} is for {stored.mode.value} mode, not {mode}; showing the rules-only {mode} "
+        f"profile (run 'autotune --mode {mode}{model}'{there} to measure)"
+    )
 
 
 def _nothing_stored(
     store: Path | None, profile: Any, workload: str | None, snapshot_file: Path | None = None
 ) -> str:
     """Why the rules-only profile is shown, and the command that measures one."""
-    machine = "this machine" if snapshot_file is None else f"the machine in {snapshot_file}"
-    there = "" if snapshot_file is None else " on that machine"
+    machine, there = _machine_words(snapshot_file)
     if workload is None:
         return (
             f"no profile stored for {machine}; showing the rules-only profile (run "
@@ -130,7 +163,7 @@ def _nothing_stored(
 
     measured = api.measured_workloads(profile, store)
     text = f"no profile measured on {workload} for {machine}"
-    close = difflib.get_close_matches(workload, measured, n=1)
+    close = difflib.get_close_matches(workload, [w for w in measured if w != workload], n=1)
     if close:
         text += f"; perhaps you meant '{close[0]}'?"
     elif measured:

@@ -9,13 +9,21 @@ of its own (``-m`` picks what to probe for ``autotune``, and which stored profil
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import click
 
-from torch_autotune.bounds import MAX_BATCH_SIZE, MAX_GLOBAL_BATCH, MAX_ROUNDS, MAX_WORKERS
+from torch_autotune.bounds import (
+    MAX_BATCH_SIZE,
+    MAX_GLOBAL_BATCH,
+    MAX_ROUNDS,
+    MAX_SECONDS,
+    MAX_WORKERS,
+)
+from torch_autotune.errors import EXIT_STORE
 from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,7 +67,33 @@ class Finite(click.FloatRange):
         return number
 
 
-OUTPUT_FILE = click.Path(dir_okay=False, path_type=Path)
+class UnwritableOutput(click.BadParameter):
+    """An output file that cannot be written: exit code 4, as the README's table says for
+    ``-o`` and ``--plot``, not click's 2 for a bad argument."""
+
+    exit_code = EXIT_STORE
+
+
+class OutputFile(click.Path):
+    """A file torch-autotune writes: a regular file atomically, a pipe or device in place
+    (``files.write_atomically``). A directory is refused while the arguments are read, before
+    anything is measured, with exit code 4 (an output that cannot be written); any other
+    failure to write is reported by the write itself."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path)  # click's dir_okay=False check would exit 2
+        self.name = "file"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = super().convert(value, param, ctx)
+        if os.path.isdir(path):
+            raise UnwritableOutput(
+                f"{value} is a directory; name the file to write inside it", ctx, param
+            )
+        return path
+
+
+OUTPUT_FILE = OutputFile()
 """A file torch-autotune writes (atomically)."""
 
 
@@ -77,7 +111,7 @@ def model(help: str) -> Decorator:
 
 def budget(help: str) -> Decorator:
     """``--budget S``: seconds for a whole probe run."""
-    return click.option("--budget", type=Finite(min=1), default=None, help=help)
+    return click.option("--budget", type=Finite(min=1, max=MAX_SECONDS), default=None, help=help)
 
 
 def mode(default: str | None) -> Decorator:
@@ -199,7 +233,7 @@ def seconds() -> Decorator:
     """``--seconds S``: the bench's training time per arm and round."""
     return click.option(
         "--seconds",
-        type=Finite(min=0.05),
+        type=Finite(min=0.05, max=MAX_SECONDS),
         default=DEFAULT_SECONDS,  # bench()'s own, written once
         show_default=True,
         help="Seconds of training per arm and round, after its warm-up.",

@@ -56,13 +56,15 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
     type=click.Choice(["adam", "adamw", "sgd", "other"]),
     default="adamw",
     show_default=True,
+    help="The optimizer the script trains with (fused kernels are trusted for Adam/AdamW).",
 )
 @options.as_json("Print the profile as JSON.")
 @click.option("--save", is_flag=True, help="Store the profile for this machine.")
 @click.option(
     "--force",
     is_flag=True,
-    help="With --save: replace a measured profile stored for this machine (refused without).",
+    help="With --save: replace a measured profile stored for this machine, or a stored file "
+    "this version cannot read (refused without).",
 )
 @options.store()
 def recommend_command(  # click passes options by name

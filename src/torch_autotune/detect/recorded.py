@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from torch_autotune.errors import SnapshotFileError
 from torch_autotune.hardware import SNAPSHOT_SCHEMA_VERSION, HardwareSnapshot
-from torch_autotune.input_files import parse_json, read_input
+from torch_autotune.input_files import kind_of, parse_json, read_input
 
 _REMEDY = "write a new one with 'autotune detect --json > FILE'"
 
@@ -31,8 +31,7 @@ def parse_snapshot(text: str, source: str = "snapshot") -> HardwareSnapshot:
     The text is held to the size and nesting limits of ``input_files`` before it is parsed."""
     raw = parse_json(text, source, SnapshotFileError, _REMEDY)
     if not isinstance(raw, dict):
-        kind = type(raw).__name__
-        raise SnapshotFileError(f"{source} holds a JSON {kind}, not a snapshot object")
+        raise SnapshotFileError(f"{source} is {kind_of(raw)}, not a snapshot; {_REMEDY}")
     version = raw.get("schema_version")
     if isinstance(version, int) and version > SNAPSHOT_SCHEMA_VERSION:
         raise SnapshotFileError(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from torch_autotune.apply import (
     apply_flags,
@@ -40,6 +40,8 @@ from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.timing import Timer
 from torch_autotune.probe.trials import make_optimizer, train_step
 from torch_autotune.settings import Settings, torch_defaults
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from torch_autotune.evidence import TrainConfig
@@ -106,7 +108,12 @@ class TrainingLoop:
         batch_size = settings.batch.batch_size or 1
         dataset = self.workload.dataset
         if dataset is None:
-            batch = batch_to_device(settings, *self.workload.make_batch(batch_size))
+            try:
+                made = self.workload.make_batch(batch_size)
+            except Exception as error:  # the user's data
+                blame_user_code(error)
+                raise
+            batch = batch_to_device(settings, *made)
             while True:
                 yield batch
         from torch.utils.data import DataLoader
@@ -121,9 +128,10 @@ class TrainingLoop:
         )
         loader = DataLoader(dataset, shuffle=False, drop_last=True, **kwargs)
         while True:  # epochs; the loader's workers stop when the generator is closed
-            iterator = iter(loader)
+            iterator = _users(iter, loader)  # starting the workers pickles the user's dataset
             try:
-                for inputs, targets in iterator:
+                while (pair := _users(next, iterator, None)) is not None:
+                    inputs, targets = pair
                     yield batch_to_device(settings, inputs, targets, non_blocking=pinned)
             finally:
                 shut_down(iterator)
@@ -143,11 +151,7 @@ class TrainingLoop:
         try:
 
             def step() -> None:
-                try:
-                    batch = next(batches)
-                except Exception as error:  # the user's dataset (a dead worker is told apart)
-                    blame_user_code(error)
-                    raise
+                batch = next(batches)  # the user's dataset is marked inside (_batches)
                 train_step(
                     self.workload,
                     batch,
@@ -189,3 +193,13 @@ class TrainingLoop:
         if not rate:
             raise ArmFailed(f"no time measured at {config.describe()}: the clock did not move")
         return rate
+
+
+def _users(call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)``, an exception marked as the user's: their dataset, read by the
+    DataLoader (a worker that died of it is told apart by ``measure``)."""
+    try:
+        return call(*args)
+    except Exception as error:
+        blame_user_code(error)
+        raise

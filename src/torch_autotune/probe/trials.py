@@ -289,12 +289,14 @@ class TrialRunner:
         model = self.model
         model.train()
         scaler = grad_scaler(settings)
-        try:
-            optimizer = make_optimizer(self.workload, model, optimizer_kwargs(settings))
-            batch = batch_to_device(settings, *self.workload.make_batch(batch_size))
+        options = optimizer_kwargs(settings)  # ours, like the scaler and batch_to_device: a
+        try:  # failure there is a bug of torch-autotune (exit 1), never the user's (exit 5)
+            optimizer = make_optimizer(self.workload, model, options)
+            made = self.workload.make_batch(batch_size)
         except Exception as error:  # the user's optimizer factory or data
             blame_user_code(error)
             raise
+        batch = batch_to_device(settings, *made)
         timer = self.timer
 
         def step() -> None:
@@ -409,8 +411,9 @@ def train_step(
     """One step as the user's loop runs it: forward and loss under the settings' autocast,
     backward through the scaler, optimizer step, zero_grad."""
     inputs, targets = batch
+    context = autocast(settings)  # ours: outside the user's part
     try:
-        with autocast(settings):
+        with context:
             loss = workload.loss_fn(model(inputs), targets)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
