@@ -420,6 +420,51 @@ def test_the_users_data_failing_in_a_real_step_is_theirs(
     assert 'bad_optimizer.py", line' in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("source", "users_line"),
+    [
+        (
+            "def make_workload():\n    return helper()\n\ndef helper():\n    raise KeyError('x')\n",
+            "line 5, in helper",
+        ),
+        ("import json\njson.loads('{')\n\ndef make_workload():\n    pass\n", "line 2, in <module>"),
+    ],
+    ids=["the-factory-raised", "importing-the-module-raised"],
+)
+def test_the_users_factory_failing_shows_their_traceback_then_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+    source: str,
+    users_line: str,
+) -> None:
+    """README, exit 5: "your traceback is shown" when the factory itself raises, as when the
+    model raises in a step; the message is the last line."""
+    detected_as("cpu-laptop-linux")
+    module = re.sub(r"\W", "_", tmp_path.name)  # a module of its own for each case
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run("--model", f"{module}:make_workload", "--budget", "10", "--no-save")
+    assert result.exit_code == EXIT_WORKLOAD, result.output
+    assert f'{module}.py", {users_line}' in result.stderr
+    assert result.stderr.splitlines()[-1].startswith(f"autotune: error: '{module}:make_workload'")
+
+
+def test_a_missing_dependency_of_the_factory_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    """Nothing of the user's failed, only the environment: no traceback."""
+    detected_as("cpu-laptop-linux")
+    (tmp_path / "needs_a_package.py").write_text("import no_such_package_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = run("--model", "needs_a_package:make_workload", "--budget", "10", "--no-save")
+    assert result.exit_code == EXIT_WORKLOAD, result.output
+    assert "Traceback" not in result.stderr
+    assert "install it in this environment" in result.stderr.splitlines()[-1]
+
+
 # --- torch's warning that numpy is missing --------------------------------------------------------
 
 

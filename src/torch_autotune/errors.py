@@ -14,7 +14,7 @@ Exit codes (documented in the README):
        --force); an output file (-o, --plot) cannot be written
     5  the workload cannot be used: the user's model factory fails to import or run, or its
        training step raises an error that is not out-of-memory (the user's own traceback is
-       shown)
+       shown, but for a package their module imports that is not installed)
     6  the probe could not measure: the time budget ran out before a batch finished, or a
        size that ran no longer runs (the device is shared)
   130  interrupted (Ctrl-C): one line, no traceback
@@ -107,6 +107,15 @@ class WorkloadError(AutotuneError):
     """The model, optimizer or data to probe cannot be built or trained (not out-of-memory)."""
 
     exit_code = EXIT_WORKLOAD
+
+
+def user_code_failed(message: str, error: BaseException) -> WorkloadError:
+    """The ``WorkloadError`` for ``error``, which the user's own code raised while the workload
+    was built (their module, factory, model, optimizer factory or dataset): ``error`` is marked
+    as theirs (``blame_user_code``), so the command line shows its traceback above ``message``.
+    Raise it ``from error``."""
+    blame_user_code(error)
+    return WorkloadError(message)
 
 
 class ProbeError(AutotuneError):

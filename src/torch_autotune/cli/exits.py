@@ -23,6 +23,7 @@ from torch_autotune.errors import (
     EXIT_OK,
     EXIT_USAGE,
     AutotuneError,
+    raised_by_user_code,
 )
 
 # torch warns "Failed to initialize NumPy: No module named 'numpy'" when it is first imported
@@ -67,6 +68,11 @@ class Group(click.Group):
             finally:
                 sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         except AutotuneError as error:
+            cause = error.__cause__
+            if cause is not None and raised_by_user_code(cause):  # their factory, model, data
+                import traceback
+
+                traceback.print_exception(cause)
             click.echo(f"autotune: error: {error}", err=True)
             ctx.exit(error.exit_code)
         except KeyboardInterrupt:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.errors import WorkloadError
+from torch_autotune.errors import WorkloadError, user_code_failed
 from torch_autotune.probe.workloads.messages import _article, _exception
 from torch_autotune.probe.workloads.workload import MapDataset, _is_positive_int
 
@@ -90,6 +90,6 @@ class _DatasetBatches:
         try:
             return self.dataset[index]
         except Exception as exc:
-            raise WorkloadError(
-                f"'{self.name}': dataset[{index}] raised {_exception(exc)}; fix the dataset"
+            raise user_code_failed(
+                f"'{self.name}': dataset[{index}] raised {_exception(exc)}; fix the dataset", exc
             ) from exc

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.errors import WorkloadError
+from torch_autotune.errors import WorkloadError, user_code_failed
 from torch_autotune.probe.workloads.messages import _article, _exception, _perhaps
 from torch_autotune.probe.workloads.protocol import as_workload
 
@@ -83,8 +83,8 @@ def _import(spec: str, module_name: str) -> Any:
             " if __name__ == '__main__':"
         ) from exc
     except Exception as exc:
-        raise WorkloadError(
-            f"'{spec}': importing '{module_name}' raised {_exception(exc)}; fix the module"
+        raise user_code_failed(
+            f"'{spec}': importing '{module_name}' raised {_exception(exc)}; fix the module", exc
         ) from exc
 
 
@@ -134,4 +134,4 @@ def _call_factory(spec: str, factory: Callable[[], Any]) -> Any:
             " not parse arguments or exit"
         ) from exc
     except Exception as exc:
-        raise WorkloadError(f"'{spec}' raised {_exception(exc)}; fix the factory") from exc
+        raise user_code_failed(f"'{spec}' raised {_exception(exc)}; fix the factory", exc) from exc

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.errors import WorkloadError
+from torch_autotune.errors import WorkloadError, user_code_failed
 from torch_autotune.probe.workloads.batches import _DatasetBatches, _RepeatedBatch
 from torch_autotune.probe.workloads.losses import _default_loss
 from torch_autotune.probe.workloads.messages import (
@@ -149,7 +149,7 @@ def _checked_dataset(dataset: Any, name: str) -> MapDataset:
     try:
         length = len(dataset)
     except Exception as exc:
-        raise WorkloadError(f"'{name}': len(dataset) raised {_exception(exc)}") from exc
+        raise user_code_failed(f"'{name}': len(dataset) raised {_exception(exc)}", exc) from exc
     if length < 1:
         raise WorkloadError(f"'{name}': the dataset is empty; give one with samples")
     return dataset  # type: ignore[no-any-return]
@@ -220,9 +220,10 @@ class _ModelBuilder:
         try:
             model = self.build()
         except Exception as exc:
-            raise WorkloadError(
+            raise user_code_failed(
                 f"'{self.name}': building the model raised {_exception(exc)}; fix the model"
-                " function"
+                " function",
+                exc,
             ) from exc
         if not isinstance(model, nn.Module):
             raise WorkloadError(
@@ -273,8 +274,8 @@ class _OptimizerBuilder:
         try:
             optimizer = self.factory(params, **kwargs)
         except Exception as exc:
-            raise WorkloadError(
-                f"'{self.name}': the optimizer factory raised {_exception(exc)}"
+            raise user_code_failed(
+                f"'{self.name}': the optimizer factory raised {_exception(exc)}", exc
             ) from exc
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise WorkloadError(
