@@ -26,6 +26,7 @@ from torch_autotune.cli import cli
 from torch_autotune.detect import load_snapshot, parse_snapshot
 from torch_autotune.errors import (
     EXIT_BAD_INPUT,
+    EXIT_USAGE,
     InputFileError,
     ProfileFileError,
     SnapshotFileError,
@@ -418,6 +419,16 @@ def test_validate_reads_standard_input(profile: Profile) -> None:
     result = run("validate", "-", stdin=dump_profile(profile))
     assert result.exit_code == 0
     assert result.stdout.startswith("standard input: valid profile")
+
+
+@pytest.mark.parametrize("args", [["validate", "-", "-"], ["diff", "-", "-"]])
+def test_standard_input_named_twice_is_a_usage_error(args: list[str], profile: Profile) -> None:
+    """The second '-' would read an empty file: refused, not reported as invalid."""
+    result = run(*args, stdin=dump_profile(profile))
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert result.stderr.splitlines()[-1].startswith(
+        "autotune: error: '-' is named twice; standard input can be read only once"
+    )
 
 
 def test_validate_takes_every_reference_profile_at_once() -> None:

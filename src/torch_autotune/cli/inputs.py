@@ -16,12 +16,21 @@ def is_stdin(path: Path) -> bool:
     return str(path) == "-"
 
 
+_STDIN_READ = "torch_autotune.stdin_read"
+
+
 def stdin_text(error: type[InputFileError]) -> str:
-    """Standard input as text, within the input limits; a terminal is refused, not waited on."""
+    """Standard input as text, within the input limits; a terminal is refused, not waited on,
+    and so is a second '-' in one command ('validate - -' read an empty second file)."""
     import sys
 
     from torch_autotune.input_files import read_stream
 
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        if context.meta.get(_STDIN_READ):
+            raise click.UsageError("'-' is named twice; standard input can be read only once")
+        context.meta[_STDIN_READ] = True
     stream = sys.stdin.buffer
     if stream.isatty():
         raise click.UsageError(
