@@ -418,6 +418,11 @@ def test_the_users_data_failing_in_a_real_step_is_theirs(
     assert result.exit_code == EXIT_WORKLOAD, result.output
     assert "no learning rate given" in result.stderr
     assert 'bad_optimizer.py", line' in result.stderr
+    # our one line on what their code did, not "the training step raised WorkloadError"
+    assert result.stderr.splitlines()[-1] == (
+        "autotune: error: 'bad_optimizer:make_workload': the optimizer factory raised "
+        "ValueError: no learning rate given"
+    )
 
 
 @pytest.mark.parametrize(
