@@ -171,3 +171,22 @@ def test_the_probe_and_the_bench_runner_only_measure() -> None:
             parts = module.split(".")
             if parts[0] == "torch_autotune" and len(parts) > 1:
                 assert parts[1] not in NOT_FOR_MEASURING, f"{name} imports {module}"
+
+
+@pytest.mark.parametrize("call", ["tune", "bench", "bench-a-profile"])
+def test_without_torch_the_probe_and_the_bench_say_so(
+    call: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ProbeError (exit 6) naming the fix, as the README says, from the bench as from tune():
+    the bench imported torch first and failed with ModuleNotFoundError (exit 1, a bug)."""
+    from tests.test_bench import measured
+    from torch_autotune.errors import ProbeError
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # find_spec: None; import: refused
+    run = {
+        "tune": lambda: api.tune("mlp"),
+        "bench": lambda: api.bench(workload="mlp"),
+        "bench-a-profile": lambda: api.bench(measured("cpu-laptop-linux")),
+    }[call]
+    with pytest.raises(ProbeError, match="torch is not installed"):
+        run()

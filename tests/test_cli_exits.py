@@ -198,29 +198,28 @@ def test_the_library_refuses_the_same_numbers() -> None:
 # --- Ctrl-C: 130 and one line ---------------------------------------------------------------------
 
 
-def test_ctrl_c_inside_a_command_is_130_and_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    def interrupted(*_args: object, **_kwargs: object) -> Profile:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(api, "tune", interrupted)
-    result = run("--no-save")
-    assert result.exit_code == EXIT_INTERRUPTED
-    assert one_line(result.stderr) == "autotune: interrupted"
+def _interrupted(*_args: object, **_kwargs: object) -> Profile:
+    raise KeyboardInterrupt
 
 
-def test_clean_up_that_fails_after_a_ctrl_c_is_still_130_and_one_line(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _clean_up_fails_after_a_ctrl_c(*_args: object, **_kwargs: object) -> Profile:
     """A Ctrl-C while torch imported inductor left sympy half-imported; restoring torch's
     flags on the way out then raised AttributeError, reported as a bug of ours (exit 1)."""
+    try:
+        raise KeyboardInterrupt
+    finally:
+        raise AttributeError("module 'sympy' has no attribute 'printing'")
 
-    def interrupted(*_args: object, **_kwargs: object) -> Profile:
-        try:
-            raise KeyboardInterrupt
-        finally:
-            raise AttributeError("module 'sympy' has no attribute 'printing'")
 
-    monkeypatch.setattr(api, "tune", interrupted)
+@pytest.mark.parametrize(
+    "tune",
+    [_interrupted, _clean_up_fails_after_a_ctrl_c],
+    ids=["inside-a-command", "clean-up-fails-after-it"],
+)
+def test_ctrl_c_inside_a_command_is_130_and_one_line(
+    monkeypatch: pytest.MonkeyPatch, tune: Callable[..., Profile]
+) -> None:
+    monkeypatch.setattr(api, "tune", tune)
     result = run("--no-save")
     assert result.exit_code == EXIT_INTERRUPTED
     assert one_line(result.stderr) == "autotune: interrupted"
@@ -418,6 +417,11 @@ def test_the_users_data_failing_in_a_real_step_is_theirs(
     assert result.exit_code == EXIT_WORKLOAD, result.output
     assert "no learning rate given" in result.stderr
     assert 'bad_optimizer.py", line' in result.stderr
+    # our one line on what their code did, not "the training step raised WorkloadError"
+    assert result.stderr.splitlines()[-1] == (
+        "autotune: error: 'bad_optimizer:make_workload': the optimizer factory raised "
+        "ValueError: no learning rate given"
+    )
 
 
 @pytest.mark.parametrize(

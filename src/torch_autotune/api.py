@@ -182,15 +182,8 @@ def tune(
     timer (tests drive the orchestration with recorded timings through them).
     """
     compose.check_tune_arguments(budget_s, max_batch_size, target_global_batch, num_workers)
-    if trials is None and importlib.util.find_spec("torch") is None:
-        raise ProbeError(
-            "torch is not installed, so nothing can be probed; install the build for this "
-            "machine (https://pytorch.org/get-started/locally/) and run autotune again"
-        )
-    if trials is None:  # torch first, with Ctrl-C held: its start-up would lose one
-        from torch_autotune.probe.interrupts import import_holding_ctrl_c
-
-        import_holding_ctrl_c("torch")
+    if trials is None:
+        _import_torch()
     from torch_autotune.probe.run import default_budget_s, measure
     from torch_autotune.rules.engine import build_profile
 
@@ -222,6 +215,19 @@ def tune(
     )
     measured = compose.measurements(result, machine, target_global_batch)
     return build_profile(machine, measured, preferences, evidence=result.evidence, host_id=host)
+
+
+def _import_torch() -> None:
+    """Import torch before anything is measured, with Ctrl-C held (its start-up would lose
+    one); ProbeError, naming the fix, where torch is not installed."""
+    if importlib.util.find_spec("torch") is None:
+        raise ProbeError(
+            "torch is not installed, so nothing can be probed; install the build for this "
+            "machine (https://pytorch.org/get-started/locally/) and run autotune again"
+        )
+    from torch_autotune.probe.interrupts import import_holding_ctrl_c
+
+    import_holding_ctrl_c("torch")
 
 
 def _workload(workload: str | Workload | None, machine: HardwareSnapshot, host: str) -> Workload:
@@ -259,10 +265,8 @@ def bench(
     from torch_autotune.bench import apply_bench
 
     compose.check_bench_arguments(rounds, seconds)
-    if measure is None:  # torch first, with Ctrl-C held: its start-up would lose one
-        from torch_autotune.probe.interrupts import import_holding_ctrl_c
-
-        import_holding_ctrl_c("torch")
+    if measure is None:
+        _import_torch()
     started = clock()
     if profile is None:
         profile = tune(workload, budget_s=budget_s, progress=progress, clock=clock)

@@ -137,7 +137,11 @@ def blame_user_code(error: BaseException) -> None:
     """Mark ``error`` as raised by the user's own code: their model, loss, optimizer or data,
     called by the probe or the bench. The exception keeps its type and traceback (the user
     reads their own error); the command line exits 5 for it, and 1 (a bug of ours) for any
-    other exception. An exception that takes no attributes stays unmarked."""
+    other exception. An exception that takes no attributes stays unmarked, and so does an
+    ``AutotuneError``: ours, it says in one line what the user's code did, and the command line
+    shows their traceback from its cause (``user_code_failed``)."""
+    if isinstance(error, AutotuneError):
+        return
     try:
         setattr(error, _USER_CODE, True)
     except (AttributeError, TypeError):  # a type with __slots__ and no __dict__

@@ -325,25 +325,27 @@ def test_the_users_dataset_failing_in_the_bench_is_theirs() -> None:
     assert raised_by_user_code(caught.value)
 
 
+@pytest.mark.parametrize("helper", ["batch_to_device", "optimizer_kwargs"])
 @pytest.mark.parametrize("dataset", [None, "samples"])
-def test_a_bug_in_moving_the_batch_is_ours_in_the_bench(
-    dataset: str | None, monkeypatch: pytest.MonkeyPatch
+def test_a_bug_in_our_own_step_code_is_ours_in_the_bench(
+    dataset: str | None, helper: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The batch's move to the device is torch-autotune's code: a failure there is a bug to
-    report (exit 1), not the user's data failing (exit 5)."""
+    """The batch's move to the device and the optimizer's options are torch-autotune's code: a
+    failure there is a bug to report (exit 1), not the user's data or optimizer failing (exit
+    5)."""
     from torch_autotune.probe import loop as loop_module
 
     def ours(*_args: object, **_kwargs: object) -> object:
-        raise TypeError("a bug in batch_to_device")
+        raise TypeError(f"a bug in {helper}")
 
-    monkeypatch.setattr(loop_module, "batch_to_device", ours)
+    monkeypatch.setattr(loop_module, helper, ours)
     samples = (
         None
         if dataset is None
         else torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randint(0, 4, (64,)))
     )
     loop = TrainingLoop(_workload(samples), "cpu", warmup_steps=1, min_steps=1)
-    with pytest.raises(TypeError, match="a bug in batch_to_device") as caught:
+    with pytest.raises(TypeError, match=f"a bug in {helper}") as caught:
         loop.measure(TrainConfig(batch_size=4), 0.01)
     assert not raised_by_user_code(caught.value)
 

@@ -1,9 +1,12 @@
 """Where errors become messages and exit codes: the one place (see ``torch_autotune.errors``).
 
-AutotuneError: its one line and its code. Ctrl-C: 'interrupted', 130. A closed standard output
-(``autotune show | head -1``): nothing said, 141, as a process SIGPIPE ends. A usage error:
-one line, 2. Any other exception is a bug of ours: the traceback, a line that asks for a
-report, 1. The user's own code failing is handled where it runs (``group.user_code``).
+AutotuneError: its one line and its code, after the user's traceback when their code raised
+its cause (``errors.user_code_failed``: their factory, model builder or dataset). Ctrl-C:
+'interrupted', 130, also when clean-up on the way out fails because of it. A closed standard
+output (``autotune show | head -1``): nothing said, 141, as a process SIGPIPE ends. A usage
+error: one line, 2. Any other exception is a bug of ours: the traceback, a line that asks for
+a report, 1. An exception of the user's own code in a training step is handled where it runs
+(``group.user_code``).
 """
 
 from __future__ import annotations

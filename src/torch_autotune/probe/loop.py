@@ -108,12 +108,7 @@ class TrainingLoop:
         batch_size = settings.batch.batch_size or 1
         dataset = self.workload.dataset
         if dataset is None:
-            try:
-                made = self.workload.make_batch(batch_size)
-            except Exception as error:  # the user's data
-                blame_user_code(error)
-                raise
-            batch = batch_to_device(settings, *made)
+            batch = batch_to_device(settings, *_users(self.workload.make_batch, batch_size))
             while True:
                 yield batch
         from torch.utils.data import DataLoader
@@ -141,11 +136,8 @@ class TrainingLoop:
     def _train(self, settings: Settings, seconds: float) -> float:
         model = self._model(settings)
         model.train()
-        try:
-            optimizer = make_optimizer(self.workload, model, optimizer_kwargs(settings))
-        except Exception as error:  # the user's optimizer factory
-            blame_user_code(error)
-            raise
+        options = optimizer_kwargs(settings)  # ours: a failure there is a bug (exit 1)
+        optimizer = _users(make_optimizer, self.workload, model, options)
         scaler = grad_scaler(settings)
         batches = self._batches(settings)
         try:
@@ -196,8 +188,9 @@ class TrainingLoop:
 
 
 def _users(call: Callable[..., T], *args: Any) -> T:
-    """``call(*args)``, an exception marked as the user's: their dataset, read by the
-    DataLoader (a worker that died of it is told apart by ``measure``)."""
+    """``call(*args)``, an exception marked as the user's: their optimizer factory, their data,
+    their dataset read by the DataLoader (a worker that died of it is told apart by
+    ``measure``)."""
     try:
         return call(*args)
     except Exception as error:
