@@ -158,6 +158,12 @@ def test_the_rate_comes_from_the_injected_clock() -> None:
     assert trial.samples_per_s == pytest.approx(12 / 2.0)
 
 
+def test_a_clock_that_did_not_move_fails_the_candidate_instead_of_an_infinite_rate() -> None:
+    trial = _measure(Tiny(), 0, clock=lambda: 7.0)
+    assert not trial.ok
+    assert trial.error == "no time measured: the clock did not move"
+
+
 def test_a_killed_worker_fails_its_candidate() -> None:
     trial = _measure(KillsItsWorker(), 1)
     assert not trial.ok

@@ -20,7 +20,6 @@ this module does not import torch.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -184,8 +183,10 @@ def measure_loader(
             raise
         return LoaderTrial(num_workers, None, 0, 0, 0.0, None, error)
     samples = batch_size * timed
-    rate = samples / seconds if seconds > 0 else math.inf
-    return LoaderTrial(num_workers, rate, timed, samples, seconds, startup_s)
+    if seconds <= 0:  # an infinite rate is no measurement (and the evidence refuses it)
+        failed = "no time measured: the clock did not move"
+        return LoaderTrial(num_workers, None, timed, samples, seconds, startup_s, failed)
+    return LoaderTrial(num_workers, samples / seconds, timed, samples, seconds, startup_s)
 
 
 def _check_arguments(
