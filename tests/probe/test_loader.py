@@ -20,7 +20,13 @@ from hypothesis import strategies as st
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from torch_autotune.errors import WorkloadError, raised_by_user_code
-from torch_autotune.probe.loader import LoaderTrial, loader_kwargs, measure_loader, worker_failure
+from torch_autotune.probe.loader import (
+    LoaderTrial,
+    loader_kwargs,
+    measure_loader,
+    worker_deaths_between_batches,
+    worker_failure,
+)
 from torch_autotune.probe.workers import (
     Measure,
     choose_workers,
@@ -29,6 +35,7 @@ from torch_autotune.probe.workers import (
 )
 
 TIMEOUT_S = 5.0  # per batch; worker start-up by fork takes well under a second here
+DEATH_TIMEOUT_S = 2.0  # a killed worker is reported once the wait for its batch times out
 
 
 class Tiny(Dataset[torch.Tensor]):
@@ -164,17 +171,47 @@ def test_a_clock_that_did_not_move_fails_the_candidate_instead_of_an_infinite_ra
     assert trial.error == "no time measured: the clock did not move"
 
 
+def test_a_worker_death_is_reported_between_batches_not_inside_torchs_queue_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's SIGCHLD handler raised wherever the main thread was: once inside
+    ``Queue.put`` with its lock taken, and shutting the workers down then waited forever."""
+    from torch.utils.data._utils import signal_handling
+
+    def a_worker_died() -> None:
+        raise RuntimeError("DataLoader worker (pid 1234) is killed by signal: Killed.")
+
+    monkeypatch.setattr(signal_handling, "_error_if_any_worker_fails", a_worker_died)
+    with worker_deaths_between_batches() as check:
+        os.kill(os.getpid(), signal.SIGCHLD)
+        time.sleep(0.05)  # the handler has run: a held death raises nothing here
+        with pytest.raises(RuntimeError, match="is killed by signal"):
+            check()
+        check()  # reported once
+
+
+def test_torchs_sigchld_handler_is_back_afterwards() -> None:
+    with worker_deaths_between_batches():
+        held = signal.getsignal(signal.SIGCHLD)
+    after = signal.getsignal(signal.SIGCHLD)
+    assert held is not after
+    assert callable(after)
+    assert after.__module__ == "torch.utils.data._utils.signal_handling"  # type: ignore[union-attr]
+
+
+@pytest.mark.slow  # the death is seen when the wait for the dead worker's batch times out
 def test_a_killed_worker_fails_its_candidate() -> None:
-    trial = _measure(KillsItsWorker(), 1)
+    trial = _measure(KillsItsWorker(), 1, timeout_s=DEATH_TIMEOUT_S)
     assert not trial.ok
     assert trial.samples_per_s is None
     assert trial.error is not None
     assert trial.error.startswith("worker crashed: DataLoader worker (pid")
 
 
+@pytest.mark.slow  # as above, once for each of the two counts with workers
 def test_a_killed_worker_fails_only_its_candidate() -> None:
     choice = choose_workers(
-        KillsItsWorker(), batch_size=4, max_workers=2, batches=3, timeout_s=TIMEOUT_S
+        KillsItsWorker(), batch_size=4, max_workers=2, batches=3, timeout_s=DEATH_TIMEOUT_S
     )
     assert choice.num_workers == 0
     assert [t.num_workers for t in choice.trials] == [0, 1, 2]

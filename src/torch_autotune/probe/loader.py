@@ -2,8 +2,8 @@
 
 ``measure_loader`` runs a real ``torch.utils.data.DataLoader`` over the user's dataset with one
 worker count and returns a ``LoaderTrial`` (samples/s, or the reason it failed); the search over
-worker counts is ``probe.workers``. ``loader_kwargs``, ``worker_failure`` and ``shut_down`` are
-shared with the bench's training loop.
+worker counts is ``probe.workers``. ``loader_kwargs``, ``worker_failure``, ``shut_down`` and
+``worker_deaths_between_batches`` are shared with the bench's training loop.
 
 A worker that crashes (killed by a signal, out of shared memory, a segfault in a C extension)
 or hangs (no batch within ``timeout_s``) fails its candidate; any other exception comes from the
@@ -16,12 +16,20 @@ defined at a module's top level (no lambdas, closures or classes defined in ``__
 notebook), and the calling script must run under ``if __name__ == "__main__":``. Under fork,
 CUDA must not be initialised in this process before the workers start (catalog F10). Importing
 this module does not import torch.
+
+Worker deaths are noticed between batches (``worker_deaths_between_batches``), never in the
+middle of torch's own queue code: a SIGKILLed worker otherwise made torch's SIGCHLD handler raise
+inside ``Queue.put`` after its lock was taken, and the put that shut the workers down then
+waited for that lock forever.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -233,18 +241,73 @@ def _timed_pass(
 
     The workers are shut down before this returns or raises, whatever happened.
     """
-    start = clock()
-    iterator = iter(loader)
-    try:
-        for _ in range(warmup):
-            next(iterator)
-        first = clock()
-        for _ in range(timed):
-            next(iterator)
-        end = clock()
-    finally:
-        shut_down(iterator)
+    with worker_deaths_between_batches() as check:
+        start = clock()
+        iterator = iter(loader)
+        try:
+            check()
+            for _ in range(warmup):
+                next(iterator)
+                check()
+            first = clock()
+            for _ in range(timed):
+                next(iterator)
+                check()
+            end = clock()
+        finally:
+            shut_down(iterator)
     return first - start, end - first
+
+
+@contextlib.contextmanager
+def worker_deaths_between_batches() -> Iterator[Callable[[], None]]:
+    """Hold torch's SIGCHLD handler while a DataLoader's workers run; ``check()``, called
+    between batches, runs it for the signals that came meanwhile.
+
+    torch's handler raises ``RuntimeError`` ("DataLoader worker (pid N) is killed by signal")
+    at whatever bytecode the main thread is on. When that was inside ``multiprocessing.Queue.put``
+    just after its lock was taken (putting indices while the workers start), the lock was never
+    released, and the ``put`` that shuts the workers down waited for it forever: a test that
+    SIGKILLs a worker hung the suite about once in fifteen runs (torch 2.13, Python 3.11).
+    Held, the handler runs at a point that holds no lock; a death while the main thread waits
+    for the dead worker's batch is reported by torch when that wait times out (``timeout_s``).
+    Outside the main thread, on Windows, or where torch has no such handler, nothing changes.
+    """
+    torch_handler = _torch_sigchld_handler()
+    if torch_handler is None:
+        yield lambda: None
+        return
+    came: list[int] = []
+    signal.signal(signal.SIGCHLD, lambda number, _frame: came.append(number))
+
+    def check() -> None:
+        if came:
+            came.clear()
+            torch_handler(signal.SIGCHLD, None)  # raises for a dead worker; chains the user's
+
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGCHLD, torch_handler)
+        if came:  # our workers' pids are gone by now: this reaches the user's handler, if any
+            torch_handler(signal.SIGCHLD, None)
+
+
+def _torch_sigchld_handler() -> Callable[[int, Any], Any] | None:
+    """torch's SIGCHLD handler, installed now if it was not yet (torch installs it once per
+    process, with the first DataLoader that has workers); None where there is none to hold."""
+    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        from torch.utils.data._utils import signal_handling
+    except ImportError:
+        return None
+    install = getattr(signal_handling, "_set_SIGCHLD_handler", None)
+    if install is None:
+        return None
+    install()
+    handler = signal.getsignal(signal.SIGCHLD)
+    return handler if callable(handler) else None
 
 
 def shut_down(iterator: Any) -> None:

@@ -35,7 +35,12 @@ from torch_autotune.apply import (
 )
 from torch_autotune.errors import blame_user_code
 from torch_autotune.knobs import train_settings
-from torch_autotune.probe.loader import loader_kwargs, shut_down, worker_failure
+from torch_autotune.probe.loader import (
+    loader_kwargs,
+    shut_down,
+    worker_deaths_between_batches,
+    worker_failure,
+)
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.timing import Timer
 from torch_autotune.probe.trials import make_optimizer, train_step
@@ -122,14 +127,16 @@ class TrainingLoop:
             timeout_s=LOADER_TIMEOUT_S,
         )
         loader = DataLoader(dataset, shuffle=False, drop_last=True, **kwargs)
-        while True:  # epochs; the loader's workers stop when the generator is closed
-            iterator = _users(iter, loader)  # starting the workers pickles the user's dataset
-            try:
-                while (pair := _users(next, iterator, None)) is not None:
-                    inputs, targets = pair
-                    yield batch_to_device(settings, inputs, targets, non_blocking=pinned)
-            finally:
-                shut_down(iterator)
+        with worker_deaths_between_batches() as check:
+            while True:  # epochs; the loader's workers stop when the generator is closed
+                iterator = _users(iter, loader)  # starting the workers pickles the user's dataset
+                try:
+                    while (pair := _users(next, iterator, None)) is not None:
+                        check()
+                        inputs, targets = pair
+                        yield batch_to_device(settings, inputs, targets, non_blocking=pinned)
+                finally:
+                    shut_down(iterator)
 
     # --- the measurement -------------------------------------------------------------------
 
