@@ -20,6 +20,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,7 +30,8 @@ TARGET_RATIO = 8.0
 
 def _command(name: str) -> list[str]:
     if name == "autotune detect --json":
-        executable = shutil.which("autotune")
+        # the script installed for this interpreter: the first on PATH may run another torch
+        executable = shutil.which("autotune", path=sysconfig.get_path("scripts"))
         return (
             [executable, "detect", "--json"]
             if executable

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -25,12 +26,49 @@ from torch_autotune.hardware import HardwareSnapshot
 pytestmark = pytest.mark.system
 
 
+def own_script() -> str | None:
+    """The `autotune` script that runs this interpreter, or None where pip installed none for it.
+
+    The first `autotune` on PATH can belong to another Python with another torch (a virtual
+    environment run by its path but not activated): this tier must test the torch it runs under.
+    """
+    beside = shutil.which("autotune", path=sysconfig.get_path("scripts"))
+    if beside:
+        return beside
+    on_path = shutil.which("autotune")  # pip install --target puts scripts in the target's bin
+    if on_path is None:
+        return None
+    with open(on_path, "rb") as script:
+        first = script.readline(4096)
+    interpreter = first[2:].decode(errors="replace").strip() if first.startswith(b"#!") else ""
+    # a virtual environment's python is a link to its base, so compare folders, not resolved files
+    same = Path(os.path.abspath(interpreter)).parent == Path(os.path.abspath(sys.executable)).parent
+    return on_path if interpreter and same else None
+
+
+def command() -> list[str]:
+    script = own_script()
+    return [script] if script else [sys.executable, "-m", "torch_autotune"]
+
+
 def autotune(*args: str) -> subprocess.CompletedProcess[str]:
-    executable = shutil.which("autotune")
-    command = [executable] if executable else [sys.executable, "-m", "torch_autotune"]
     return subprocess.run(
-        [*command, *args], check=False, capture_output=True, text=True, timeout=120
+        [*command(), *args], check=False, capture_output=True, text=True, timeout=120
     )
+
+
+def recommended(check: str, env: dict[str, str]) -> str:
+    """What `check` prints after `recommend()` in a fresh interpreter, failing with its stderr."""
+    shown = subprocess.run(
+        [sys.executable, "-c", f"import torch_autotune; p = torch_autotune.recommend(); {check}"],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +80,9 @@ def snapshot() -> HardwareSnapshot:
 
 
 def test_console_script_is_installed() -> None:
-    assert shutil.which("autotune") is not None, "pip install -e . installs the 'autotune' command"
+    assert own_script() is not None, (
+        f"pip install -e . installs the 'autotune' command for {sys.executable}"
+    )
 
 
 def test_json_round_trips(snapshot: HardwareSnapshot) -> None:
@@ -104,23 +144,19 @@ def test_autotune_with_no_arguments_probes_saves_and_recommend_returns_it(
 ) -> None:
     env = {**os.environ, "TORCH_AUTOTUNE_HOME": str(tmp_path)}
     started = time.perf_counter()
-    executable = shutil.which("autotune")
-    command = [executable] if executable else [sys.executable, "-m", "torch_autotune"]
     done = subprocess.run(
-        command, env=env, check=False, capture_output=True, text=True, timeout=600
+        command(), env=env, check=False, capture_output=True, text=True, timeout=600
     )
     elapsed = time.perf_counter() - started
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert "largest batch" in done.stdout
-    check = (
-        "import json, torch_autotune; p = torch_autotune.recommend(); e = p.evidence; "
-        "print(json.dumps([p.measured, p.settings.batch.batch_size, e.batch_size, e.budget_s]))"
+    shown = recommended(
+        "import json; e = p.evidence; "
+        "print(json.dumps([p.measured, p.settings.batch.batch_size, e.batch_size, e.budget_s]))",
+        env,
     )
-    shown = subprocess.run(
-        [sys.executable, "-c", check], env=env, check=True, capture_output=True, text=True
-    )
-    measured, batch, evidence_batch, budget = json.loads(shown.stdout)
+    measured, batch, evidence_batch, budget = json.loads(shown)
     assert measured is True
     assert batch == evidence_batch
     # the default budget (120 s; 180 s where torch.compile is measured), plus interpreter and
@@ -130,21 +166,13 @@ def test_autotune_with_no_arguments_probes_saves_and_recommend_returns_it(
 
 def test_autotune_bench_tunes_first_then_benches_and_stores_the_evidence(tmp_path: Path) -> None:
     env = {**os.environ, "TORCH_AUTOTUNE_HOME": str(tmp_path)}
-    executable = shutil.which("autotune")
-    command = [executable] if executable else [sys.executable, "-m", "torch_autotune"]
     args = ["bench", "-m", "mlp", "--budget", "20", "--rounds", "3", "--seconds", "0.2"]
     done = subprocess.run(
-        [*command, *args], env=env, check=False, capture_output=True, text=True, timeout=300
+        [*command(), *args], env=env, check=False, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     assert "tuning first" in done.stderr
-    check = (
-        "import torch_autotune; b = torch_autotune.recommend().evidence.bench; "
-        "print(b.workload, b.rounds, b.device)"
-    )
-    shown = subprocess.run(
-        [sys.executable, "-c", check], env=env, check=True, capture_output=True, text=True
-    )
-    workload, rounds, device = shown.stdout.split()
+    shown = recommended("b = p.evidence.bench; print(b.workload, b.rounds, b.device)", env)
+    workload, rounds, device = shown.split()
     assert (workload, rounds) == ("mlp", "3")
     assert f"autotune bench: mlp on {device} (" in done.stdout  # cuda where there is a GPU
