@@ -14,9 +14,11 @@ asks whether CUDA is available (the optimizer does, before every step); the guar
 GPU", as a CPU build would, and fails the test only when our own code asks.
 
 ``--as-gpu-machine`` runs the unit and slow tiers as a machine with an NVIDIA GPU sees them: the
-driver's files are there (so detecting this machine asks NVML, which the guard refuses) and torch
-is a CUDA build. CI runs them so too, which keeps a test that needs this machine to have no GPU
-from passing here and failing on the next GPU machine (issue 10: 30 such failures on an H100).
+driver's files are there (so detecting this machine asks NVML, which the guard refuses), torch
+is a CUDA build, and CUDA has started: ``python -m pytest`` runs ``test_gpu.py`` before most test
+files, in the same process (or the same ``pytest -n`` worker). CI runs them so too, which keeps a
+test that needs this machine to have no GPU from passing here and failing on the next GPU machine
+(issue 10: 30 such failures on an H100, then 4 more when the GPU tier ran first).
 """
 
 from __future__ import annotations
@@ -126,9 +128,10 @@ def _no_real_hardware(
 
 def as_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """From here on this machine looks like one with an NVIDIA GPU, as far as files and torch's
-    build can tell: the driver's files are present (detection asks NVML) and torch is a CUDA
-    build (torch's own code asks ``torch.cuda``). The guard still stands between a test and the
-    GPU: NVML refuses our code, and ``torch.cuda`` answers torch "no GPU" and refuses our code."""
+    build can tell: the driver's files are present (detection asks NVML), torch is a CUDA build
+    (torch's own code asks ``torch.cuda``), and an earlier test in this process started CUDA
+    (``torch.cuda.is_initialized()``). The guard still stands between a test and the GPU: NVML
+    refuses our code, and ``torch.cuda`` answers torch "no GPU" and refuses our code."""
     import torch
 
     from torch_autotune.detect import nvml
@@ -138,6 +141,7 @@ def as_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     accelerator = torch.device("cuda")
     monkeypatch.setattr(torch._C, "_accelerator_getAccelerator", lambda: accelerator, raising=False)
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)  # older torch asks this
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
 
 
 @pytest.fixture(autouse=True)

@@ -88,14 +88,26 @@ def test_reproducible_profile_sets_determinism_and_seeds(torch_state: None) -> N
         assert "worker_init_fn" in kwargs
 
 
-def test_gpu_profile_flags_apply_without_touching_cuda(torch_state: None) -> None:
+@pytest.fixture
+def cuda_not_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA not started in this process, as a first ``apply()`` finds it. On a GPU machine the
+    GPU tier runs first and starts it, and ``apply()`` then rightly warns that the allocator's
+    variables come too late (``test_environment_set_after_cuda_started_warns``)."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+
+
+def test_gpu_profile_flags_apply_without_touching_cuda(
+    torch_state: None, cuda_not_started: None
+) -> None:
     profile = profile_for("h100-80gb-hbm3", model_kind="conv")
     profile.apply()  # the guard fails this test if it initialises CUDA
     assert torch.backends.cudnn.benchmark is True
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 
-def test_tf32_uses_only_the_api_the_profile_names(torch_state: None) -> None:
+def test_tf32_uses_only_the_api_the_profile_names(
+    torch_state: None, cuda_not_started: None
+) -> None:
     h100 = profile_for("h100-80gb-hbm3")
     newer = h100.provenance.snapshot.software.model_copy(update={"torch_version": "2.9.0+cu128"})
     snapshot = h100.provenance.snapshot.model_copy(update={"software": newer})
