@@ -6,10 +6,11 @@ of a plain ``python -m pytest``. The machine (GPU, driver, torch, CUDA, cuDNN, P
 from torch-autotune's own fast detection.
 
     python benchmarks/suite.py [--tiers quick slow system gpu] [--out benchmarks/results]
+                               [--name NAME] [-- PYTEST_ARGS]
 
-Writes ``suite_<machine>.json`` and ``.md`` (machine: the first GPU's name, else ``cpu``) and
-each tier's pytest log beside them. Exit status 0 when no test failed in any tier (skips are
-allowed: the GPU tier skips where there is no GPU), 1 otherwise.
+Writes ``suite_<machine>.json`` and ``.md`` (machine: ``--name``, else the first GPU's name,
+else ``cpu``) and each tier's pytest log beside them. Exit status 0 when no test failed in any
+tier (skips are allowed: the GPU tier skips where there is no GPU), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -143,10 +144,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiers", nargs="+", choices=list(TIERS), default=list(TIERS))
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--name", help="names the result files (default: the first GPU's name, else cpu)"
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to each pytest run (after --)")
     args = parser.parse_args()
     machine = _machine()
-    slug = re.sub(r"[^a-z0-9]+", "-", machine["device"].lower()).strip("-")
+    slug = re.sub(r"[^a-z0-9.]+", "-", (args.name or machine["device"]).lower()).strip("-.")
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     tiers = []
