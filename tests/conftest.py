@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +36,16 @@ from torch_autotune.detect import LiveMachine, load_snapshot
 from torch_autotune.hardware import HardwareSnapshot
 
 SNAPSHOT_DIR = Path(__file__).parent / "fixtures" / "snapshots"
+
+
+def env_importing_from(src: Path | str, **extra: str) -> dict[str, str]:
+    """This process's environment for a child interpreter that imports torch-autotune from
+    ``src`` first. PYTHONPATH keeps what it had after ``src``: packages installed with
+    ``pip install --target`` are found only through it."""
+    paths = [str(src), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
 
 
 def _gpu_present() -> bool:

@@ -6,6 +6,7 @@ import ast
 import importlib.util
 import inspect
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -119,8 +120,13 @@ def test_mypy_strict_sees_the_real_signatures(
 
     script = tmp_path / "uses_the_api.py"
     script.write_text(TYPED_USE)
-    # the package under test, wherever it is imported from (a checkout, an editable install)
-    monkeypatch.setenv("MYPYPATH", str(Path(torch_autotune.__file__).parents[1]))
+    # the package under test, wherever it is imported from (a checkout, an editable install, a
+    # folder of `pip install --target`), alone: its neighbours in a site folder would shadow the
+    # libraries mypy knows (typing_extensions among them)
+    alone = tmp_path / "package"
+    package = Path(torch_autotune.__file__).parent
+    shutil.copytree(package, alone / "torch_autotune", ignore=shutil.ignore_patterns("*.pyc"))
+    monkeypatch.setenv("MYPYPATH", str(alone))
     out, err, status = mypy_api.run(
         ["--strict", "--no-incremental", "--follow-imports=silent", str(script)]
     )

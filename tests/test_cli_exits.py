@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from tests.conftest import env_importing_from
 from tests.test_bench import measured
 from torch_autotune import api
 from torch_autotune.bounds import MAX_SECONDS
@@ -49,7 +50,7 @@ def one_line(text: str) -> str:
 
 def autotune(*args: str, home: Path, **options: object) -> subprocess.Popen[str]:
     """The command in a new interpreter, on this checkout's code, with a store in ``home``."""
-    env = {**os.environ, "PYTHONPATH": str(SRC), "TORCH_AUTOTUNE_HOME": str(home)}
+    env = env_importing_from(SRC, TORCH_AUTOTUNE_HOME=str(home))
     return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
         [sys.executable, "-m", "torch_autotune", *args], env=env, text=True, **options
     )
@@ -290,7 +291,7 @@ def test_ctrl_c_while_the_command_is_imported_is_130_and_one_line(module: str) -
         main()
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = env_importing_from(SRC)
     done = subprocess.run(
         [sys.executable, "-c", code],
         env=env,

@@ -15,6 +15,7 @@ from typing import IO
 
 import pytest
 
+from tests.conftest import env_importing_from
 from torch_autotune import files
 from torch_autotune.errors import StoreError
 from torch_autotune.files import (
@@ -127,7 +128,7 @@ def run_writer(target: Path, stdout: int | IO[bytes]) -> subprocess.CompletedPro
         [sys.executable, "-c", WRITE_TO_ARGV1, str(target)],
         stdout=stdout,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": SRC},
+        env=env_importing_from(SRC),
         timeout=60,
         check=True,
     )
@@ -242,7 +243,7 @@ def test_a_writer_killed_mid_save_leaves_the_old_file_and_the_next_save_cleans_u
     writer = subprocess.Popen(
         [sys.executable, "-c", SLOW_WRITER, str(target)],
         stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": SRC},
+        env=env_importing_from(SRC),
     )
     assert writer.stdout is not None
     assert writer.stdout.readline() == b"writing\n"  # the temporary file is written, not renamed

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 import torch_autotune
+from tests.conftest import env_importing_from
 from torch_autotune.cli import cli
 from torch_autotune.detect import load_snapshot, parse_snapshot
 from torch_autotune.errors import (
@@ -494,7 +494,7 @@ def test_the_installed_command_survives_deep_nesting(tmp_path: Path, case: str) 
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "PYTHONPATH": src},
+        env=env_importing_from(src),
         check=False,
     )
     assert done.returncode == EXIT_BAD_INPUT, done.stderr

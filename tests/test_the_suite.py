@@ -7,10 +7,12 @@ on a CPU machine. These tests run the same code paths here with the GPU machine 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +29,7 @@ from torch_autotune.probe.loop import TrainingLoop
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, resolve_workload
 
+TESTS = Path(__file__).parent
 TORCH_DEPRECATION = (
     "`torch.jit.script_method` is deprecated. Please switch to `torch.compile` or `torch.export`."
 )
@@ -155,6 +158,36 @@ def test_detection_can_be_pinned_to_a_machine_without_gpus(
     laptop = detected_as("cpu-laptop-linux")
     assert detect() == laptop
     assert laptop.accelerators == ()
+
+
+def _sets_pythonpath(node: ast.AST) -> bool:
+    """``{"PYTHONPATH": ...}`` or ``setenv("PYTHONPATH", ...)``: a value that replaces it."""
+    if isinstance(node, ast.Dict):
+        return any(isinstance(k, ast.Constant) and k.value == "PYTHONPATH" for k in node.keys)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        first = node.args[0] if node.args else None
+        return (
+            node.func.attr == "setenv"
+            and isinstance(first, ast.Constant)
+            and (first.value == "PYTHONPATH")
+        )
+    return False
+
+
+def test_no_test_replaces_the_pythonpath_a_child_interpreter_needs() -> None:
+    """A GPU image has torch but not our dependencies: they are installed with pip's --target
+    and found only through PYTHONPATH, which 6 tests replaced with the checkout's ``src``. A
+    child interpreter gets ``conftest.env_importing_from``, which puts ``src`` first and keeps
+    the rest."""
+    offenders = [
+        f"{path.relative_to(TESTS)}:{node.lineno}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if _sets_pythonpath(node)
+    ]
+    assert offenders == []
+    assert _sets_pythonpath(ast.parse('{**os.environ, "PYTHONPATH": src}', mode="eval").body)
+    assert _sets_pythonpath(ast.parse('monkeypatch.setenv("PYTHONPATH", src)', mode="eval").body)
 
 
 # --- warnings as errors for our code only --------------------------------------------------------
