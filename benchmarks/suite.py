@@ -43,6 +43,7 @@ QUICK_TARGET_S = 60.0  # issue 10: the quick loop on 2 cores
 
 def _machine() -> dict[str, Any]:
     """The machine the tests ran on, as torch-autotune detects it (no torch import)."""
+    import torch_autotune
     from torch_autotune import __version__, detect
 
     snapshot = detect()
@@ -61,6 +62,10 @@ def _machine() -> dict[str, Any]:
         "driver": software.nvidia_driver_version,
         "triton": software.triton_version,
         "torch_autotune": __version__,
+        # this checkout's src/ (an editable install), or a built wheel installed elsewhere
+        "installed": "checkout"
+        if Path(torch_autotune.__file__).parents[1] == Path(__file__).resolve().parents[1] / "src"
+        else "wheel",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -111,7 +116,7 @@ def _run_tier(name: str, selection: str, extra: list[str], log: Path) -> dict[st
     }
 
 
-def _markdown(machine: dict[str, Any], tiers: list[dict[str, Any]]) -> str:
+def _markdown(machine: dict[str, Any], tiers: list[dict[str, Any]], extra: list[str]) -> str:
     gpus = ", ".join(machine["gpus"]) or "none"
     lines = [
         f"# The test suite on {machine['device']}",
@@ -119,7 +124,9 @@ def _markdown(machine: dict[str, Any], tiers: list[dict[str, Any]]) -> str:
         f"GPUs: {gpus}; driver {machine['driver']}; {machine['cpus_usable']} usable CPUs; "
         f"{machine['os']}. Python {machine['python']}, torch {machine['torch']}, CUDA "
         f"{machine['cuda']}, cuDNN {machine['cudnn']}, Triton {machine['triton']}, "
-        f"torch-autotune {machine['torch_autotune']}; {machine['date']}.",
+        f"torch-autotune {machine['torch_autotune']} (from the {machine['installed']}); "
+        f"{machine['date']}.",
+        *(["", f"Every tier ran with `{' '.join(extra)}`."] if extra else []),
         "",
         "| tier | `-m` | passed | failed | errors | skipped | wall s |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -158,9 +165,10 @@ def main() -> int:
         print(f"suite: {name} tier (-m '{TIERS[name]}') ...", file=sys.stderr, flush=True)
         log = args.out / f"suite_{slug}_{name}.log"
         tiers.append(_run_tier(name, TIERS[name], args.pytest_args, log))
-    result = {"benchmark": "suite", "machine": machine, "tiers": tiers}
+    result = {"benchmark": "suite", "machine": machine, "pytest_args": args.pytest_args}
+    result["tiers"] = tiers
     (args.out / f"suite_{slug}.json").write_text(json.dumps(result, indent=2) + "\n")
-    text = _markdown(machine, tiers)
+    text = _markdown(machine, tiers, args.pytest_args)
     (args.out / f"suite_{slug}.md").write_text(text)
     print(text)
     quick = next((t for t in tiers if t["tier"] == "quick"), None)
