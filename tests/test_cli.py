@@ -83,6 +83,23 @@ def test_summary_shows_what_matters(snapshot_path: Path, name: str, expected: li
 
 
 @pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(0.0, "under 1 ms"), (0.0038, "4 ms"), (0.7814, "781 ms"), (7.2, "7.20 s")],
+)
+def test_summary_says_how_long_detection_took_in_units_a_person_reads(
+    snapshot_path: Path, tmp_path: Path, seconds: float, shown: str
+) -> None:
+    """A fast detection takes milliseconds (4 here, 780 on the H100 with NVML): "0.00 s" read as
+    a clock that had not run."""
+    recorded = json.loads((snapshot_path / "tesla-t4.json").read_text())
+    path = tmp_path / "t4.json"
+    path.write_text(json.dumps({**recorded, "detection_seconds": seconds}))
+    result = run("detect", "--snapshot", str(path))
+    assert result.exit_code == 0
+    assert result.output.splitlines()[0].endswith(f" detection in {shown}")
+
+
+@pytest.mark.parametrize(
     ("content", "message"),
     [
         pytest.param(None, "does not exist", id="missing"),

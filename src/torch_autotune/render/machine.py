@@ -126,12 +126,22 @@ def _software(snapshot: HardwareSnapshot) -> Table:
     return facts_table("Software", rows)
 
 
+def took(seconds: float) -> str:
+    """A detection's time as a person reads it: a fast one takes milliseconds, and "0.00 s"
+    reads as a clock that did not run."""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 0.0005:
+        return f"{seconds * 1000:.0f} ms"
+    return "under 1 ms"
+
+
 def render_snapshot(snapshot: HardwareSnapshot, console: Console) -> None:
     """Print a readable summary of a snapshot."""
     console.print(
         Text(
             f"torch-autotune {snapshot.tool_version}: {snapshot.detection_depth} detection "
-            f"in {snapshot.detection_seconds:.2f} s",
+            f"in {took(snapshot.detection_seconds)}",
             style="bold",
         )
     )
