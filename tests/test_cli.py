@@ -343,6 +343,8 @@ def test_on_a_terminal_progress_is_a_bar_that_leaves_no_lines() -> None:
 
 
 def test_a_plain_progress_line_says_the_time_spent_of_the_budget() -> None:
+    """The clock starts at the first report, which tune() makes as its budget starts: the
+    seconds shown are the budget's, not those of importing torch before it (1 s on a CPU)."""
     from rich.console import Console
 
     from torch_autotune.render import progress_reporter
@@ -350,12 +352,34 @@ def test_a_plain_progress_line_says_the_time_spent_of_the_budget() -> None:
     log = io.StringIO()
     times = iter([100.0, 102.5, 190.0])
     with progress_reporter(120, console=Console(file=log), clock=lambda: next(times)) as report:
+        report("detect", "this machine")
         report("search", "batch [8]")  # a name with brackets is text, not markup
         report("workers", "0, 1, 2")
     assert log.getvalue().splitlines() == [
+        "autotune: [0.0 s of 120 s] detect: this machine",
         "autotune: [2.5 s of 120 s] search: batch [8]",
         "autotune: [90.0 s of 120 s] workers: 0, 1, 2",
     ]
+
+
+def test_the_progress_lines_end_where_the_run_time_does(tmp_path: Path) -> None:
+    """tune() on a simulated machine, its clock also the reporter's: the last line's seconds
+    are at most the run time the profile records (they were 0.9 s past it)."""
+    from rich.console import Console
+
+    from tests.probe.fake_trials import mlp_machine, tune_on
+    from tests.probe.test_run import LAPTOP
+    from torch_autotune.render import progress_reporter
+
+    machine = mlp_machine()
+    log = io.StringIO()
+    with progress_reporter(30, console=Console(file=log), clock=machine.clock) as report:
+        machine.advance(0.9)  # importing torch, before the budget starts
+        profile = tune_on(machine, "mlp", LAPTOP, budget_s=30, progress=report)
+    assert profile.evidence is not None
+    shown = [float(line.split("[")[1].split(" s of")[0]) for line in log.getvalue().splitlines()]
+    assert shown[0] == 0.0
+    assert shown[-1] <= profile.evidence.elapsed_s
 
 
 @pytest.mark.parametrize(

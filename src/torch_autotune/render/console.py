@@ -86,6 +86,9 @@ def progress_reporter(
     log file), where a bar shows nothing, one plain line per call on ``console`` (default:
     stderr), such as ``autotune: [12.3 s of 120 s] search: batch 64``: one for each phase
     and each trial, so that a log says where the time went.
+
+    The clock starts at the first report, which ``tune()`` makes when its budget starts (after
+    importing torch), so the times shown are the budget's and end where its run time does.
     """
     console = console or make_console(stderr=True)
     if not is_terminal(console):
@@ -103,13 +106,15 @@ def progress_reporter(
         transient=True,
     ) as progress:
         task = progress.add_task("starting", total=budget_s)
-        started = clock()
+        started: list[float] = []
 
         def report(phase: str, what: str) -> None:
+            now = clock()
+            started[:] = started or [now]
             total = _budget_told(phase, what)
             if total is not None:
                 progress.update(task, total=total)
-            progress.update(task, description=f"{phase}: {what}", completed=clock() - started)
+            progress.update(task, description=f"{phase}: {what}", completed=now - started[0])
 
         yield report
 
@@ -128,17 +133,19 @@ def _plain_reporter(
     budget_s: float, console: Console, clock: Callable[[], float]
 ) -> Callable[[str, str], None]:
     """One line per call (a call that repeats the one before is left out)."""
-    started = clock()
+    started: list[float] = []
     last: list[tuple[str, str]] = []
     total = [budget_s]
 
     def report(phase: str, what: str) -> None:
+        now = clock()
+        started[:] = started or [now]
         if last == [(phase, what)]:
             return
         last[:] = [(phase, what)]
         told = _budget_told(phase, what)
         total[0] = total[0] if told is None else told
-        line = f"autotune: [{clock() - started:.1f} s of {total[0]:.0f} s] {phase}: {what}"
+        line = f"autotune: [{now - started[0]:.1f} s of {total[0]:.0f} s] {phase}: {what}"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     return report
