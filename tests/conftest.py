@@ -18,7 +18,7 @@ driver's files are there (so detecting this machine asks NVML, which the guard r
 is a CUDA build, and CUDA has started: ``python -m pytest`` runs ``test_gpu.py`` before most test
 files, in the same process (or the same ``pytest -n`` worker). CI runs them so too, which keeps a
 test that needs this machine to have no GPU from passing here and failing on the next GPU machine
-(issue 10: 30 such failures on an H100, then 4 more when the GPU tier ran first).
+(issue 10: 30 such failures on an H100, and 5 more due there once the GPU tier had run).
 """
 
 from __future__ import annotations

@@ -110,7 +110,8 @@ def progress_reporter(
 
         def report(phase: str, what: str) -> None:
             now = clock()
-            started[:] = started or [now]
+            if not started:
+                started.append(now)
             total = _budget_told(phase, what)
             if total is not None:
                 progress.update(task, total=total)
@@ -139,7 +140,8 @@ def _plain_reporter(
 
     def report(phase: str, what: str) -> None:
         now = clock()
-        started[:] = started or [now]
+        if not started:
+            started.append(now)
         if last == [(phase, what)]:
             return
         last[:] = [(phase, what)]
