@@ -27,23 +27,23 @@ pytestmark = pytest.mark.system
 
 
 def own_script() -> str | None:
-    """The `autotune` script that runs this interpreter, or None where pip installed none for it.
+    """The `autotune` script that runs this interpreter, or None where pip installed none for it:
+    the first on PATH if it does (`pip install --target` puts it in the target's bin), else the
+    one in this interpreter's scripts folder.
 
     The first `autotune` on PATH can belong to another Python with another torch (a virtual
     environment run by its path but not activated): this tier must test the torch it runs under.
     """
-    beside = shutil.which("autotune", path=sysconfig.get_path("scripts"))
-    if beside:
-        return beside
-    on_path = shutil.which("autotune")  # pip install --target puts scripts in the target's bin
-    if on_path is None:
-        return None
-    with open(on_path, "rb") as script:
-        first = script.readline(4096)
-    interpreter = first[2:].decode(errors="replace").strip() if first.startswith(b"#!") else ""
-    # a virtual environment's python is a link to its base, so compare folders, not resolved files
-    same = Path(os.path.abspath(interpreter)).parent == Path(os.path.abspath(sys.executable)).parent
-    return on_path if interpreter and same else None
+    on_path = shutil.which("autotune")
+    if on_path is not None:
+        with open(on_path, "rb") as script:
+            first = script.readline(4096)
+        runs = first[2:].decode(errors="replace").strip() if first.startswith(b"#!") else ""
+        # a virtual environment's python links to its base: compare folders, not resolved files
+        here = Path(os.path.abspath(sys.executable)).parent
+        if runs and Path(os.path.abspath(runs)).parent == here:
+            return on_path
+    return shutil.which("autotune", path=sysconfig.get_path("scripts"))
 
 
 def command() -> list[str]:
