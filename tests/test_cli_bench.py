@@ -21,6 +21,7 @@ from torch_autotune.bench import TrainConfig
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_PROBE, EXIT_USAGE, ProbeError
 from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import Profile
 from torch_autotune.profile_io import dump_profile, load_profile
 from torch_autotune.rules.engine import build_profile
@@ -149,8 +150,8 @@ def test_the_budget_reaches_the_tuning_the_bench_starts(
 ) -> None:
     asked: list[tuple[object, float]] = []
 
-    def fake_tune(workload: object, *, budget_s: float, **_options: object) -> None:
-        asked.append((workload, budget_s))
+    def fake_tune(workload: Workload, *, budget_s: float, **_options: object) -> None:
+        asked.append((workload.name, budget_s))  # the workload is resolved once, by the bench
         raise ProbeError("stopped by the test after tuning was asked for")
 
     monkeypatch.setattr(api, "tune", fake_tune)

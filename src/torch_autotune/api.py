@@ -14,6 +14,7 @@ probe, and with it torch, when they run.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import time
 import warnings
@@ -158,8 +159,18 @@ def rules_profile(
 
 
 def tune(
-    workload: str | Workload | None = None,
+    workload: Any = None,
     *,
+    model: Any = None,
+    optimizer: Any = None,
+    dataset: Any = None,
+    loader: Any = None,
+    example_batch: Any = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    loss_fn: Callable[..., Any] | None = None,
+    train_step: Callable[[Any, Any], Any] | None = None,
+    name: str | None = None,
+    min_batch_size: int | None = None,
     snapshot: HardwareSnapshot | None = None,
     mode: Mode | str = Mode.SPEED,
     budget_s: float | None = None,
@@ -171,34 +182,54 @@ def tune(
     clock: Callable[[], float] = time.perf_counter,
     trials: Callable[[Workload, StepSettings], Trials] | None = None,
 ) -> Profile:
-    """Probe this machine with a workload and return the measured profile (not saved).
+    """Probe this machine with a workload and return the measured profile (not saved:
+    ``save(profile)`` keeps it).
 
-    ``workload`` is a built-in name ("conv", "resnet50", "transformer", "gpt2", "mlp"), a
-    ``Workload``, or "package.module:factory"; by default the built-in sized for the device
-    the rules choose. ``snapshot`` describes the machine instead of detecting it. ``budget_s``
-    bounds the whole run, detection included (default 120 s, 180 s where torch.compile is
-    measured). The user's model, optimizer state, RNG and torch's global flags are as before
-    when this returns or raises. ``trials`` replaces the real training steps and ``clock`` the
-    timer (tests drive the orchestration with recorded timings through them).
+    ``workload``: a built-in name ("conv", "resnet50", "transformer", "gpt2", "mlp"),
+    "package.module:factory", a factory function, a dict of the objects below, or an object
+    that trains as it is (a Hugging Face ``Trainer``, a ``LightningModule``); by default the
+    built-in sized for the device the rules choose. Or the objects themselves: ``model``,
+    ``optimizer`` (an optimizer, rebuilt over each copy of the model the probe trains, or a
+    factory ``params -> optimizer``), ``dataset`` or ``loader`` (a DataLoader, taken apart) or
+    ``example_batch``, and optionally ``collate_fn``, ``loss_fn`` or ``train_step(model,
+    batch) -> loss``; ``name`` names them in the store (default: the model's class).
+    ``min_batch_size`` is where the search starts. ``snapshot`` describes the machine instead
+    of detecting it. ``budget_s`` bounds the whole run, detection included (default 120 s,
+    180 s where torch.compile is measured). The user's model, optimizer state, RNG and torch's
+    global flags are as before when this returns or raises. ``trials`` replaces the real
+    training steps and ``clock`` the timer (tests drive the orchestration with recorded
+    timings through them).
+
+    Long by design: the signature is the public API's, a keyword argument a line.
     """
-    compose.check_tune_arguments(budget_s, max_batch_size, target_global_batch, num_workers)
+    compose.check_tune_arguments(
+        budget_s, max_batch_size, target_global_batch, num_workers, min_batch_size
+    )
     if trials is None:
         _import_torch()
     from torch_autotune.probe.run import default_budget_s, measure
     from torch_autotune.rules.engine import build_profile
 
+    objects = {
+        "model": model,
+        "optimizer": optimizer,
+        "dataset": dataset,
+        "loader": loader,
+        "example_batch": example_batch,
+        "collate_fn": collate_fn,
+        "loss_fn": loss_fn,
+        "train_step": train_step,
+    }
     report = progress or _silent
     started = clock()
     report("detect", "this machine")
     machine = snapshot or detect()
     host = machine_id()
-    chosen = _workload(workload, machine, host)
-    preferences = Preferences(
-        mode=Mode(mode),
-        model_kind=chosen.kind,
-        fixed_shapes=fixed_shapes,
-        optimizer="adamw",
-        num_workers=num_workers,
+    chosen = _workload(
+        workload, machine, host, objects=objects, name=name, min_batch_size=min_batch_size
+    )
+    preferences = compose.preferences(
+        chosen, Mode(mode), fixed_shapes, num_workers, target_global_batch
     )
     rules_only = build_profile(machine, preferences=preferences, host_id=host)
     total = budget_s if budget_s is not None else default_budget_s(rules_only)
@@ -230,19 +261,34 @@ def _import_torch() -> None:
     import_holding_ctrl_c("torch")
 
 
-def _workload(workload: str | Workload | None, machine: HardwareSnapshot, host: str) -> Workload:
-    """The workload asked for; by default the built-in sized for the device the rules choose."""
+def _workload(
+    workload: Any,
+    machine: HardwareSnapshot,
+    host: str,
+    *,
+    objects: dict[str, Any] | None = None,
+    name: str | None = None,
+    min_batch_size: int | None = None,
+) -> Workload:
+    """The workload asked for, in any of its forms (``resolve_workload``); by default the
+    built-in sized for the device the rules choose. ``min_batch_size`` replaces its own."""
     from torch_autotune.probe.workloads import resolve_workload
     from torch_autotune.rules.engine import build_profile
 
-    if workload is not None:
-        return resolve_workload(workload)
-    return resolve_workload(None, device=build_profile(machine, host_id=host).settings.device)
+    given = {key: value for key, value in (objects or {}).items() if value is not None}
+    if workload is None and not given:
+        device = build_profile(machine, host_id=host).settings.device
+        chosen = resolve_workload(None, device=device)
+    else:
+        chosen = resolve_workload(workload, objects=given, name=name)
+    if min_batch_size is not None:
+        chosen = dataclasses.replace(chosen, min_batch_size=min_batch_size)
+    return chosen
 
 
 def bench(
     profile: Profile | None = None,
-    workload: str | Workload | None = None,
+    workload: Any = None,
     *,
     baseline: TrainConfig | None = None,
     rounds: int = DEFAULT_ROUNDS,
@@ -257,7 +303,8 @@ def bench(
 
     ``profile``: a measured profile (from ``tune()``); None tunes the workload first, in
     ``budget_s`` seconds (None: ``tune()``'s default budget).
-    ``workload``: default the one the profile was measured on. ``baseline``: default fp32,
+    ``workload``: default the one the profile was measured on; any form ``tune()`` takes (a
+    profile measured on objects needs them again: a dict of them). ``baseline``: default fp32,
     batch 32, no workers, no pinning, eager, torch's default backends. Every arm runs once per
     round, ``rounds`` rounds, each measurement at least ``seconds`` long after its warm-up.
     ``measure`` replaces the real training loop: (config, seconds) -> samples/s.
@@ -268,13 +315,14 @@ def bench(
     if measure is None:
         _import_torch()
     started = clock()
-    if profile is None:
-        profile = tune(workload, budget_s=budget_s, progress=progress, clock=clock)
-    measured_on = _measured_on(profile)
     from torch_autotune.probe.ablation import run_arms
     from torch_autotune.probe.workloads import resolve_workload
 
-    chosen = resolve_workload(workload if workload is not None else measured_on)
+    given = None if workload is None else resolve_workload(workload)
+    if profile is None:
+        profile = tune(given, budget_s=budget_s, progress=progress, clock=clock)
+    _measured_on(profile)  # a rules-only profile cannot be benched
+    chosen = given or _bench_workload(profile)
     plan, not_ablated = compose.bench_plan(
         profile, baseline, has_dataset=chosen.dataset is not None, workload=chosen.name
     )
@@ -299,6 +347,23 @@ def bench(
         elapsed_s=clock() - started,
     )
     return apply_bench(profile, plan, evidence)
+
+
+def _bench_workload(profile: Profile) -> Workload:
+    """The workload ``profile`` was measured on, built again from its name; a profile measured
+    on objects given to ``tune()`` cannot be: they are asked for."""
+    from torch_autotune.errors import WorkloadError
+    from torch_autotune.probe.workloads import resolve_workload
+
+    name = _measured_on(profile)
+    details = profile.evidence.details if profile.evidence is not None else None
+    if details is not None and details.source == "objects":
+        raise WorkloadError(
+            f"the profile was measured on objects given to tune() ('{name}'), which cannot be"
+            " built again from their name; give them to the bench too: bench(profile,"
+            " workload={'model': ..., 'optimizer': ..., 'dataset': ...})"
+        )
+    return resolve_workload(name)
 
 
 def _measured_on(profile: Profile) -> str:

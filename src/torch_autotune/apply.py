@@ -245,22 +245,72 @@ def compile_model(settings: Settings, model: Any) -> Any:
     return torch.compile(model, mode=settings.compile.mode)
 
 
-def batch_to_device(
-    settings: Settings, inputs: Any, targets: Any, *, non_blocking: bool = False
-) -> tuple[Any, Any]:
-    """A batch on the settings' device: image batches (4-D) in its memory format, and the batch
-    dimension marked dynamic when the settings compile (``mark_dynamic_batch``)."""
+def batch_to_device(settings: Settings, batch: Any, *, non_blocking: bool = False) -> Any:
+    """A batch on the settings' device, whatever its structure (``map_tensors``): image
+    tensors (4-D floating point) in the settings' memory format, and the batch dimension of
+    every tensor marked dynamic when the settings compile (``mark_dynamic_batch``)."""
     import torch
 
     device = settings.device
-    if inputs.dim() == 4 and settings.memory_format == "channels_last":
-        inputs = inputs.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
-    else:
-        inputs = inputs.to(device, non_blocking=non_blocking)
-    targets = targets.to(device, non_blocking=non_blocking)
+    channels_last = settings.memory_format == "channels_last"
+    moved: list[Any] = []
+
+    def to_device(tensor: Any) -> Any:
+        if channels_last and tensor.dim() == 4 and tensor.is_floating_point():
+            tensor = tensor.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
+        else:
+            tensor = tensor.to(device, non_blocking=non_blocking)
+        moved.append(tensor)
+        return tensor
+
+    result = map_tensors(batch, to_device, device=device)
     if settings.compile.enabled:
-        mark_dynamic_batch(torch, inputs, targets)
-    return inputs, targets
+        mark_dynamic_batch(torch, *moved)
+    return result
+
+
+def map_tensors(batch: Any, function: Any, *, device: str | None = None) -> Any:
+    """``batch`` with ``function`` applied to every tensor in it, the containers rebuilt as
+    they were: a tensor; a mapping (a dict, a tokenizer's ``BatchEncoding``: its own type where
+    it can be built from a dict, else a dict); a tuple, a named tuple or a list; a dataclass.
+    With ``device``, an object of another type that has a ``to`` method (a batch class of the
+    user's) is moved with ``obj.to(device)``; any other value (a string, a number) is kept."""
+    import dataclasses
+    from collections.abc import Mapping
+
+    import torch
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return function(value)
+        if isinstance(value, Mapping):
+            items = {key: walk(item) for key, item in value.items()}
+            kind: Any = type(value)
+            try:
+                return kind(items)
+            except Exception:  # a mapping type that is not built from a dict
+                return items
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+            return type(value)(*(walk(item) for item in value))
+        if isinstance(value, (tuple, list)):
+            return type(value)(walk(item) for item in value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = {f.name: walk(getattr(value, f.name)) for f in dataclasses.fields(value)}
+            return dataclasses.replace(
+                value, **{k: v for k, v in fields.items() if _init(value, k)}
+            )
+        if device is not None and callable(getattr(value, "to", None)):
+            return value.to(device)
+        return value
+
+    return walk(batch)
+
+
+def _init(instance: Any, name: str) -> bool:
+    """Whether the dataclass field ``name`` of ``instance`` is set through ``__init__``."""
+    import dataclasses
+
+    return next(f.init for f in dataclasses.fields(instance) if f.name == name)
 
 
 def mark_dynamic_batch(torch: Any, *tensors: Any) -> None:

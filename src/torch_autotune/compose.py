@@ -26,11 +26,12 @@ from torch_autotune.bounds import (
     MAX_WORKERS,
 )
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.profile import Profile
+from torch_autotune.profile import Mode, Preferences, Profile
 
 if TYPE_CHECKING:
     from torch_autotune.probe.ablation import ArmResults
     from torch_autotune.probe.run import ProbeResult
+    from torch_autotune.probe.workloads import Workload
     from torch_autotune.rules.context import Measurements
 
 ARM_WARMUP_S = 1.0
@@ -46,6 +47,7 @@ def check_tune_arguments(
     max_batch_size: int | None,
     target_global_batch: int | None,
     num_workers: int | None,
+    min_batch_size: int | None = None,
 ) -> None:
     """ValueError for a number no run can use: a budget that is not finite and positive, a
     count outside what a machine can have (``torch_autotune.bounds``)."""
@@ -55,11 +57,31 @@ def check_tune_arguments(
         )
     for name, value, low, high in (
         ("max_batch_size", max_batch_size, 1, MAX_BATCH_SIZE),
+        ("min_batch_size", min_batch_size, 1, MAX_BATCH_SIZE),
         ("target_global_batch", target_global_batch, 1, MAX_GLOBAL_BATCH),
         ("num_workers", num_workers, 0, MAX_WORKERS),
     ):
         if value is not None and not low <= value <= high:
             raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+
+
+def preferences(
+    workload: Workload,
+    mode: Mode,
+    fixed_shapes: bool,
+    num_workers: int | None,
+    target_global_batch: int | None,
+) -> Preferences:
+    """What the rules are told about ``workload`` and what the user asked for: its kind, its
+    optimizer, and whether its shapes are fixed (asked by the user, and seen in its data)."""
+    return Preferences(
+        mode=mode,
+        model_kind=workload.kind,
+        fixed_shapes=fixed_shapes and not workload.variable_shapes,
+        optimizer=workload.optimizer,
+        num_workers=num_workers,
+        target_global_batch=target_global_batch,
+    )
 
 
 def check_bench_arguments(rounds: int, seconds: float) -> None:

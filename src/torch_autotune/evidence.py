@@ -177,6 +177,11 @@ class SearchTrialRecord(StrictModel):
     left_s: float | None = Field(
         default=None, ge=0, description="Seconds the phase had left when the trial was decided."
     )
+    error: str | None = Field(
+        default=None,
+        description="What the step raised at this size (not out-of-memory): a model that cannot"
+        " train on so few samples, such as BatchNorm on one.",
+    )
 
 
 class ThroughputRecord(StrictModel):
@@ -232,6 +237,34 @@ class LoaderRecord(StrictModel):
     error: str | None = None
 
 
+class WorkloadDetails(StrictModel):
+    """What the probe made of the workload it trained: where it came from, how a batch
+    reaches the model, where the loss comes from, and what was adapted on the way."""
+
+    source: Literal["built-in", "factory", "objects"] = Field(
+        description="A built-in workload, a factory's result, or objects given to tune()."
+    )
+    framework: str | None = Field(
+        default=None, description="'transformers', 'transformers Trainer', 'lightning', or None."
+    )
+    model: str | None = Field(default=None, description="The model's class, where given as one.")
+    optimizer: str | None = Field(default=None, description="The optimizer's class.")
+    batch: str = Field(description="One sample of a batch, as collated.")
+    call: str | None = Field(default=None, description="How the model is called on a batch.")
+    loss: str | None = Field(default=None, description="Where the loss comes from.")
+    min_batch_size: BatchSize = Field(default=1, description="The smallest batch searched.")
+    min_batch_reason: str | None = Field(
+        default=None, description="Why the search started above 1 (the user, or an error)."
+    )
+    variable_shapes: bool = Field(default=False, description="Samples differ in shape.")
+    notes: tuple[str, ...] = Field(default=(), description="What was adapted, in words.")
+    loader_arguments: tuple[str, ...] = Field(
+        default=(),
+        description="Arguments of the user's data module that take the tuned DataLoader "
+        "settings (batch_size, num_workers, ...), for the exports.",
+    )
+
+
 class Evidence(StrictModel):
     """What the probe ran and measured on the machine: the basis of every measured setting."""
 
@@ -261,6 +294,9 @@ class Evidence(StrictModel):
         default=None, description="torch.compile measured (speed mode, where it can run)."
     )
     warnings: tuple[str, ...] = Field(default=(), description="What the user should know.")
+    details: WorkloadDetails | None = Field(
+        default=None, description="What the probe made of the workload (None in earlier releases)."
+    )
 
     def ran(self) -> set[int]:
         """Batch sizes that trained on the machine: search trials that fit, steady points

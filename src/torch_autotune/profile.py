@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from torch_autotune.bounds import CpuCount, Seed, WorkerCount
+from torch_autotune.bounds import CpuCount, GlobalBatch, Seed, WorkerCount
 from torch_autotune.evidence import (
     CompileRecord,
     Evidence,
@@ -30,6 +30,7 @@ from torch_autotune.evidence import (
     PhaseRecord,
     SearchTrialRecord,
     ThroughputRecord,
+    WorkloadDetails,
 )
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.invariants import (
@@ -79,6 +80,7 @@ __all__ = [
     "Settings",
     "Source",
     "ThroughputRecord",
+    "WorkloadDetails",
     "fingerprint",
     "profile_problems",
     "settings_paths",
@@ -101,6 +103,7 @@ class Preferences(StrictModel):
     seed: Seed = 0  # used by the reproducible mode
     allow_p100_fp16: bool = False  # catalog A5: fp16 on P100 only as an opt-in
     num_workers: WorkerCount | None = None  # the user's own DataLoader worker count
+    target_global_batch: GlobalBatch | None = None  # the global batch accumulation keeps
 
 
 class Decision(StrictModel):

@@ -164,8 +164,8 @@ def test_without_a_profile_the_bench_tunes_first_in_the_budget_given(
     # None: tune() chooses its default (120 s, or 180 s where it measures torch.compile)
     asked: list[tuple[object, float | None]] = []
 
-    def fake_tune(workload: object, *, budget_s: float | None, **_options: object) -> Profile:
-        asked.append((workload, budget_s))
+    def fake_tune(workload: Workload, *, budget_s: float | None, **_options: object) -> Profile:
+        asked.append((workload.name, budget_s))  # the workload is resolved once, by the bench
         return a100
 
     monkeypatch.setattr(api, "tune", fake_tune)
@@ -246,9 +246,9 @@ def test_an_arm_trains_with_its_settings_as_apply_translates_them(
         name="recording",
         kind="conv",
         make_model=make_model,
-        make_optimizer=lambda params, **kw: torch.optim.SGD(params, lr=0.1, **kw),
+        make_optimizer=lambda model, **kw: torch.optim.SGD(model.parameters(), lr=0.1, **kw),
         make_batch=lambda n: (torch.randn(n, 3, 8, 8), torch.randint(0, 4, (n,))),
-        loss_fn=mlp.loss_fn,
+        train_step=mlp.train_step,
     )
     loop = TrainingLoop(workload, "cpu", warmup_steps=1, min_steps=1)
     settings = loop.settings(config)
@@ -269,9 +269,9 @@ def test_out_of_memory_in_the_loop_fails_only_that_arm() -> None:
         name="oom",
         kind="mlp",
         make_model=lambda: OomAt("forward"),
-        make_optimizer=lambda params, **kw: torch.optim.SGD(params, lr=0.1, **kw),
+        make_optimizer=lambda model, **kw: torch.optim.SGD(model.parameters(), lr=0.1, **kw),
         make_batch=lambda n: (torch.randn(n, 16), torch.randint(0, 4, (n,))),
-        loss_fn=mlp.loss_fn,
+        train_step=mlp.train_step,
     )
     loop = TrainingLoop(workload, "cpu", warmup_steps=1, min_steps=1)
     assert loop.measure(TrainConfig(batch_size=LIMIT), 0.01) > 0
@@ -285,9 +285,9 @@ def test_a_bug_in_the_users_model_surfaces_as_their_own_error() -> None:
         name="broken",
         kind="mlp",
         make_model=lambda: torch.nn.Linear(3, 4),  # the batches have 16 features
-        make_optimizer=lambda params, **kw: torch.optim.SGD(params, lr=0.1, **kw),
+        make_optimizer=lambda model, **kw: torch.optim.SGD(model.parameters(), lr=0.1, **kw),
         make_batch=lambda n: (torch.randn(n, 16), torch.randint(0, 4, (n,))),
-        loss_fn=mlp.loss_fn,
+        train_step=mlp.train_step,
     )
     loop = TrainingLoop(workload, "cpu", warmup_steps=1, min_steps=1)
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as caught:
@@ -311,10 +311,10 @@ def _workload(
         name="mine",
         kind="mlp",
         make_model=lambda: torch.nn.Linear(16, 4),
-        make_optimizer=lambda params, **kw: torch.optim.SGD(params, lr=0.1, **kw),
+        make_optimizer=lambda model, **kw: torch.optim.SGD(model.parameters(), lr=0.1, **kw),
         make_batch=lambda n: (torch.randn(n, 16), torch.randint(0, 4, (n,))),
         dataset=dataset,
-        loss_fn=mlp.loss_fn,
+        train_step=mlp.train_step,
     )
 
 

@@ -72,15 +72,18 @@ class Tiny:
     def make_model(self) -> torch.nn.Module:
         return self.model
 
-    def make_optimizer(self, params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:
-        return self.optimizer(params, **kwargs)
+    typical_batch = None
+
+    def make_optimizer(self, model: torch.nn.Module, **kwargs: Any) -> torch.optim.Optimizer:
+        return self.optimizer(model.parameters(), **kwargs)
 
     def make_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         OomInStep.big_batch = batch_size > LIMIT
         return torch.randn(batch_size, self.width), torch.randint(0, 4, (batch_size,))
 
-    def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(output, target)
+    def train_step(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        inputs, targets = batch
+        return torch.nn.functional.cross_entropy(model(inputs), targets)
 
 
 def adam(params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:

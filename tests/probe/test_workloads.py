@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_autotune.errors import EXIT_WORKLOAD, WorkloadError
+from torch_autotune.errors import EXIT_WORKLOAD, WorkloadError, raised_by_user_code
 from torch_autotune.probe import workloads
 from torch_autotune.probe.workloads import (
     BUILTIN_WORKLOADS,
@@ -34,7 +34,10 @@ from torch_autotune.probe.workloads import (
 )
 
 SAMPLE_MODELS = Path(__file__).parent / "sample_user_models"
-README = "a factory returns model, optimizer and a dataset or example_batch (see the README)"
+README = (
+    "give model, optimizer and a dataset, a loader or an example_batch (see the README's"
+    " 'Your own model')"
+)
 
 # The documented shapes of one batch of 8: (inputs, input dtype), (targets, target dtype),
 # and the model's output.
@@ -64,9 +67,8 @@ def quick_model(key: str) -> torch.nn.Module:
 
 def train_step(workload: Workload, model: torch.nn.Module, batch_size: int = 8) -> float:
     """One real training step (forward, loss, backward, optimizer step); returns the loss."""
-    optimizer = workload.make_optimizer(model.parameters())
-    inputs, targets = workload.make_batch(batch_size)
-    loss = workload.loss_fn(model(inputs), targets)
+    optimizer = workload.make_optimizer(model)
+    loss = workload.train_step(model, workload.make_batch(batch_size))
     loss.backward()
     optimizer.step()
     return float(loss.detach())
@@ -171,7 +173,7 @@ def test_builtin_token_targets_are_the_next_tokens(key: str, vocab_size: int) ->
 def test_builtin_optimizer_is_adamw_at_1e_3_and_takes_fused(key: str) -> None:
     workload = BUILT[key]
     assert workload.optimizer_accepts(fused=True)
-    optimizer = workload.make_optimizer(quick_model(key).parameters(), fused=True)
+    optimizer = workload.make_optimizer(quick_model(key), fused=True)
     assert isinstance(optimizer, torch.optim.AdamW)
     assert optimizer.defaults["lr"] == 1e-3
     assert optimizer.defaults["fused"] is True
@@ -292,10 +294,10 @@ def test_the_realistic_architectures_learn_at_a_tiny_size(key: str) -> None:
         inputs, targets = SyntheticImages(size=32, num_classes=1000).batch(8)
     else:
         inputs, targets = SyntheticTokens(seq_len=32, vocab_size=64).batch(8)
-    optimizer = BUILT[key].make_optimizer(model.parameters(), lr=1e-2)
+    optimizer = BUILT[key].make_optimizer(model, lr=1e-2)
     losses = []
     for _ in range(15):
-        loss = BUILT[key].loss_fn(model(inputs), targets)
+        loss = BUILT[key].train_step(model, (inputs, targets))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -318,10 +320,10 @@ def test_the_realistic_workloads_train_a_real_step_on_the_cpu(key: str) -> None:
         inputs, targets = inputs[:, :64], targets[:, :64]
     last = next(reversed(list(model.parameters())))
     before = last.detach().clone()
-    loss = workload.loss_fn(model(inputs), targets)
+    loss = workload.train_step(model, (inputs, targets))
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())
-    workload.make_optimizer(model.parameters()).step()
+    workload.make_optimizer(model).step()
     assert math.isfinite(float(loss.detach()))
     assert not torch.equal(before, last)
     if key == "gpt2":  # GPT-2's initialisation starts near a uniform guess over the vocabulary
@@ -426,7 +428,7 @@ def load_error(spec: str) -> WorkloadError:
 def test_a_mapping_with_an_example_batch_loads_and_trains() -> None:
     workload = load_workload("tiny:good_mapping")
     assert (workload.name, workload.kind) == ("tiny:good_mapping", "mlp")
-    assert workload.sample_shape == "inputs 1x4x4 float32, targets int64"
+    assert workload.sample_shape == "(1x4x4 float32; int64)"
     assert workload.dataset is None
     assert workload.max_batch_size is None
     inputs, targets = workload.make_batch(10)
@@ -457,14 +459,14 @@ def test_a_factory_returning_a_workload_gets_it_back_as_it_is() -> None:
 @pytest.mark.usefixtures("user_models")
 def test_an_object_with_a_model_instance_and_a_dataset_loads() -> None:
     workload = load_workload("tiny:good_object")
-    assert workload.kind == "other"
+    assert workload.kind == "mlp"  # inferred from the module's layers: linear and GELU only
     assert workload.max_batch_size == 10  # the dataset's length
     assert workload.dataset is not None
     assert len(workload.dataset) == 10
     inputs, targets = workload.make_batch(12)  # the first 10 samples, then again
     assert tuple(inputs.shape) == (12, 1, 4, 4)
     assert targets.tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 0, 1]
-    assert workload.sample_shape == "inputs 1x4x4 float32, targets int64"
+    assert workload.sample_shape == "(1x4x4 float32; int64)"
     first, second = workload.make_model(), workload.make_model()  # deep copies of the instance
     assert first is not second
     assert train_step(workload, first) > 0
@@ -476,19 +478,20 @@ def test_an_object_with_a_model_instance_and_a_dataset_loads() -> None:
 @pytest.mark.usefixtures("user_models")
 def test_the_default_loss_is_cross_entropy_for_classes_and_mse_for_floats() -> None:
     classes = load_workload("tiny:good_mapping")
-    logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
-    assert torch.equal(
-        classes.loss_fn(logits, labels), torch.nn.functional.cross_entropy(logits, labels)
-    )
+    model = classes.make_model()
+    inputs, labels = classes.make_batch(4)
+    expected = torch.nn.functional.cross_entropy(model(inputs), labels)
+    assert torch.allclose(classes.train_step(model, (inputs, labels)), expected)
     regression = load_workload("tiny:float_targets")
-    outputs, targets = torch.randn(2, 3), torch.randn(2, 3)
-    assert torch.equal(
-        regression.loss_fn(outputs, targets), torch.nn.functional.mse_loss(outputs, targets)
-    )
+    model = regression.make_model()
+    inputs, targets = torch.randn(2, 1, 4, 4), torch.randn(2, 3)
+    expected = torch.nn.functional.mse_loss(model(inputs), targets)
+    assert torch.allclose(regression.train_step(model, (inputs, targets)), expected)
 
 
 def test_the_cross_entropy_takes_classes_on_dim_1_or_on_the_last_dim() -> None:
-    loss_fn = BUILT["conv"].loss_fn
+    from torch_autotune.probe.workloads.losses import _cross_entropy as loss_fn
+
     logits, tokens = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))  # (N, S, vocab)
     expected = torch.nn.functional.cross_entropy(logits.reshape(10, 7), tokens.reshape(10))
     assert torch.allclose(loss_fn(logits, tokens), expected)
@@ -501,9 +504,8 @@ def test_an_optimizer_factory_without_keyword_arguments_is_not_given_fused() -> 
     workload = load_workload("tiny:lambda_optimizer")
     assert not workload.optimizer_accepts(fused=True)
     assert workload.optimizer_accepts()
-    params = workload.make_model().parameters()
     with pytest.raises(WorkloadError, match="does not take fused as keyword arguments"):
-        workload.make_optimizer(params, fused=True)
+        workload.make_optimizer(workload.make_model(), fused=True)
 
 
 @pytest.mark.usefixtures("user_models")
@@ -641,13 +643,17 @@ def test_a_factory_that_exits_is_refused() -> None:
 
 
 @pytest.mark.usefixtures("user_models")
-@pytest.mark.parametrize(
-    ("factory", "got"), [("wrong_type", "an int"), ("returns_module", "a Sequential")]
-)
-def test_a_factory_returning_the_wrong_type_is_refused(factory: str, got: str) -> None:
-    assert str(load_error(f"tiny:{factory}")) == (
-        f"'tiny:{factory}' returned {got}; a factory returns a Workload or a dict with model,"
-        " optimizer and a dataset or example_batch (see the README)"
+def test_a_factory_returning_the_wrong_type_is_refused() -> None:
+    assert str(load_error("tiny:wrong_type")) == (
+        "'tiny:wrong_type' returned an int; a factory returns a Workload or a dict that holds"
+        f" the model and its data: {README}"
+    )
+
+
+@pytest.mark.usefixtures("user_models")
+def test_a_factory_returning_a_model_alone_is_told_it_needs_its_data() -> None:
+    assert str(load_error("tiny:returns_module")) == (
+        f"'tiny:returns_module' is a Sequential alone: the probe also needs its data; {README}"
     )
 
 
@@ -655,27 +661,20 @@ def test_a_factory_returning_the_wrong_type_is_refused(factory: str, got: str) -
 @pytest.mark.parametrize(
     ("factory", "message"),
     [
-        ("broken", "'tiny:broken' returned a dict without 'model'; " + README),
-        ("no_optimizer", "'tiny:no_optimizer' returned a dict without 'optimizer'; " + README),
+        ("broken", "'tiny:broken' has no 'model'; " + README),
+        ("no_optimizer", "'tiny:no_optimizer' has no 'optimizer'; " + README),
         (
             "no_data",
-            "'tiny:no_data' returned a dict with neither 'dataset' nor 'example_batch'; " + README,
+            "'tiny:no_data' has neither 'dataset', 'loader' nor 'example_batch'; " + README,
         ),
         (
             "unknown_key",
-            "'tiny:unknown_key' returned a dict with the unknown key 'modle'; perhaps you meant"
-            " 'model'?",
+            "'tiny:unknown_key' has the unknown key 'modle'; perhaps you meant 'model'?",
         ),
         (
             "bad_kind",
             "'tiny:bad_kind': kind 'transformers' is not one of conv, transformer, mlp, other;"
             " perhaps you meant 'transformer'?",
-        ),
-        (
-            "optimizer_instance",
-            "'tiny:optimizer_instance': 'optimizer' is an AdamW already built; give a factory"
-            " (params -> optimizer), e.g. functools.partial(torch.optim.AdamW, lr=3e-4): every"
-            " trial builds a fresh one",
         ),
         (
             "model_is_string",
@@ -684,13 +683,13 @@ def test_a_factory_returning_the_wrong_type_is_refused(factory: str, got: str) -
         ),
         (
             "mismatched_batch",
-            "'tiny:mismatched_batch': 'example_batch' has inputs (4, 16) and targets (3,); both"
-            " need the same number of samples on dim 0",
+            "'tiny:mismatched_batch': 'example_batch' holds tensors with 4 and 3 samples on"
+            " dim 0; every tensor of a batch holds its samples on dim 0",
         ),
         (
-            "batch_not_a_pair",
-            "'tiny:batch_not_a_pair': 'example_batch' is a Tensor; give an (inputs, targets)"
-            " tuple of two tensors",
+            "batch_without_tensors",
+            "'tiny:batch_without_tensors': 'example_batch' is a list that holds no tensor with"
+            " samples on dim 0; give a batch as your DataLoader yields it",
         ),
         (
             "list_dataset",
@@ -698,9 +697,17 @@ def test_a_factory_returning_the_wrong_type_is_refused(factory: str, got: str) -
             " and __getitem__); give one, or an example_batch instead",
         ),
         (
-            "dict_dataset",
-            "'tiny:dict_dataset': dataset[0] is a dict, not an (inputs, targets) pair; return"
-            " one from __getitem__, or give example_batch",
+            "optimizer_of_another_model",
+            "'tiny:optimizer_of_another_model': the optimizer holds 4 of its 4 parameters that"
+            " are not the model's being trained: it was built over another model (the probe"
+            " trains a fresh copy of yours for every trial, and would train nothing); give the"
+            " optimizer object itself (it is rebuilt over each copy) or a factory such as"
+            " functools.partial(torch.optim.AdamW, lr=3e-4)",
+        ),
+        (
+            "step_and_loss",
+            "'tiny:step_and_loss': give 'train_step' or 'loss_fn', not both: train_step returns"
+            " the loss",
         ),
     ],
 )
@@ -711,10 +718,60 @@ def test_a_factory_result_missing_or_misusing_a_field_is_refused(
 
 
 @pytest.mark.usefixtures("user_models")
+def test_an_optimizer_object_is_rebuilt_over_each_copy_of_the_model() -> None:
+    """An optimizer built over the user's model holds the original's parameters; the probe
+    trains copies, so it is rebuilt over each, with its class and hyperparameters."""
+    workload = load_workload("tiny:optimizer_instance")
+    model = workload.make_model()
+    optimizer = workload.make_optimizer(model)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    assert [id(p) for p in held] == [id(p) for p in model.parameters()]
+    assert optimizer.param_groups[0]["lr"] == 0.02
+    assert optimizer.param_groups[0]["weight_decay"] == 0.5
+    assert workload.optimizer == "adamw"
+    assert train_step(workload, model, batch_size=4) > 0
+
+
+@pytest.mark.usefixtures("user_models")
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (
+            "batch_is_one_tensor",
+            "'tiny:batch_is_one_tensor': no loss for the step (model(batch) (a Tensor, no"
+            " targets)): the model returned a Tensor and the batch has no targets; give"
+            " loss_fn(outputs, targets), or train_step(model, batch) -> loss",
+        ),
+        (
+            "dict_dataset",
+            "'tiny:dict_dataset': none of the batch's keys (pixels, label) is an argument of"
+            " Sequential.forward (input); name them as forward does, or give"
+            " train_step(model, batch)",
+        ),
+    ],
+)
+def test_a_batch_the_model_cannot_take_fails_at_the_first_step_in_one_line(
+    factory: str, message: str
+) -> None:
+    """These load (a batch may be a lone tensor or a dict); the first step says what is
+    missing, as a WorkloadError of ours (exit 5, one line), not the user's traceback."""
+    workload = load_workload(f"tiny:{factory}")
+    with pytest.raises(WorkloadError) as raised:
+        workload.train_step(workload.make_model(), workload.make_batch(2))
+    assert str(raised.value) == message
+    assert not raised_by_user_code(raised.value)
+
+
+@pytest.mark.usefixtures("user_models")
 def test_a_dataset_whose_samples_cannot_be_batched_is_refused() -> None:
     error = load_error("tiny:ragged_dataset")
-    assert str(error).startswith("'tiny:ragged_dataset': the dataset's samples cannot be batched")
-    assert str(error).endswith("or give example_batch at the largest shape")
+    assert str(error).startswith(
+        "'tiny:ragged_dataset': the dataset's samples cannot be batched by torch's default collate"
+    )
+    assert str(error).endswith(
+        "give a collate_fn that batches them (a padding one for samples of different lengths)"
+    )
     assert isinstance(error.__cause__, RuntimeError)
 
 
@@ -746,7 +803,7 @@ def test_a_workload_with_an_unknown_kind_is_refused() -> None:
             make_model=BUILT["mlp"].make_model,
             make_optimizer=BUILT["mlp"].make_optimizer,
             make_batch=BUILT["mlp"].make_batch,
-            loss_fn=BUILT["mlp"].loss_fn,
+            train_step=BUILT["mlp"].train_step,
         )
 
 
@@ -769,7 +826,7 @@ def test_a_positive_int_caps_the_batch_in_a_workload_and_in_a_factory_result(siz
         make_model=mlp.make_model,
         make_optimizer=mlp.make_optimizer,
         make_batch=mlp.make_batch,
-        loss_fn=mlp.loss_fn,
+        train_step=mlp.train_step,
         max_batch_size=size,
     )
     assert workload.max_batch_size == size
@@ -786,7 +843,7 @@ def test_a_max_batch_size_that_is_not_a_positive_int_is_refused(bad: Any) -> Non
             make_model=mlp.make_model,
             make_optimizer=mlp.make_optimizer,
             make_batch=mlp.make_batch,
-            loss_fn=mlp.loss_fn,
+            train_step=mlp.train_step,
             max_batch_size=bad,
         )
     with pytest.raises(WorkloadError) as raised:

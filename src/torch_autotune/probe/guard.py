@@ -42,6 +42,7 @@ class SearchGuard:
     ram_budget_bytes: int | None = None  # CPU: never start a trial predicted to exceed it
     refused: str | None = None  # why the smallest size refused for time was refused
     calls: list[int | None] = field(default_factory=list)  # per search call: its record
+    start: int = 1  # the smallest batch the search tries
 
     def predicted_peak(self, batch_size: int) -> int | None:
         """Peak memory at ``batch_size`` by the secant through the two largest readings."""
@@ -76,7 +77,8 @@ class SearchGuard:
             raise OutOfTime
         ran = [r.batch_size for r in self.records if r.fits]
         if ran and batch_size <= max(ran):  # monotone: known to fit, not run again
-            return TrialOutcome(True)
+            same = [r for r in self.records if r.fits and r.batch_size == batch_size]
+            return TrialOutcome(True, same[-1].peak_memory_bytes) if same else TrialOutcome(True)
         predicted = self.predicted_peak(batch_size)
         if self.ram_budget_bytes is not None and predicted and predicted > self.ram_budget_bytes:
             # Running out of host RAM does not raise: the kernel kills the process. A size
@@ -127,6 +129,14 @@ class SearchGuard:
         needed = self.needed_s(batch_size)
         return needed is None or needed[1] <= left
 
+    def run_once(self, batch_size: int, step: str) -> TrialOutcome:
+        """Run ``batch_size`` now, whatever ran before (no shortcut, no guard), and record it:
+        for the sizes below where the search may start (``probe.smallest``). ``OutOfTime``
+        when the budget is spent."""
+        if self.budget.left_in_run() <= 0:
+            raise OutOfTime
+        return self._run(batch_size, step)
+
     def _run(self, batch_size: int, step: str) -> TrialOutcome:
         needed = self.needed_s(batch_size)
         left = self.budget.left_in_run() - self.reserve_s
@@ -163,8 +173,15 @@ class SearchGuard:
 
 
 def refused_record(
-    batch_size: int, step: str, *, predicted_s: float | None = None, left_s: float | None = None
+    batch_size: int,
+    step: str,
+    *,
+    predicted_s: float | None = None,
+    left_s: float | None = None,
+    error: str | None = None,
 ) -> SearchTrialRecord:
+    """A size that did not train: refused before it ran (with the time model's numbers), or
+    one whose step raised ``error``."""
     return SearchTrialRecord(
         batch_size=batch_size,
         fits=False,
@@ -173,6 +190,7 @@ def refused_record(
         step=step,
         predicted_s=None if predicted_s is None else round(predicted_s, 3),
         left_s=None if left_s is None else round(max(0.0, left_s), 3),
+        error=error,
     )
 
 
@@ -193,7 +211,10 @@ class Found:
 def search_with_guard(guarded: SearchGuard, cap: int, limit: int | None, cap_reason: str) -> Found:
     """The largest size that ran, what limited it (with the numbers), every trial recorded."""
     try:
-        result = find_max_batch_size(guarded, cap=cap, memory_limit_bytes=limit)
+        start = min(guarded.start, cap)
+        result = find_max_batch_size(
+            guarded, cap=cap, memory_limit_bytes=limit, start=start, floor=start
+        )
         largest, limited_by = result.max_batch_size, result.limited_by
         # Name each search trial by the search's reason for it (start, model, predict, ...);
         # trials the guard ran on its own ("time model") and sizes it did not run keep theirs.
@@ -226,7 +247,7 @@ def search_with_guard(guarded: SearchGuard, cap: int, limit: int | None, cap_rea
             "were spent"
         ),
         "cap": cap_reason,
-        "start": "batch 1 ran out of memory",
+        "start": f"batch {guarded.start} ran out of memory",
     }
     return Found(largest, limited_by, reasons.get(limited_by, limited_by))
 

@@ -106,14 +106,15 @@ class TrainingLoop:
             self._models[key] = prepare_model(settings, model)
         return self._models[key]
 
-    def _batches(self, settings: Settings) -> Generator[tuple[Any, Any], None, None]:
+    def _batches(self, settings: Settings) -> Generator[Any, None, None]:
         """Batches on the device, endlessly: from the DataLoader, else the example batch."""
         dl = settings.dataloader
         pinned = dl.pin_memory and self.device == "cuda"
         batch_size = settings.batch.batch_size or 1
         dataset = self.workload.dataset
         if dataset is None:
-            batch = batch_to_device(settings, *_users(self.workload.make_batch, batch_size))
+            make = self.workload.typical_batch or self.workload.make_batch
+            batch = batch_to_device(settings, _users(make, batch_size))
             while True:
                 yield batch
         from torch.utils.data import DataLoader
@@ -126,15 +127,16 @@ class TrainingLoop:
             prefetch_factor=dl.prefetch_factor,
             timeout_s=LOADER_TIMEOUT_S,
         )
+        if self.workload.collate_fn is not None:
+            kwargs["collate_fn"] = self.workload.collate_fn
         loader = DataLoader(dataset, shuffle=False, drop_last=True, **kwargs)
         with worker_deaths_between_batches() as check:
             while True:  # epochs; the loader's workers stop when the generator is closed
                 iterator = _users(iter, loader)  # starting the workers pickles the user's dataset
                 try:
-                    while (pair := _users(next, iterator, None)) is not None:
+                    while (batch := _users(next, iterator, None)) is not None:
                         check()
-                        inputs, targets = pair
-                        yield batch_to_device(settings, inputs, targets, non_blocking=pinned)
+                        yield batch_to_device(settings, batch, non_blocking=pinned)
                 finally:
                     shut_down(iterator)
 

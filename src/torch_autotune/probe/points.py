@@ -26,14 +26,17 @@ COMPILE_NOISE = 0.03  # compile must be at least this much faster (and beyond th
 # --- phase 3 and 4: throughput and compile ---------------------------------------------------
 
 
-def candidates(largest: int, limited_by: str, multiple: int, fixed_shapes: bool) -> list[int]:
+def candidates(
+    largest: int, limited_by: str, multiple: int, fixed_shapes: bool, *, floor: int = 1
+) -> list[int]:
     """The sizes worth measuring, largest first: the largest (with the K2 margin when memory
-    limited it), rounded to ``multiple`` (K4), and two halvings of it."""
+    limited it), rounded to ``multiple`` (K4), and two halvings of it; none below ``floor``,
+    the smallest size the model trains at."""
     top = largest
     if limited_by in ("memory", "host RAM"):
         top = apply_margin(largest, 0.1 if fixed_shapes else 0.2)  # catalog K2
-    top = max(1, round_down(top, multiple))
-    sizes = {max(1, round_down(top >> shift, multiple)) for shift in range(THROUGHPUT_POINTS)}
+    top = max(floor, round_down(top, multiple))
+    sizes = {max(floor, round_down(top >> shift, multiple)) for shift in range(THROUGHPUT_POINTS)}
     return sorted(sizes, reverse=True)
 
 

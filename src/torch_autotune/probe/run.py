@@ -37,12 +37,17 @@ from dataclasses import dataclass, field
 from torch_autotune.errors import ProbeError, WorkloadError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
-from torch_autotune.probe.guard import Found, SearchGuard, rounded_seconds, search_with_guard
+from torch_autotune.probe.guard import (
+    Found,
+    OutOfTime,
+    SearchGuard,
+    rounded_seconds,
+    search_with_guard,
+)
+from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, Plan, cap_reason, multiple, plan, ram_budget
 from torch_autotune.probe.points import (
     FASTEST_WITHIN,
-    THROUGHPUT_POINTS,
     candidates,
-    compile_seconds,
     confirmation,
     fastest,
     measure_compile,
@@ -53,16 +58,16 @@ from torch_autotune.probe.search import (
     confirm,
     round_down,
 )
+from torch_autotune.probe.smallest import Smallest, smallest_batch
 from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.trials import (
     MAX_SPREAD,
-    MIN_BLOCKS,
     StepSettings,
     TrialRunner,
     preserved,
 )
 from torch_autotune.probe.workers_phase import WORKERS_MAX_S, WORKERS_SHARE, measure_workers
-from torch_autotune.probe.workloads import Workload
+from torch_autotune.probe.workloads import BUILTIN_WORKLOADS, Workload
 from torch_autotune.profile import (
     CompileRecord,
     Evidence,
@@ -72,31 +77,14 @@ from torch_autotune.profile import (
     Profile,
     SearchTrialRecord,
     ThroughputRecord,
+    WorkloadDetails,
 )
 
 DEFAULT_BUDGET_S = 120.0
 """The budget on the CPU, and on a GPU where torch.compile is not measured."""
 DEFAULT_COMPILE_BUDGET_S = 180.0
 """The budget where torch.compile is measured: a compile alone takes 30-80 s on an H100."""
-CPU_CAP = 512  # on the CPU memory rarely limits; throughput flattens long before this
-GPU_CAP = 1 << 16
 EXTRA_HALVINGS = 3  # further halvings while the smallest size is faster beyond noise
-
-
-def _ram_budget(machine: HardwareSnapshot) -> int | None:
-    """Host RAM a CPU probe may fill: 70% of what is available (or of the container limit)."""
-    host = machine.host
-    known = [v for v in (host.memory_available_bytes, host.memory_limit_bytes) if v]
-    return int(0.7 * min(known)) if known else None
-
-
-def _multiple(profile: Profile) -> int:
-    """Catalog K4: multiples of 8 on NVIDIA Tensor-Core GPUs with AMP or TF32."""
-    snapshot = profile.provenance.snapshot
-    gpus = [a for a in snapshot.accelerators if a.backend.value == "cuda"]
-    uses_tc = profile.settings.precision.autocast or profile.settings.matmul.tf32
-    tensor_cores = bool(gpus) and all(a.tensor_cores for a in gpus)
-    return 8 if profile.settings.device == "cuda" and tensor_cores and uses_tc else 1
 
 
 def default_budget_s(rules_only: Profile) -> float:
@@ -146,46 +134,6 @@ def measure(
 
 
 @dataclass
-class _Plan:
-    """What the run measures after the search, and the seconds set aside for each."""
-
-    compile_mode: str | None
-    compile_predicted_s: float
-    compile_s: float
-    workers_s: float
-    confirm_s: float
-    note: str | None  # why compile is not measured
-
-
-def _plan(
-    settings: StepSettings,
-    runner: Trials,
-    *,
-    budget: Budget,
-    model: TimeModel,
-    top: int,
-    workers_s: float,
-) -> _Plan:
-    confirm = model.predict(top, settings.steps)
-    confirm_s = confirm.seconds if confirm else 0.0
-    point = model.predict(top, 2 + MIN_BLOCKS)
-    point_s = point.seconds if point else 0.0
-    mode = settings.compile_mode
-    if mode is None:
-        return _Plan(None, 0.0, 0.0, workers_s, confirm_s, None)
-    predicted = compile_seconds(runner.leaf_modules())
-    compile_s = predicted + 2 * point_s
-    left = budget.left_in_run() - workers_s - confirm_s
-    if compile_s + THROUGHPUT_POINTS * point_s > left:
-        note = (
-            f"compiling was predicted to take about {predicted:.0f} s and {left:.0f} s were "
-            "left after the search; give it more time with --budget"
-        )
-        return _Plan(None, predicted, 0.0, workers_s, confirm_s, note)
-    return _Plan(mode, predicted, compile_s, workers_s, confirm_s, None)
-
-
-@dataclass
 class _Run:
     """One probe run after detection: the phases in order, and what each found."""
 
@@ -200,6 +148,12 @@ class _Run:
     warnings: list[str] = field(default_factory=list)
     records: list[ThroughputRecord] = field(default_factory=list)
     compile: CompileRecord | None = None
+    smallest: Smallest = field(default_factory=lambda: Smallest(1, None))
+
+    @property
+    def floor(self) -> int:
+        """The smallest batch the model trains at: no size below it is measured."""
+        return self.smallest.size
 
     @property
     def workers_s(self) -> float:
@@ -211,20 +165,32 @@ class _Run:
     def search(self, max_batch_size: int | None) -> tuple[SearchGuard, Found, int | None]:
         guarded = SearchGuard(self.runner, self.budget, self.report, reserve_s=self.workers_s)
         device = self.settings.device
-        caps = [(CPU_CAP if device == "cpu" else GPU_CAP, _cap_reason(device))]
+        caps = [(CPU_CAP if device == "cpu" else GPU_CAP, cap_reason(device))]
         if max_batch_size is not None:
             caps.append((max_batch_size, f"the largest batch asked for ({max_batch_size})"))
         if self.workload.max_batch_size is not None:
             largest = self.workload.max_batch_size
             caps.append((largest, f"the workload's largest batch ({largest})"))
-        cap, cap_reason = min(caps)
+        cap, why = min(caps)
+        name = self.workload.name
+        start = self.workload.min_batch_size
+        if start > cap:
+            raise WorkloadError(
+                f"the {name} workload's smallest batch ({start}) is above the largest it may"
+                f" try: {why}"
+            )
         if device == "cpu":
-            guarded.ram_budget_bytes = _ram_budget(self.machine)
+            guarded.ram_budget_bytes = ram_budget(self.machine)
         with self.budget.phase("search"):
             self.runner.apply_flags(cudnn_benchmark=False)
             limit = self.runner.memory_limit() or guarded.ram_budget_bytes
-            found = search_with_guard(guarded, cap, limit, cap_reason)
-        name = self.workload.name
+            try:
+                self.smallest = smallest_batch(guarded, start, cap)
+            except OutOfTime:
+                found = Found(None, "budget", "the budget was spent before the first trial")
+            else:
+                guarded.start = self.smallest.size
+                found = search_with_guard(guarded, cap, limit, why)
         if found.largest is None and found.limited_by in ("budget", "time"):
             raise ProbeError(
                 f"the time budget ({self.budget.total_s:g} s) ran out before a single training "
@@ -232,13 +198,13 @@ class _Run:
             )
         if found.largest is None:
             raise WorkloadError(
-                f"the {name} workload does not train even at batch size 1 on {device}: it "
-                "runs out of memory; use a smaller model or a larger device"
+                f"the {name} workload does not train even at batch size {guarded.start} on"
+                f" {device}: it runs out of memory; use a smaller model or a larger device"
             )
         return guarded, found, limit
 
     def throughput(
-        self, sizes: list[int], plan: _Plan, model: TimeModel, multiple: int
+        self, sizes: list[int], plan: Plan, model: TimeModel, multiple: int
     ) -> ThroughputRecord | None:
         """Steady points at ``sizes``; the fastest steady one (None: none was steady)."""
         self.runner.apply_flags()
@@ -282,6 +248,8 @@ class _Run:
             if points[0].samples_per_s <= points[1].samples_per_s * (1 + FASTEST_WITHIN):
                 break
             size = round_down(points[0].batch_size // 2, multiple)
+            if size < self.floor:
+                break
             more = measure_points(self.runner, [size], self.budget, self.report, model)
             extra += more
             new = [r for r in more if isinstance(r, ThroughputRecord) and r.steady]
@@ -291,7 +259,7 @@ class _Run:
         return extra
 
     def compiled(
-        self, best: ThroughputRecord | None, sizes: list[int], plan: _Plan
+        self, best: ThroughputRecord | None, sizes: list[int], plan: Plan
     ) -> tuple[ThroughputRecord | None, Trials]:
         """Measure torch.compile where planned: (the point to recommend, its runner)."""
         wanted = self.settings.compile_mode
@@ -337,7 +305,7 @@ class _Run:
             return []
         with self.budget.phase("confirm"):
             self.report("confirm", f"batch {candidate}")
-            confirmed = confirm(final, candidate, multiple=multiple)
+            confirmed = confirm(final, candidate, multiple=multiple, floor=self.floor)
         if confirmed.batch_size is None:
             raise ProbeError(
                 f"batch {candidate} ran during the search but not when run again; memory is "
@@ -355,6 +323,21 @@ class _Run:
             )
             for t in confirmed.trials
         ]
+
+    def details(self) -> WorkloadDetails:
+        """What the probe made of the workload, with where the search started and why."""
+        workload = self.workload
+        if workload.details is not None:
+            found = workload.details()
+        else:  # a built-in, or a Workload built by hand
+            found = WorkloadDetails(
+                source="built-in" if workload.name in BUILTIN_WORKLOADS else "factory",
+                batch=workload.sample_shape or "?",
+            )
+        reason = self.smallest.reason
+        if reason is None and self.floor > 1:
+            reason = f"asked for: the search started at {self.floor}"
+        return found.model_copy(update={"min_batch_size": self.floor, "min_batch_reason": reason})
 
     def workers(
         self, batch: int, step_rate: float | None
@@ -374,9 +357,11 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     """The phases after detection, in order (the module docstring), and what they found."""
     guarded, found, limit = run.search(max_batch_size)
     assert found.largest is not None  # search() raised otherwise
-    multiple = _multiple(run.rules_only)
-    sizes = candidates(found.largest, found.limited_by, multiple, run.preferences.fixed_shapes)
-    plan = _plan(
+    step = multiple(run.rules_only)
+    sizes = candidates(
+        found.largest, found.limited_by, step, run.preferences.fixed_shapes, floor=run.floor
+    )
+    after = plan(
         run.settings,
         run.runner,
         budget=run.budget,
@@ -384,10 +369,10 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         top=sizes[0],
         workers_s=run.workers_s,
     )
-    if plan.note:
-        run.warnings.append(f"torch.compile not measured: {plan.note}")
-    best = run.throughput(sizes, plan, guarded.model, multiple)
-    best, final = run.compiled(best, sizes, plan)
+    if after.note:
+        run.warnings.append(f"torch.compile not measured: {after.note}")
+    best = run.throughput(sizes, after, guarded.model, step)
+    best, final = run.compiled(best, sizes, after)
     ran = [r.batch_size for r in run.records if not r.compiled]
     candidate = best.batch_size if best is not None else max(ran, default=sizes[0])
     same_settings = {r.batch_size for r in run.records if r.compiled == (final is not run.runner)}
@@ -397,7 +382,7 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         confirmed = [confirmation(best)]
     else:
         confirmed = run.confirm(
-            final, candidate, multiple, ran=same_settings, predicted_s=plan.confirm_s
+            final, candidate, step, ran=same_settings, predicted_s=after.confirm_s
         )
     batch = confirmed[-1].batch_size if confirmed else candidate
     step_rate = best.samples_per_s if best is not None and best.batch_size == batch else None
@@ -425,6 +410,7 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         phases=_phases(run.budget),
         compile=run.compile,
         warnings=tuple(run.warnings),
+        details=run.details(),
     )
     return ProbeResult(evidence=evidence, num_workers=workers)
 
@@ -439,12 +425,3 @@ def _phases(budget: Budget) -> tuple[PhaseRecord, ...]:
         )
         for p in budget.phases
     )
-
-
-def _cap_reason(device: str) -> str:
-    if device == "cpu":
-        return (
-            f"the CPU cap of {CPU_CAP}: CPU throughput stops growing long before, and memory "
-            "rarely limits (--max-batch-size raises or lowers it)"
-        )
-    return f"the cap of {GPU_CAP} (--max-batch-size sets another)"

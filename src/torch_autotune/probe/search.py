@@ -173,23 +173,28 @@ def find_max_batch_size(
     cap: int,
     memory_limit_bytes: int | None = None,
     start: int = 1,
+    floor: int = 1,
 ) -> SearchResult:
-    """The largest batch size in [1, cap] for which ``fits`` succeeds, found in few trials.
+    """The largest batch size in [floor, cap] for which ``fits`` succeeds, found in few trials.
 
     ``fits(batch_size)`` runs a real trial (it must be monotone: if a size fits, every smaller
     size fits). ``memory_limit_bytes`` is the memory the trials may use; with it and peak-memory
     readings the search predicts the limit instead of doubling. ``cap`` bounds the answer
-    (dataset size, a user maximum, host RAM on the CPU) and is never exceeded.
+    (dataset size, a user maximum, host RAM on the CPU) and is never exceeded. ``floor`` is
+    the smallest size worth trying (a model that cannot train on fewer samples): a failed
+    ``start`` is bisected down to it, never below.
     """
     if cap < 1:
         raise ValueError(f"cap must be at least 1, got {cap}")
-    if not 1 <= start <= cap:
-        raise ValueError(f"start must be in [1, cap], got {start}")
+    if not 1 <= floor <= start <= cap:
+        raise ValueError(f"start must be in [floor, cap], got {start} (floor {floor})")
     bracket = _Bracket(fits, cap)
     if not bracket.run(start, "start"):
-        bracket.bisect()  # the limit is below the start: plain bisection of [0, start)
-        limited = "start" if bracket.lo == 0 else "memory"
-        return SearchResult(bracket.lo or None, tuple(bracket.trials), limited)
+        bracket.lo = floor - 1  # nothing at or above the floor ran yet
+        bracket.bisect()  # the limit is below the start: plain bisection of [floor, start)
+        largest = bracket.lo if bracket.lo >= floor else None
+        limited = "start" if largest is None else "memory"
+        return SearchResult(largest, tuple(bracket.trials), limited)
 
     if memory_limit_bytes is not None and bracket.memory_points() and bracket.open:
         # A second, larger size gives the memory model its slope.
@@ -235,12 +240,13 @@ class Confirmed:
     trials: tuple[Trial, ...]
 
 
-def confirm(fits: Fits, candidate: int, *, multiple: int = 1) -> Confirmed:
-    """Run ``candidate`` once more before handing it out; step down (keeping the multiple) if
-    it no longer fits, so the size returned is always one that just ran."""
+def confirm(fits: Fits, candidate: int, *, multiple: int = 1, floor: int = 1) -> Confirmed:
+    """Run ``candidate`` once more before handing it out; step down (keeping the multiple, and
+    not below ``floor``) if it no longer fits, so the size returned is always one that just
+    ran."""
     trials: list[Trial] = []
     size = candidate
-    while size >= 1:
+    while size >= floor:
         outcome = fits(size)
         trials.append(_trial(size, outcome, "confirm"))
         if outcome.fits:

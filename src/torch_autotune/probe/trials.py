@@ -283,8 +283,10 @@ class TrialRunner:
         count stays the process's."""
         apply_flags(self.settings.settings, cudnn_benchmark=cudnn_benchmark, threads=False)
 
-    def _stepper(self, batch_size: int) -> Callable[[], None]:
-        """One training step at ``batch_size`` per call, synchronised with the device."""
+    def _stepper(self, batch_size: int, *, typical: bool = False) -> Callable[[], None]:
+        """One training step at ``batch_size`` per call, synchronised with the device; on the
+        workload's largest batches (a search trial), or on batches as training draws them
+        (``typical``: a throughput point)."""
         settings = self.settings.settings
         model = self.model
         model.train()
@@ -292,11 +294,12 @@ class TrialRunner:
         options = optimizer_kwargs(settings)  # ours, like the scaler and batch_to_device: a
         try:  # failure there is a bug of torch-autotune (exit 1), never the user's (exit 5)
             optimizer = make_optimizer(self.workload, model, options)
-            made = self.workload.make_batch(batch_size)
+            make = (self.workload.typical_batch if typical else None) or self.workload.make_batch
+            made = make(batch_size)
         except Exception as error:  # the user's optimizer factory or data
             blame_user_code(error)
             raise
-        batch = batch_to_device(settings, *made)
+        batch = batch_to_device(settings, made)
         timer = self.timer
 
         def step() -> None:
@@ -361,7 +364,7 @@ class TrialRunner:
         self, batch_size: int, until: float, block_s: float, max_spread: float
     ) -> PointOutcome:
         self.timer.sync()
-        step = self._stepper(batch_size)
+        step = self._stepper(batch_size, typical=True)
         first = self.timer.seconds(step)
         one = max(self.timer.seconds(step), 1e-9)
         per_block = max(1, math.ceil(block_s / one))
@@ -391,34 +394,48 @@ class TrialRunner:
 
 def make_optimizer(workload: Workload, model: Any, options: Mapping[str, Any]) -> Any:
     """The workload's optimizer over ``model``'s parameters with ``options`` (``fused=True``),
-    or without them when the user's optimizer factory takes none."""
+    or without them when the user's optimizer does not take them."""
     kwargs = dict(options)
     accepts = getattr(workload, "optimizer_accepts", None)
     if kwargs and accepts is not None and not accepts(**kwargs):
         kwargs = {}
-    return workload.make_optimizer(model.parameters(), **kwargs)
+    return workload.make_optimizer(model, **kwargs)
 
 
 def train_step(
     workload: Workload,
-    batch: tuple[Any, Any],
+    batch: Any,
     settings: Settings,
     *,
     model: Any,
     optimizer: Any,
     scaler: Any,
 ) -> None:
-    """One step as the user's loop runs it: forward and loss under the settings' autocast,
-    backward through the scaler, optimizer step, zero_grad."""
-    inputs, targets = batch
-    context = autocast(settings)  # ours: outside the user's part
+    """One step as the user's loop runs it: the forward pass and the loss (the workload's
+    ``train_step``) under the settings' autocast, backward through the scaler, optimizer step,
+    zero_grad. What the user's code raises is marked as theirs: a step of ours
+    (``workloads.steps``: ``marks_user_code``) marks it itself, so that its own failures stay
+    ours; any other step is the user's, and so are backward and the optimizer step (their
+    model and optimizer)."""
+    step = workload.train_step
+    with autocast(settings):  # ours: outside the user's part
+        if getattr(step, "marks_user_code", False):
+            loss = step(model, batch)
+        else:
+            loss = _users_step(step, model, batch)
     try:
-        with context:
-            loss = workload.loss_fn(model(inputs), targets)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-    except Exception as error:  # the user's model, loss or optimizer: marked, re-raised as is
+    except Exception as error:  # the user's model (its backward) or optimizer: re-raised as is
+        blame_user_code(error)
+        raise
+
+
+def _users_step(step: Callable[[Any, Any], Any], model: Any, batch: Any) -> Any:
+    try:
+        return step(model, batch)
+    except Exception as error:  # a step the user wrote: their error, re-raised as is
         blame_user_code(error)
         raise

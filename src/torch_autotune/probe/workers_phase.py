@@ -72,6 +72,7 @@ def measure_workers(
         prefetch_factor=None,
         batches=8,
         timeout_s=30.0,
+        collate_fn=workload.collate_fn,
         until=budget.deadline,
         clock=budget.clock,
     )

@@ -75,9 +75,11 @@ def good_workload() -> Workload:
         name="tiny-regression",
         kind="other",
         make_model=lambda: nn.Linear(5, 1),
-        make_optimizer=lambda params, **kwargs: torch.optim.SGD(params, lr=0.1, **kwargs),
+        make_optimizer=lambda model, **kwargs: torch.optim.SGD(
+            model.parameters(), lr=0.1, **kwargs
+        ),
         make_batch=lambda n: (torch.ones(n, 5), torch.zeros(n, 1)),
-        loss_fn=nn.functional.mse_loss,
+        train_step=lambda model, batch: nn.functional.mse_loss(model(batch[0]), batch[1]),
         sample_shape="5 float32 -> 1 float32",
     )
 
@@ -148,11 +150,29 @@ def bad_kind() -> dict[str, Any]:
 
 
 def optimizer_instance() -> dict[str, Any]:
+    """An optimizer built over the model given as an object: rebuilt over each copy."""
     model = _model()
     return {
         "model": model,
-        "optimizer": torch.optim.AdamW(model.parameters()),
+        "optimizer": torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.5),
         "example_batch": _batch(),
+    }
+
+
+def optimizer_of_another_model() -> dict[str, Any]:
+    """An optimizer over another model than the one given: it would train nothing."""
+    return {
+        "model": _model(),
+        "optimizer": torch.optim.AdamW(_model().parameters()),
+        "example_batch": _batch(),
+    }
+
+
+def step_and_loss() -> dict[str, Any]:
+    return {
+        **good_mapping(),
+        "train_step": lambda model, batch: model(batch[0]).sum(),
+        "loss_fn": nn.functional.cross_entropy,
     }
 
 
@@ -168,8 +188,13 @@ def mismatched_batch() -> dict[str, Any]:
     return {**good_mapping(), "example_batch": (torch.zeros(4, 16), torch.zeros(3))}
 
 
-def batch_not_a_pair() -> dict[str, Any]:
+def batch_is_one_tensor() -> dict[str, Any]:
+    """A batch of inputs alone: the model returns no loss, and there is no loss_fn."""
     return {**good_mapping(), "example_batch": torch.zeros(4, 16)}
+
+
+def batch_without_tensors() -> dict[str, Any]:
+    return {**good_mapping(), "example_batch": ["a", "b"]}
 
 
 def ragged_dataset() -> dict[str, Any]:

@@ -1,14 +1,27 @@
-"""``make_batch(n)``: a batch of any size from a few samples, repeated along dim 0.
+"""``make_batch(n)``: a batch of ``n`` samples, whatever its structure, from a few samples.
 
-A repeated sample costs the model exactly what a distinct one does, so a workload keeps a few
-samples (the user's example batch or a dataset's first samples here, a pool of synthetic data
-in ``synthetic``) and repeats them to the size asked for. Importing this module does not import
-torch.
+A batch is whatever torch's default collate or the user's ``collate_fn`` returns: a tensor, a
+tuple or a list, a mapping (a dict, a tokenizer's ``BatchEncoding``), nested. Two makers:
+
+- ``RepeatedBatch``: an example batch, its samples repeated cyclically to the size asked
+  for: every tensor (and list) whose first dimension is the example's sample count is
+  repeated along it, the rest is kept as it is;
+- ``DatasetBatches``: batches collated from a dataset's samples, through its collate. At most
+  ``DISTINCT`` samples are read and kept, and cycled to any size, so a large batch costs no
+  more reads. Where the samples differ in shape (variable-length sequences), the search's
+  batches (``worst``) are made of the largest samples of those read, so the limit it finds
+  holds for the worst batch training will meet, and the throughput points' batches
+  (``typical``) are made of samples drawn at random, as training draws them.
+
+A repeated sample costs the model exactly what a distinct one does. Importing this module does
+not import torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.errors import WorkloadError, user_code_failed
@@ -18,73 +31,206 @@ from torch_autotune.probe.workloads.workload import MapDataset, _is_positive_int
 if TYPE_CHECKING:
     from torch import Tensor
 
+__all__ = ["DatasetBatches", "RepeatedBatch", "batch_samples", "describe_batch", "repeat_batch"]
+
+Collate = Callable[[list[Any]], Any]
+
 
 def _check_batch_size(batch_size: int) -> None:
     if not _is_positive_int(batch_size):
         raise ValueError(f"batch size must be a positive int, not {batch_size!r}")
 
 
+def batch_samples(batch: Any) -> int | None:
+    """The number of samples in ``batch``: the first dimension of its first tensor (None: it
+    holds no tensor with a dimension)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    children: Any = ()
+    if isinstance(batch, Mapping):
+        children = batch.values()
+    elif isinstance(batch, (tuple, list)):
+        children = batch
+    for child in children:
+        found = batch_samples(child)
+        if found is not None:
+            return found
+    return None
+
+
 def _repeat(inputs: Tensor, targets: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
-    """``batch_size`` samples taken cyclically from a batch along dim 0 (new tensors)."""
+    """``batch_size`` samples taken cyclically from an (inputs, targets) batch (new tensors)."""
     import torch
 
     index = torch.arange(batch_size, device=inputs.device) % inputs.shape[0]
     return inputs.index_select(0, index), targets.index_select(0, index.to(targets.device))
 
 
-class _RepeatedBatch:
+def repeat_batch(batch: Any, count: int, batch_size: int) -> Any:
+    """``batch`` (of ``count`` samples) grown or cut to ``batch_size`` samples, cyclically:
+    every tensor and list whose first dimension is ``count`` is indexed along it, the rest
+    (a scalar, a tensor of another length) is kept. The containers keep their types."""
+    import torch
+
+    from torch_autotune.apply import map_tensors
+
+    index = torch.arange(batch_size) % count
+    positions = index.tolist()
+
+    def repeat(tensor: Tensor) -> Tensor:
+        if tensor.dim() == 0 or tensor.shape[0] != count:
+            return tensor
+        return tensor.index_select(0, index.to(tensor.device))
+
+    def lists(value: Any) -> Any:
+        if isinstance(value, list) and len(value) == count:
+            return [value[i] for i in positions]
+        if isinstance(value, Mapping):
+            items = {key: lists(item) for key, item in value.items()}
+            kind: Any = type(value)
+            try:
+                return kind(items)
+            except Exception:
+                return items
+        return value
+
+    return lists(map_tensors(batch, repeat))
+
+
+class RepeatedBatch:
     """``make_batch`` from an example batch: its samples repeated to the size asked for."""
 
-    def __init__(self, inputs: Tensor, targets: Tensor) -> None:
-        self.inputs = inputs
-        self.targets = targets
+    def __init__(self, batch: Any, count: int) -> None:
+        self.batch = batch
+        self.count = count
 
-    def __call__(self, batch_size: int) -> tuple[Tensor, Tensor]:
+    def __call__(self, batch_size: int) -> Any:
         _check_batch_size(batch_size)
-        return _repeat(self.inputs, self.targets, batch_size)
+        return repeat_batch(self.batch, self.count, batch_size)
 
 
-class _DatasetBatches:
-    """``make_batch`` from a dataset: its first samples, collated, repeated to the size asked.
+def describe_batch(batch: Any, *, depth: int = 0) -> str:
+    """One sample of a batch for reports: ``3x64x64 float32`` for a tensor, ``{input_ids: 128
+    int64, attention_mask: 128 int64}`` for a mapping, ``(...; ...)`` for a tuple."""
+    import torch
 
-    At most ``DISTINCT`` samples are read (and kept), so a large batch costs no more reads.
+    if isinstance(batch, torch.Tensor):
+        dtype = str(batch.dtype).removeprefix("torch.")
+        shape = "x".join(str(size) for size in batch.shape[1:])
+        return f"{shape} {dtype}" if shape else dtype
+    if depth > 2:
+        return "..."
+    if isinstance(batch, Mapping):
+        inner = ", ".join(f"{k}: {describe_batch(v, depth=depth + 1)}" for k, v in batch.items())
+        return "{" + inner + "}"
+    if isinstance(batch, (tuple, list)):
+        return "(" + "; ".join(describe_batch(v, depth=depth + 1) for v in batch) + ")"
+    if isinstance(batch, str):
+        return "text"
+    return type(batch).__name__
+
+
+def _size(sample: Any) -> int:
+    """How large a sample is: the elements of its tensors and the items of its lists."""
+    import torch
+
+    if isinstance(sample, torch.Tensor):
+        return int(sample.numel())
+    if isinstance(sample, Mapping):
+        return sum(_size(v) for v in sample.values())
+    if isinstance(sample, (tuple, list)):
+        if sample and all(isinstance(v, (int, float, bool)) for v in sample):
+            return len(sample)
+        return sum(_size(v) for v in sample)
+    if isinstance(sample, str):
+        return len(sample)
+    return 1
+
+
+class DatasetBatches:
+    """Batches collated from a dataset's own samples, through its collate (see the module).
+
+    ``worst(n)`` (also ``self(n)``) collates the largest samples read, ``typical(n)`` samples
+    drawn at random; both cycle their samples to ``n``. The first ``DISTINCT`` samples are read
+    when the first batch is made; where they differ in size, up to ``SCAN`` samples spread over
+    the dataset (at most ``SCAN_S`` seconds of reading) are read to find the largest, and
+    ``variable`` is True. ``note`` says what was read, for the evidence.
     """
 
     DISTINCT = 64
+    SCAN = 1024
+    SCAN_S = 3.0
 
-    def __init__(self, dataset: MapDataset, name: str) -> None:
+    def __init__(self, dataset: MapDataset, collate: Collate | None, name: str) -> None:
         self.dataset = dataset
+        self.collate = collate
         self.name = name
-        self._first: tuple[Tensor, Tensor] | None = None
+        self._first: list[Any] | None = None
+        self._largest: list[Any] | None = None
+        self._random: list[Any] | None = None
+        self.variable = False
+        self.note = ""
 
-    def __call__(self, batch_size: int) -> tuple[Tensor, Tensor]:
+    def __call__(self, batch_size: int) -> Any:
+        return self.worst(batch_size)
+
+    def worst(self, batch_size: int) -> Any:
+        """``batch_size`` samples: the largest read, cycled, collated."""
         _check_batch_size(batch_size)
-        wanted = min(batch_size, len(self.dataset), self.DISTINCT)
-        if self._first is None or self._first[0].shape[0] < wanted:
-            self._first = self._collate(wanted)
-        return _repeat(*self._first, batch_size)
+        self._read()
+        assert self._largest is not None
+        return self._collated(self._largest, batch_size)
 
-    def _collate(self, count: int) -> tuple[Tensor, Tensor]:
-        import torch
-        from torch.utils.data import default_collate
+    def typical(self, batch_size: int) -> Any:
+        """``batch_size`` samples drawn at random (seeded), cycled, collated."""
+        _check_batch_size(batch_size)
+        self._read()
+        if not self.variable:
+            assert self._first is not None
+            return self._collated(self._first, batch_size)
+        if self._random is None:
+            draw = random.Random(0)
+            length = len(self.dataset)
+            picks = draw.sample(range(length), min(length, self.DISTINCT))
+            self._random = [self._sample(i) for i in picks]
+        return self._collated(self._random, batch_size)
 
-        samples = [self._sample(index) for index in range(count)]
-        try:
-            batch = default_collate(samples)
-        except Exception as exc:
-            raise WorkloadError(
-                f"'{self.name}': the dataset's samples cannot be batched ({_exception(exc)});"
-                " samples must be (inputs, targets) tensors of one shape, or give example_batch"
-                " at the largest shape"
-            ) from exc
-        if not (isinstance(batch, Sequence) and len(batch) == 2) or not all(
-            isinstance(t, torch.Tensor) for t in batch
-        ):
-            raise WorkloadError(
-                f"'{self.name}': dataset[0] is {_article(samples[0])}, not an (inputs,"
-                " targets) pair; return one from __getitem__, or give example_batch"
-            )
-        return batch[0], batch[1]
+    def first(self) -> Any:
+        """The dataset's first sample, read once."""
+        self._read()
+        assert self._first is not None
+        return self._first[0]
+
+    def _read(self) -> None:
+        if self._first is not None:
+            return
+        length = len(self.dataset)
+        first = [self._sample(i) for i in range(min(length, self.DISTINCT))]
+        self._first = first
+        if len({_size(sample) for sample in first}) == 1:
+            self._largest = first
+            return
+        self.variable = True
+        read = dict(enumerate(first))
+        began = time.perf_counter()
+        step = max(1, length // self.SCAN)
+        for index in range(0, length, step):
+            if len(read) >= self.SCAN + len(first) or time.perf_counter() - began > self.SCAN_S:
+                break
+            if index not in read:
+                read[index] = self._sample(index)
+        ranked = sorted(read.values(), key=_size, reverse=True)
+        self._largest = ranked[: self.DISTINCT]
+        self.note = (
+            f"samples differ in size: the search trains on the largest of {len(read)} samples"
+            f" read (of {length}), the throughput points on samples drawn at random"
+        )
+
+    def _collated(self, samples: Sequence[Any], batch_size: int) -> Any:
+        chosen = [samples[i % len(samples)] for i in range(batch_size)]
+        return collate_samples(chosen, self.collate, self.name)
 
     def _sample(self, index: int) -> Any:
         try:
@@ -93,3 +239,27 @@ class _DatasetBatches:
             raise user_code_failed(
                 f"'{self.name}': dataset[{index}] raised {_exception(exc)}; fix the dataset", exc
             ) from exc
+
+
+def collate_samples(samples: list[Any], collate: Collate | None, name: str) -> Any:
+    """``collate(samples)``, torch's ``default_collate`` when ``collate`` is None; a failure
+    is the user's (their collate), or says what cannot be batched (the default one)."""
+    from torch.utils.data import default_collate
+
+    if collate is not None:
+        try:
+            return collate(samples)
+        except Exception as exc:
+            raise user_code_failed(
+                f"'{name}': the collate_fn raised {_exception(exc)} on {len(samples)} samples;"
+                " fix it",
+                exc,
+            ) from exc
+    try:
+        return default_collate(samples)
+    except Exception as exc:
+        raise WorkloadError(
+            f"'{name}': the dataset's samples cannot be batched by torch's default collate"
+            f" ({_exception(exc)}; a sample is {_article(samples[0])}); give a collate_fn that"
+            " batches them (a padding one for samples of different lengths)"
+        ) from exc

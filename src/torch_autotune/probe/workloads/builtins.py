@@ -7,13 +7,15 @@ torch: the model is built, and the data drawn, when the probe asks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.errors import WorkloadError
-from torch_autotune.probe.workloads.factory import load_workload
+from torch_autotune.probe.workloads.factory import call_factory, load_workload
 from torch_autotune.probe.workloads.losses import _cross_entropy
-from torch_autotune.probe.workloads.messages import _listed, _perhaps
+from torch_autotune.probe.workloads.messages import _article, _listed, _perhaps
+from torch_autotune.probe.workloads.protocol import as_workload, default_name
+from torch_autotune.probe.workloads.steps import StructuredStep
 from torch_autotune.probe.workloads.synthetic import (
     SyntheticImages,
     SyntheticTokens,
@@ -23,7 +25,7 @@ from torch_autotune.probe.workloads.synthetic import (
 from torch_autotune.probe.workloads.workload import Workload
 
 if TYPE_CHECKING:
-    from torch.nn import Module, Parameter
+    from torch.nn import Module
     from torch.optim import Optimizer
 
 __all__ = [
@@ -40,11 +42,17 @@ __all__ = [
 ]
 
 
-def _adamw(params: Iterable[Parameter], **kwargs: Any) -> Optimizer:
-    """AdamW with lr 1e-3; ``kwargs`` (e.g. ``fused=True``, ``lr=...``) are passed on."""
+def _adamw(model: Module, **kwargs: Any) -> Optimizer:
+    """AdamW with lr 1e-3 over ``model``'s parameters; ``kwargs`` (e.g. ``fused=True``,
+    ``lr=...``) are passed on."""
     import torch
 
-    return torch.optim.AdamW(params, **{"lr": 1e-3, **kwargs})
+    return torch.optim.AdamW(model.parameters(), **{"lr": 1e-3, **kwargs})
+
+
+def _supervised(name: str) -> StructuredStep:
+    """The built-ins' step: ``model(inputs)`` and cross-entropy against the targets."""
+    return StructuredStep(_cross_entropy, name)
 
 
 def _build_resnet_like() -> Module:
@@ -95,12 +103,12 @@ def resnet_like() -> Workload:
     data = SyntheticImages(size=64, num_classes=10)
     return Workload(
         name="conv",
+        train_step=_supervised("conv"),
         kind="conv",
         make_model=_build_resnet_like,
         make_optimizer=_adamw,
         make_batch=data.batch,
         dataset=data,
-        loss_fn=_cross_entropy,
         sample_shape="image 3x64x64 float32, label int64 in [0, 10)",
     )
 
@@ -115,12 +123,12 @@ def transformer_encoder() -> Workload:
     data = SyntheticTokens(seq_len=128, vocab_size=1000)
     return Workload(
         name="transformer",
+        train_step=_supervised("transformer"),
         kind="transformer",
         make_model=_build_transformer_lm,
         make_optimizer=_adamw,
         make_batch=data.batch,
         dataset=data,
-        loss_fn=_cross_entropy,
         sample_shape="128 tokens int64 in [0, 1000), next-token targets",
     )
 
@@ -133,12 +141,12 @@ def mlp() -> Workload:
     data = SyntheticVectors(features=512, num_classes=10)
     return Workload(
         name="mlp",
+        train_step=_supervised("mlp"),
         kind="mlp",
         make_model=_build_mlp,
         make_optimizer=_adamw,
         make_batch=data.batch,
         dataset=data,
-        loss_fn=_cross_entropy,
         sample_shape="vector 512 float32, label int64 in [0, 10)",
     )
 
@@ -156,12 +164,12 @@ def resnet50() -> Workload:
     data = SyntheticImages(size=224, num_classes=1000)
     return Workload(
         name="resnet50",
+        train_step=_supervised("resnet50"),
         kind="conv",
         make_model=_build_resnet50,
         make_optimizer=_adamw,
         make_batch=_PooledBatches(data),
         dataset=data,
-        loss_fn=_cross_entropy,
         sample_shape="image 3x224x224 float32, label int64 in [0, 1000)",
     )
 
@@ -178,12 +186,12 @@ def gpt2() -> Workload:
     data = SyntheticTokens(seq_len=512, vocab_size=50257)
     return Workload(
         name="gpt2",
+        train_step=_supervised("gpt2"),
         kind="transformer",
         make_model=_build_gpt2,
         make_optimizer=_adamw,
         make_batch=_PooledBatches(data),
         dataset=data,
-        loss_fn=_cross_entropy,
         sample_shape="512 tokens int64 in [0, 50257), next-token targets",
     )
 
@@ -216,18 +224,56 @@ def default_workload(device: str) -> str:
 
 
 def resolve_workload(
-    choice: str | Workload | None = None, *, device: str | None = None
+    choice: Any = None,
+    *,
+    device: str | None = None,
+    objects: Mapping[str, Any] | None = None,
+    name: str | None = None,
 ) -> Workload:
-    """The workload to probe: a ``Workload``, a built-in name, or ``"package.module:factory"``.
+    """The workload to probe, from any form the user gives it in.
 
-    ``None`` gives the default built-in for ``device`` (``default_workload``), or
+    ``choice``: a built-in name, ``"package.module:factory"``, a ``Workload``, a factory
+    function (called with no arguments; named ``module:function`` as ``autotune -m`` names
+    it), a mapping of the protocol's fields, or an object that holds them. ``objects``: the
+    protocol's fields as ``tune()``'s keyword arguments (``model=..., dataset=...``), instead of
+    ``choice``. ``name`` names a workload given as objects (default: its model's class). With
+    neither, the default built-in for ``device`` (``default_workload``), or
     ``DEFAULT_WORKLOAD`` when no device is named.
     """
+    if objects:
+        if choice is not None:
+            raise WorkloadError(
+                f"give the workload ({_article(choice)}) or its objects ({_listed(objects)}),"
+                " not both"
+            )
+        return as_workload(dict(objects), name=name or default_name(objects), source="objects")
     if isinstance(choice, Workload):
         return choice
     if choice is None:
-        name = DEFAULT_WORKLOAD if device is None else default_workload(device)
-        return BUILTIN_WORKLOADS[name]()
+        chosen = DEFAULT_WORKLOAD if device is None else default_workload(device)
+        return BUILTIN_WORKLOADS[chosen]()
+    if isinstance(choice, str):
+        return _named(choice)
+    if isinstance(choice, Mapping):
+        return as_workload(choice, name=name or default_name(choice), source="objects")
+    if _is_function(choice):
+        spec = f"{getattr(choice, '__module__', '?')}:{getattr(choice, '__qualname__', '?')}"
+        return as_workload(call_factory(spec, choice), name=name or spec)
+    return as_workload(choice, name=name or default_name({"model": choice}), source="objects")
+
+
+def _is_function(value: Any) -> bool:
+    """Whether ``value`` is a factory to call (a function, a method, a ``functools.partial``),
+    not an object to train: an ``nn.Module`` or a Trainer is callable too."""
+    import functools
+    import inspect
+
+    return (
+        inspect.isfunction(value) or inspect.ismethod(value) or isinstance(value, functools.partial)
+    )
+
+
+def _named(choice: str) -> Workload:
     if choice in BUILTIN_WORKLOADS:
         return BUILTIN_WORKLOADS[choice]()
     if ":" in choice:

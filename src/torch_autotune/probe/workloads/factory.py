@@ -21,7 +21,7 @@ from torch_autotune.probe.workloads.protocol import as_workload
 if TYPE_CHECKING:
     from torch_autotune.probe.workloads.workload import Workload
 
-__all__ = ["load_workload"]
+__all__ = ["call_factory", "load_workload"]
 
 
 def load_workload(spec: str) -> Workload:
@@ -34,7 +34,7 @@ def load_workload(spec: str) -> Workload:
     module_name, attribute = _parse_spec(spec)
     module = _import(spec, module_name)
     factory = _attribute(spec, module, module_name, attribute)
-    return as_workload(_call_factory(spec, factory), name=spec)
+    return as_workload(call_factory(spec, factory), name=spec)
 
 
 def _parse_spec(spec: str) -> tuple[str, str]:
@@ -115,7 +115,7 @@ def _attribute(spec: str, module: Any, module_name: str, attribute: str) -> Call
     return found  # type: ignore[no-any-return]
 
 
-def _call_factory(spec: str, factory: Callable[[], Any]) -> Any:
+def call_factory(spec: str, factory: Callable[[], Any]) -> Any:
     """Call the factory with no arguments; its failures become ``WorkloadError``."""
     try:
         inspect.signature(factory).bind()

@@ -1,28 +1,28 @@
-"""What a user's factory returns, checked and made a ``Workload`` (``as_workload``).
+"""What the user gives, checked and made a ``Workload`` (``as_workload``).
 
-A ``Workload``, a mapping or an object with the protocol's fields (see the package docstring);
-each field is checked, and the user's model and optimizer factories are wrapped so that their
-failures and wrong results are ``WorkloadError``. Importing this module does not import torch.
+The user gives a ``Workload``, a mapping or an object with the protocol's fields (see the
+package docstring), from a factory or as ``tune()``'s keyword arguments. Each field is
+checked; the model, the optimizer, the data and the step are wrapped so that their failures
+and wrong results are ``WorkloadError`` naming the problem and the fix. Importing this module
+does not import torch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from torch_autotune.errors import WorkloadError, user_code_failed
-from torch_autotune.probe.workloads.batches import _DatasetBatches, _RepeatedBatch
-from torch_autotune.probe.workloads.losses import _default_loss
-from torch_autotune.probe.workloads.messages import (
-    _article,
-    _describe_sample,
-    _exception,
-    _listed,
-    _perhaps,
+from torch_autotune.probe.workloads.batches import (
+    DatasetBatches,
+    RepeatedBatch,
+    batch_samples,
+    describe_batch,
 )
+from torch_autotune.probe.workloads.messages import _article, _exception, _listed, _perhaps
+from torch_autotune.probe.workloads.optimizers import optimizer_builder, probe_kind
+from torch_autotune.probe.workloads.steps import StructuredStep, UserStep
 from torch_autotune.probe.workloads.workload import (
     KINDS,
     Kind,
@@ -33,22 +33,42 @@ from torch_autotune.probe.workloads.workload import (
 
 if TYPE_CHECKING:
     from torch import Tensor
-    from torch.nn import Module, Parameter
-    from torch.optim import Optimizer
+    from torch.nn import Module
 
-__all__ = ["as_workload"]
+    from torch_autotune.evidence import WorkloadDetails
 
-_README = "a factory returns model, optimizer and a dataset or example_batch (see the README)"
+__all__ = ["FIELDS", "as_workload", "default_name"]
+
+_README = (
+    "give model, optimizer and a dataset, a loader or an example_batch (see the README's"
+    " 'Your own model')"
+)
+
+FIELDS = (
+    "model",
+    "optimizer",
+    "dataset",
+    "loader",
+    "example_batch",
+    "collate_fn",
+    "loss_fn",
+    "train_step",
+    "kind",
+    "max_batch_size",
+    "min_batch_size",
+)
+"""The keys a factory's mapping may hold, and ``tune()``'s keyword arguments for objects."""
 
 
-_FIELDS = ("model", "optimizer", "dataset", "example_batch", "loss_fn", "kind", "max_batch_size")
+Source = Literal["built-in", "factory", "objects"]
 
 
-def as_workload(result: Any, *, name: str) -> Workload:
-    """Check a factory's result and make it a ``Workload`` (see the module docstring).
+def as_workload(result: Any, *, name: str, source: Source = "factory") -> Workload:
+    """Check what the user gave and make it a ``Workload`` (see the module docstring).
 
     ``result`` is a ``Workload`` (returned as it is), a mapping, or an object with the
-    protocol's attributes. ``name`` names the workload in reports and in error messages.
+    protocol's attributes. ``name`` names the workload in reports and in error messages;
+    ``source`` says where it came from (``factory``, ``objects``) for the evidence.
     """
     from torch import nn
 
@@ -56,65 +76,173 @@ def as_workload(result: Any, *, name: str) -> Workload:
         return result
     if isinstance(result, Mapping):
         fields = _mapping_fields(result, name)
-    elif not isinstance(result, nn.Module) and any(hasattr(result, f) for f in _FIELDS):
-        fields = {f: getattr(result, f) for f in _FIELDS if hasattr(result, f)}
+    elif not isinstance(result, nn.Module) and any(hasattr(result, f) for f in FIELDS):
+        fields = {f: getattr(result, f) for f in FIELDS if hasattr(result, f)}
+    elif isinstance(result, nn.Module):
+        raise WorkloadError(
+            f"'{name}' is {_article(result)} alone: the probe also needs its data; {_README}"
+        )
     else:
         raise WorkloadError(
-            f"'{name}' returned {_article(result)}; a factory returns a Workload or a dict"
-            " with model, optimizer and a dataset or example_batch (see the README)"
+            f"'{name}' returned {_article(result)}; a factory returns a Workload or a dict that"
+            f" holds the model and its data: {_README}"
         )
-    return _user_workload({k: v for k, v in fields.items() if v is not None}, name, result)
+    return _user_workload({k: v for k, v in fields.items() if v is not None}, name, source)
+
+
+def default_name(fields: Mapping[str, Any]) -> str:
+    """The stable name of a workload given as objects: its model's class (``BertFor...``)."""
+    model = fields.get("model")
+    if model is None:
+        return "objects"
+    kind = model if isinstance(model, type) else type(model)
+    if callable(model) and not _is_module(model):
+        return str(getattr(model, "__qualname__", getattr(kind, "__qualname__", "objects")))
+    return str(kind.__qualname__)
+
+
+def _is_module(value: Any) -> bool:
+    from torch import nn
+
+    return isinstance(value, nn.Module)
 
 
 def _mapping_fields(result: Mapping[Any, Any], name: str) -> dict[str, Any]:
     """The protocol's fields of a mapping; an unknown key is an error (likely a typo)."""
     for key in result:
-        if key not in _FIELDS:
+        if key not in FIELDS:
             raise WorkloadError(
-                f"'{name}' returned a {type(result).__name__} with the unknown key {key!r}"
-                f"{_perhaps(str(key), _FIELDS) or f'; the keys are {_listed(_FIELDS)}'}"
+                f"'{name}' has the unknown key {key!r}"
+                f"{_perhaps(str(key), FIELDS) or f'; the keys are {_listed(FIELDS)}'}"
             )
     return dict(result)
 
 
-def _user_workload(fields: dict[str, Any], name: str, result: object) -> Workload:
+def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workload:
     """Build the ``Workload`` from the protocol's fields, checking each."""
-    container = type(result).__name__
-    for required in ("model", "optimizer"):
-        if required not in fields:
-            raise WorkloadError(f"'{name}' returned a {container} without '{required}'; {_README}")
+    if "model" not in fields:
+        raise WorkloadError(f"'{name}' has no 'model'; {_README}")
+    fields = _loader_taken_apart(fields, name)
     if "dataset" not in fields and "example_batch" not in fields:
         raise WorkloadError(
-            f"'{name}' returned a {container} with neither 'dataset' nor 'example_batch'; {_README}"
+            f"'{name}' has neither 'dataset', 'loader' nor 'example_batch'; {_README}"
         )
+    template, make_model = _model_builder(fields["model"], name)
+    if "optimizer" not in fields:
+        raise WorkloadError(f"'{name}' has no 'optimizer'; {_README}")
+    builder = optimizer_builder(fields["optimizer"], template, name)
+    collate = _checked_callable(fields, "collate_fn", name)
     dataset = _checked_dataset(fields["dataset"], name) if "dataset" in fields else None
-    batches: _RepeatedBatch | _DatasetBatches
+    batches: RepeatedBatch | DatasetBatches
     if "example_batch" in fields:
-        batches = _RepeatedBatch(*_checked_batch(fields["example_batch"], name))
-        if dataset is not None:
-            _DatasetBatches(dataset, name)(1)  # its samples are (inputs, targets) pairs
+        batches = _checked_example(fields["example_batch"], name)
     else:
-        batches = _DatasetBatches(fields["dataset"], name)
-    inputs, targets = batches(2)  # two samples: a dataset's must also batch together
+        assert dataset is not None
+        batches = DatasetBatches(dataset, collate, name)
+    example = batches(2)  # two samples: a dataset's must also batch together
+    if dataset is not None and isinstance(batches, RepeatedBatch):
+        DatasetBatches(dataset, collate, name)(2)  # the dataset's samples batch too
+    step = _step(fields, name)
+    smallest = _checked_size(fields, "min_batch_size", name) or 1
+    details = _Details(
+        source,
+        template,
+        builder=builder,
+        step=step,
+        batches=batches,
+        example=example,
+        smallest=smallest,
+    )
     return Workload(
         name=name,
-        kind=_checked_kind(fields.get("kind", "other"), name),
-        make_model=_model_builder(fields["model"], name),
-        make_optimizer=_OptimizerBuilder(fields["optimizer"], name),
+        kind=_checked_kind(fields.get("kind"), template, name),
+        make_model=make_model,
+        make_optimizer=builder,
         make_batch=batches,
+        train_step=step,
         dataset=dataset,
-        loss_fn=_checked_callable(fields, "loss_fn", name) or _default_loss(targets),
-        sample_shape=f"inputs {_describe_sample(inputs)}, targets {_describe_sample(targets)}",
-        max_batch_size=_checked_max_batch_size(fields, dataset, name),
+        collate_fn=collate,
+        typical_batch=batches.typical if isinstance(batches, DatasetBatches) else None,
+        sample_shape=describe_batch(example),
+        max_batch_size=_checked_max_batch_size(fields, dataset, smallest, name),
+        min_batch_size=smallest,
+        optimizer=probe_kind(builder, template),  # type: ignore[arg-type]
+        variable_shapes=isinstance(batches, DatasetBatches) and batches.variable,
+        details=details,
     )
 
 
-def _checked_kind(kind: Any, name: str) -> Kind:
+def _loader_taken_apart(fields: dict[str, Any], name: str) -> dict[str, Any]:
+    """A DataLoader given as ``loader`` (or as ``dataset``) becomes its dataset and its
+    collate_fn; its batch size is replaced by each trial's."""
+    from torch.utils.data import DataLoader
+
+    loader = fields.get("loader")
+    if loader is None and isinstance(fields.get("dataset"), DataLoader):
+        loader = fields["dataset"]
+    if loader is None:
+        return fields
+    if not isinstance(loader, DataLoader):
+        raise WorkloadError(
+            f"'{name}': 'loader' is {_article(loader)}, not a torch.utils.data.DataLoader"
+        )
+    if "dataset" in fields and fields["dataset"] is not loader:
+        raise WorkloadError(f"'{name}': give 'dataset' or 'loader', not both")
+    taken = {k: v for k, v in fields.items() if k != "loader"}
+    taken["dataset"] = loader.dataset
+    if "collate_fn" not in fields and not _is_default_collate(loader.collate_fn):
+        taken["collate_fn"] = loader.collate_fn
+    return taken
+
+
+def _is_default_collate(collate: Any) -> bool:
+    from torch.utils.data import default_collate
+
+    return collate is default_collate or getattr(collate, "__name__", "") == "default_collate"
+
+
+def _step(fields: Mapping[str, Any], name: str) -> StructuredStep | UserStep:
+    """The user's ``train_step``, else the structured step with their ``loss_fn``."""
+    train_step = _checked_callable(fields, "train_step", name)
+    loss_fn = _checked_callable(fields, "loss_fn", name)
+    if train_step is not None and loss_fn is not None:
+        raise WorkloadError(
+            f"'{name}': give 'train_step' or 'loss_fn', not both: train_step returns the loss"
+        )
+    if train_step is not None:
+        return UserStep(train_step, name)
+    return StructuredStep(loss_fn, name)
+
+
+def _checked_kind(kind: Any, template: Module | None, name: str) -> Kind:
+    if kind is None:
+        return _inferred_kind(template)
     if kind not in KINDS:
         raise WorkloadError(
             f"'{name}': kind {kind!r} is not one of {_listed(KINDS)}{_perhaps(str(kind), KINDS)}"
         )
     return kind  # type: ignore[no-any-return]
+
+
+def _inferred_kind(template: Module | None) -> Kind:
+    """The model's kind from its layers, where the model is given as a module: ``conv`` with
+    2-D or 3-D convolutions, ``transformer`` with attention, ``mlp`` with linear layers only;
+    ``other`` otherwise (and for a function that builds the model: it is not built here)."""
+    if template is None:
+        return "other"
+    from torch import nn
+
+    classes = [type(m) for m in template.modules()]
+    if any(issubclass(c, (nn.Conv2d, nn.Conv3d)) for c in classes):
+        return "conv"
+    if any("Attention" in c.__name__ or "Transformer" in c.__name__ for c in classes):
+        return "transformer"
+    plain = (nn.Linear, nn.Flatten, nn.Dropout, nn.Identity, nn.LayerNorm, nn.BatchNorm1d)
+    leaves = [type(m) for m in template.modules() if not next(m.children(), None)]
+    activation = "torch.nn.modules.activation"
+    if leaves and all(issubclass(c, plain) or c.__module__ == activation for c in leaves):
+        return "mlp"
+    return "other"
 
 
 def _checked_callable(fields: Mapping[str, Any], key: str, name: str) -> Any:
@@ -124,14 +252,25 @@ def _checked_callable(fields: Mapping[str, Any], key: str, name: str) -> Any:
     return value
 
 
+def _checked_size(fields: Mapping[str, Any], key: str, name: str) -> int | None:
+    size = fields.get(key)
+    if size is not None and not _is_positive_int(size):
+        raise WorkloadError(f"'{name}': '{key}' must be a positive int, not {size!r}")
+    return size
+
+
 def _checked_max_batch_size(
-    fields: Mapping[str, Any], dataset: MapDataset | None, name: str
+    fields: Mapping[str, Any], dataset: MapDataset | None, smallest: int, name: str
 ) -> int | None:
-    size = fields.get("max_batch_size")
-    if size is None:
-        return len(dataset) if dataset is not None else None
-    if not _is_positive_int(size):
-        raise WorkloadError(f"'{name}': 'max_batch_size' must be a positive int, not {size!r}")
+    size = _checked_size(fields, "max_batch_size", name)
+    if size is None and dataset is not None:
+        size = len(dataset)
+    if size is not None and size < smallest:
+        raise WorkloadError(
+            f"'{name}': the largest batch ({size}"
+            f"{'' if 'max_batch_size' in fields else ', the dataset size'}) is below"
+            f" min_batch_size {smallest}"
+        )
     return size
 
 
@@ -155,36 +294,41 @@ def _checked_dataset(dataset: Any, name: str) -> MapDataset:
     return dataset  # type: ignore[no-any-return]
 
 
-def _checked_batch(batch: Any, name: str) -> tuple[Tensor, Tensor]:
-    """An ``(inputs, targets)`` pair of tensors with the same number of samples (dim 0)."""
-    import torch
+def _checked_example(batch: Any, name: str) -> RepeatedBatch:
+    """An example batch of any structure that holds a tensor with a batch dimension."""
+    from torch_autotune.apply import map_tensors
 
-    if not (isinstance(batch, Sequence) and len(batch) == 2) or not all(
-        isinstance(t, torch.Tensor) for t in batch
-    ):
+    count = batch_samples(batch)
+    if count is None or count < 1:
         raise WorkloadError(
-            f"'{name}': 'example_batch' is {_article(batch)}; give an (inputs, targets) tuple"
-            " of two tensors"
+            f"'{name}': 'example_batch' is {_article(batch)} that holds no tensor with samples"
+            " on dim 0; give a batch as your DataLoader yields it"
         )
-    inputs, targets = batch
-    if inputs.dim() == 0 or targets.dim() == 0 or inputs.shape[0] != targets.shape[0]:
+    counts: list[int] = []
+
+    def detached(tensor: Tensor) -> Tensor:
+        if tensor.dim() > 0 and tensor.shape[0] not in counts:
+            counts.append(int(tensor.shape[0]))
+        return tensor.detach()
+
+    kept = map_tensors(batch, detached)
+    if len(counts) > 1:
         raise WorkloadError(
-            f"'{name}': 'example_batch' has inputs {tuple(inputs.shape)} and targets"
-            f" {tuple(targets.shape)}; both need the same number of samples on dim 0"
+            f"'{name}': 'example_batch' holds tensors with {' and '.join(map(str, counts))}"
+            " samples on dim 0; every tensor of a batch holds its samples on dim 0"
         )
-    if inputs.shape[0] < 1:
-        raise WorkloadError(f"'{name}': 'example_batch' holds no samples")
-    return inputs.detach(), targets.detach()
+    return RepeatedBatch(kept, count)
 
 
-def _model_builder(model: Any, name: str) -> Callable[[], Module]:
-    """``make_model`` from a module (copied each call) or from a function that builds one."""
+def _model_builder(model: Any, name: str) -> tuple[Module | None, Callable[[], Module]]:
+    """(the user's module, or None for a builder; ``make_model``): a module is copied at
+    each call, a function that builds one is called."""
     from torch import nn
 
     if isinstance(model, nn.Module):
-        return _ModelCopies(model, name)
+        return model, _ModelCopies(model, name)
     if callable(model):
-        return _ModelBuilder(model, name)
+        return None, _ModelBuilder(model, name)
     raise WorkloadError(
         f"'{name}': 'model' is {_article(model)}; give an nn.Module or a function that builds one"
     )
@@ -199,12 +343,13 @@ class _ModelCopies:
 
     def __call__(self) -> Module:
         try:
-            return copy.deepcopy(self.template)
+            model = copy.deepcopy(self.template)
         except Exception as exc:
             raise WorkloadError(
                 f"'{self.name}': the model cannot be copied ({_exception(exc)}); give 'model'"
                 " as a function that builds a fresh model"
             ) from exc
+        return model.train()
 
 
 class _ModelBuilder:
@@ -229,57 +374,53 @@ class _ModelBuilder:
             raise WorkloadError(
                 f"'{self.name}': the model function returned {_article(model)}, not an nn.Module"
             )
-        return model
+        return model.train()
 
 
-class _OptimizerBuilder:
-    """The user's optimizer factory, checked: keyword arguments, failures, result type.
+class _Details:
+    """``Workload.details``: what the probe made of the user's objects, read after the run
+    (the step learns how the model is called at its first call)."""
 
-    It carries the factory's signature, so ``Workload.optimizer_accepts`` reads the user's.
-    """
+    def __init__(
+        self,
+        source: Source,
+        template: Module | None,
+        *,
+        builder: Any,
+        step: StructuredStep | UserStep,
+        batches: RepeatedBatch | DatasetBatches,
+        example: Any,
+        smallest: int,
+    ) -> None:
+        self.source = source
+        self.template = template
+        self.builder = builder
+        self.step = step
+        self.batches = batches
+        self.example = example
+        self.smallest = smallest
 
-    def __init__(self, factory: Any, name: str) -> None:
-        import torch
+    def __call__(self) -> WorkloadDetails:
+        from torch_autotune.evidence import WorkloadDetails
 
-        if isinstance(factory, torch.optim.Optimizer):
-            raise WorkloadError(
-                f"'{name}': 'optimizer' is {_article(factory)} already built; give a factory"
-                " (params -> optimizer), e.g. functools.partial(torch.optim.AdamW, lr=3e-4):"
-                " every trial builds a fresh one"
+        notes: list[str] = []
+        if isinstance(self.batches, DatasetBatches) and self.batches.note:
+            notes.append(self.batches.note)
+        step = self.step
+        if isinstance(step, StructuredStep) and step.dropped:
+            notes.append(
+                f"batch keys the model's forward takes no argument for, left out:"
+                f" {_listed(sorted(step.dropped))}"
             )
-        if not callable(factory):
-            raise WorkloadError(
-                f"'{name}': 'optimizer' is {_article(factory)}; give a function params ->"
-                " optimizer, e.g. functools.partial(torch.optim.AdamW, lr=3e-4)"
-            )
-        self.factory = factory
-        self.name = name
-        # Unreadable (a builtin): no __signature__, so Workload.optimizer_accepts assumes yes.
-        with contextlib.suppress(TypeError, ValueError):
-            self.__signature__ = inspect.signature(factory)
-
-    def __call__(self, params: Iterable[Parameter], /, **kwargs: Any) -> Optimizer:
-        import torch
-
-        signature = getattr(self, "__signature__", None)
-        if kwargs and signature is not None:
-            try:
-                signature.bind(params, **kwargs)
-            except TypeError as exc:
-                raise WorkloadError(
-                    f"'{self.name}': the optimizer factory does not take {_listed(kwargs)}"
-                    " as keyword arguments; write it as e.g. functools.partial("
-                    "torch.optim.AdamW, lr=3e-4) or lambda params, **kw: ...(params, **kw)"
-                ) from exc
-        try:
-            optimizer = self.factory(params, **kwargs)
-        except Exception as exc:
-            raise user_code_failed(
-                f"'{self.name}': the optimizer factory raised {_exception(exc)}", exc
-            ) from exc
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise WorkloadError(
-                f"'{self.name}': the optimizer factory returned {_article(optimizer)}, not a"
-                " torch.optim.Optimizer"
-            )
-        return optimizer
+        model = None if self.template is None else type(self.template).__qualname__
+        return WorkloadDetails(
+            source=self.source,
+            model=model,
+            optimizer=getattr(self.builder, "built", None),
+            batch=describe_batch(self.example),
+            call=step.call if isinstance(step, StructuredStep) else "train_step(model, batch)",
+            loss=step.loss_source if isinstance(step, StructuredStep) else "train_step",
+            min_batch_size=self.smallest,
+            variable_shapes=isinstance(self.batches, DatasetBatches) and self.batches.variable,
+            notes=tuple(notes),
+        )

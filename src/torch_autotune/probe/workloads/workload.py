@@ -19,9 +19,12 @@ if TYPE_CHECKING:
     from torch.nn import Module
     from torch.optim import Optimizer
 
-__all__ = ["KINDS", "Kind", "MapDataset", "Workload"]
+    from torch_autotune.evidence import WorkloadDetails
+
+__all__ = ["KINDS", "Kind", "MapDataset", "OptimizerKind", "Workload"]
 
 Kind = Literal["conv", "transformer", "mlp", "other"]
+OptimizerKind = Literal["adam", "adamw", "sgd", "other"]
 KINDS: tuple[str, ...] = get_args(Kind)
 """The model kinds the rules know (``Preferences.model_kind``)."""
 
@@ -39,41 +42,66 @@ class Workload:
     """A model, its optimizer and its data, as the probe trains them.
 
     ``make_model()`` returns a fresh model (on the CPU, in training mode) at every call.
-    ``make_optimizer(params, **kwargs)`` builds the optimizer; the probe passes the profile's
-    optimizer options (``fused=True``) as keyword arguments where ``optimizer_accepts`` says
-    they are taken. ``make_batch(n)`` returns ``(inputs, targets)`` of ``n`` samples on the CPU,
-    always at the same (worst-case) shape. ``dataset`` yields single samples for the DataLoader
-    measurement. ``sample_shape`` describes one sample for reports. ``max_batch_size`` caps
-    the batch sizes tried (``None``: no cap).
+    ``make_optimizer(model, **kwargs)`` builds the optimizer over that model's parameters; the
+    probe passes the profile's optimizer options (``fused=True``) as keyword arguments where
+    ``optimizer_accepts`` says they are taken. ``make_batch(n)`` returns a batch of ``n``
+    samples on the CPU, in whatever structure the workload's collate makes (a tensor, a tuple,
+    a mapping, nested), always at the largest shape the workload was seen to need (the search
+    runs on it); ``typical_batch(n)``, where given, a batch as training draws it (the throughput
+    points run on it). ``train_step(model, batch)`` is the forward pass and the loss of one step
+    (``steps``); the probe adds autocast, backward and the optimizer step. ``dataset`` yields
+    single samples for the DataLoader measurement, batched by ``collate_fn`` (None: torch's
+    default). ``sample_shape`` describes one sample for reports. ``max_batch_size`` caps the
+    batch sizes tried (``None``: no cap), ``min_batch_size`` is where the search starts (a model
+    with BatchNorm in training mode cannot train on one sample). ``optimizer`` names the kind of
+    optimizer for the rules (``adamw``, ``adam``, ``sgd``, ``other``); ``details`` says what the
+    probe made of the user's objects (how a batch is fed to the model, what was adapted), for
+    the evidence.
     """
 
     name: str
     kind: Kind
     make_model: Callable[[], Module]
     make_optimizer: Callable[..., Optimizer]
-    make_batch: Callable[[int], tuple[Tensor, Tensor]]
+    make_batch: Callable[[int], Any]
+    train_step: Callable[[Module, Any], Tensor]
     dataset: MapDataset | None = None
-    loss_fn: Callable[[Tensor, Tensor], Tensor]
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    typical_batch: Callable[[int], Any] | None = None
     sample_shape: str = ""
     max_batch_size: int | None = None
+    min_batch_size: int = 1
+    optimizer: OptimizerKind = "adamw"
+    variable_shapes: bool = False
+    details: Callable[[], WorkloadDetails] | None = None
 
     def __post_init__(self) -> None:
         where = f"workload '{self.name}'"
         if self.kind not in KINDS:
             raise WorkloadError(f"{where}: kind {self.kind!r} is not one of {_listed(KINDS)}")
-        for field in ("make_model", "make_optimizer", "make_batch", "loss_fn"):
+        for field in ("make_model", "make_optimizer", "make_batch", "train_step"):
             if not callable(getattr(self, field)):
                 raise WorkloadError(f"{where}: {field} is not callable")
         size = self.max_batch_size
         if size is not None and not _is_positive_int(size):
             raise WorkloadError(f"{where}: max_batch_size must be a positive int or None")
+        if not _is_positive_int(self.min_batch_size):
+            raise WorkloadError(f"{where}: min_batch_size must be a positive int")
+        if size is not None and self.min_batch_size > size:
+            raise WorkloadError(
+                f"{where}: min_batch_size {self.min_batch_size} is above max_batch_size {size}"
+            )
 
     def optimizer_accepts(self, **kwargs: object) -> bool:
-        """Whether ``make_optimizer(params, **kwargs)`` takes these keyword arguments.
+        """Whether ``make_optimizer(model, **kwargs)`` takes these keyword arguments.
 
-        Judged from the factory's signature; ``True`` where it cannot be read (the call then
-        decides). ``lambda params: AdamW(params)`` takes none, so ``fused=True`` is not tried.
+        Asked of the optimizer builder (``accepts``), else judged from its signature; ``True``
+        where neither can be read (the call then decides). ``lambda params: AdamW(params)``
+        takes none, so ``fused=True`` is not tried.
         """
+        accepts = getattr(self.make_optimizer, "accepts", None)
+        if callable(accepts):
+            return bool(accepts(**kwargs))
         try:
             signature = inspect.signature(self.make_optimizer)
         except (TypeError, ValueError):

@@ -1,0 +1,87 @@
+"""The bounds of a probe run and its plan after the search: the largest batch tried and why,
+the host RAM a CPU probe may fill, the multiple batch sizes are rounded to, and the seconds set
+aside for each phase after the search. No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.points import THROUGHPUT_POINTS, compile_seconds
+from torch_autotune.probe.seam import Trials
+from torch_autotune.probe.timemodel import TimeModel
+from torch_autotune.probe.trials import MIN_BLOCKS, StepSettings
+from torch_autotune.profile import Profile
+
+CPU_CAP = 512  # on the CPU memory rarely limits; throughput flattens long before this
+GPU_CAP = 1 << 16
+
+
+def cap_reason(device: str) -> str:
+    """Why the device's own cap bounds the search, for the evidence."""
+    if device == "cpu":
+        return (
+            f"the CPU cap of {CPU_CAP}: CPU throughput stops growing long before, and memory "
+            "rarely limits (--max-batch-size raises or lowers it)"
+        )
+    return f"the cap of {GPU_CAP} (--max-batch-size sets another)"
+
+
+def ram_budget(machine: HardwareSnapshot) -> int | None:
+    """Host RAM a CPU probe may fill: 70% of what is available (or of the container limit)."""
+    host = machine.host
+    known = [v for v in (host.memory_available_bytes, host.memory_limit_bytes) if v]
+    return int(0.7 * min(known)) if known else None
+
+
+def multiple(profile: Profile) -> int:
+    """Catalog K4: multiples of 8 on NVIDIA Tensor-Core GPUs with AMP or TF32."""
+    snapshot = profile.provenance.snapshot
+    gpus = [a for a in snapshot.accelerators if a.backend.value == "cuda"]
+    uses_tc = profile.settings.precision.autocast or profile.settings.matmul.tf32
+    tensor_cores = bool(gpus) and all(a.tensor_cores for a in gpus)
+    return 8 if profile.settings.device == "cuda" and tensor_cores and uses_tc else 1
+
+
+@dataclass
+class Plan:
+    """What the run measures after the search, and the seconds set aside for each."""
+
+    compile_mode: str | None
+    compile_predicted_s: float
+    compile_s: float
+    workers_s: float
+    confirm_s: float
+    note: str | None  # why compile is not measured
+
+
+def plan(
+    settings: StepSettings,
+    runner: Trials,
+    *,
+    budget: Budget,
+    model: TimeModel,
+    top: int,
+    workers_s: float,
+) -> Plan:
+    """The plan after a search whose top candidate is ``top``: compile measured only where its
+    predicted time and its points fit in what is left after the workers and the confirmation."""
+    confirm = model.predict(top, settings.steps)
+    confirm_s = confirm.seconds if confirm else 0.0
+    point = model.predict(top, 2 + MIN_BLOCKS)
+    point_s = point.seconds if point else 0.0
+    mode = settings.compile_mode
+    if mode is None:
+        return Plan(None, 0.0, 0.0, workers_s, confirm_s, None)
+    predicted = compile_seconds(runner.leaf_modules())
+    compile_s = predicted + 2 * point_s
+    left = budget.left_in_run() - workers_s - confirm_s
+    if compile_s + THROUGHPUT_POINTS * point_s > left:
+        note = (
+            f"compiling was predicted to take about {predicted:.0f} s and {left:.0f} s were "
+            "left after the search; give it more time with --budget"
+        )
+        return Plan(None, predicted, 0.0, workers_s, confirm_s, note)
+    return Plan(mode, predicted, compile_s, workers_s, confirm_s, None)

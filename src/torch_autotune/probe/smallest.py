@@ -1,0 +1,91 @@
+"""Where the batch-size search starts: the smallest batch the model trains at. No torch.
+
+Most models train on one sample, and the search starts there. A model with BatchNorm in
+training mode cannot: with one sample per channel (``BatchNorm1d`` on a batch of one, or
+``BatchNorm2d`` on a 1x1 feature map, as a ResNet has on 32x32 images) torch raises
+``ValueError: Expected more than 1 value per channel when training``. That is no bug of the
+model's, and no reason to stop: when the first size raises an error of the user's code, the
+probe tries twice, four and eight times that size, and bisects down to the smallest that
+trains. The error counts as the user's only where no larger size trains either; it is then
+raised as it was, with their traceback. ``--min-batch-size`` (``min_batch_size``) starts the
+search at a size the user names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_autotune.errors import raised_by_user_code
+from torch_autotune.probe.guard import SearchGuard, refused_record
+
+GROWTH = (2, 4, 8)
+"""Multiples of the first size tried after it raised, before the error counts as the user's."""
+
+
+@dataclass(frozen=True)
+class Smallest:
+    """The size the search starts at, and why it is not the size asked for (None: it is)."""
+
+    size: int
+    reason: str | None
+
+
+def _error_text(error: BaseException) -> str:
+    text = str(error).splitlines()[0] if str(error) else ""
+    text = text if len(text) <= 160 else text[:157] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _tries(guarded: SearchGuard, batch_size: int, step: str) -> bool | BaseException:
+    """Whether ``batch_size`` trains (False: out of memory), or the error of the user's code
+    it raised, recorded. Any other exception (a bug of ours, an AutotuneError) propagates."""
+    try:
+        return guarded.run_once(batch_size, step).fits
+    except Exception as error:
+        if not raised_by_user_code(error):
+            raise
+        guarded.records.append(refused_record(batch_size, step, error=_error_text(error)))
+        return error
+
+
+def smallest_batch(guarded: SearchGuard, start: int, cap: int) -> Smallest:
+    """The smallest size from ``start`` up to ``cap`` that trains (see the module docstring).
+
+    Runs ``start``; where it raises an error of the user's code, runs larger sizes until one
+    trains, then bisects to the smallest that does. Out of memory at ``start`` leaves the
+    answer to the search (it reports that nothing fits). Raises the first error again when no
+    size up to eight times ``start`` (or ``cap``) trains.
+    """
+    first = _tries(guarded, start, "start")
+    if not isinstance(first, BaseException):
+        return Smallest(start, None)
+    failed = start
+    for factor in GROWTH:
+        size = min(start * factor, cap)
+        if size <= failed:
+            break
+        outcome = _tries(guarded, size, "smallest")
+        if isinstance(outcome, BaseException):
+            failed = size
+            continue
+        if not outcome:  # out of memory above a size that raised: the error stands
+            break
+        trains = _bisect(guarded, failed, size)
+        reason = (
+            f"batch {start} raised {_error_text(first)}; batch {trains} trained, so the search"
+            f" started at {trains} (--min-batch-size sets the start)"
+        )
+        return Smallest(trains, reason)
+    raise first
+
+
+def _bisect(guarded: SearchGuard, failed: int, trains: int) -> int:
+    """The smallest size in (failed, trains] that trains: ``failed`` raised, ``trains`` ran."""
+    while trains - failed > 1:
+        middle = (failed + trains) // 2
+        outcome = _tries(guarded, middle, "smallest")
+        if outcome is True:
+            trains = middle
+        else:
+            failed = middle
+    return trains

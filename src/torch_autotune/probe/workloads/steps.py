@@ -1,0 +1,312 @@
+"""The forward pass and the loss of one training step, for any batch: ``train_step(model,
+batch) -> loss``. The probe does the rest of the step (autocast around this, backward, the
+optimizer step).
+
+``StructuredStep`` calls the model the way the batch's structure says:
+
+=====================================  ===============================  ==================
+batch                                  the model is called as           targets
+=====================================  ===============================  ==================
+a mapping (dict, ``BatchEncoding``)    ``model(**batch)``               none (see below)
+``(inputs, targets)``                  ``model(inputs)``;               ``targets``
+                                       ``model(*inputs)`` for a tuple
+                                       or list, ``model(**inputs)``
+                                       for a mapping
+``(a, b, ..., targets)``, 3 or more    ``model(a, b, ...)``             the last item
+a tensor, ``(inputs,)``, other         ``model(batch)``                 none
+=====================================  ===============================  ==================
+
+A mapping's keys are passed as the model's ``forward`` takes them: keys it has no parameter
+for are left out, as Hugging Face's Trainer leaves out dataset columns (a model whose forward
+takes only ``**kwargs`` gets every key), and ``label`` or ``label_ids`` is passed as
+``labels`` to a forward that takes ``labels``, as Hugging Face's collators rename it. With a
+``loss_fn``, a mapping's ``labels`` (or ``label``, ``targets``, ``target``, ``y``) are its
+targets and are not passed to the model.
+
+The loss, in this order: ``loss_fn(outputs, targets)`` when one is given (``loss_fn(outputs,
+batch)`` where the batch has no targets); else the model's own: a scalar tensor it returns,
+``outputs.loss`` (a Hugging Face ``ModelOutput``), a ``"loss"`` key, or a tuple that starts
+with a scalar tensor; else the default for its targets (``losses._default_loss``:
+cross-entropy for integer classes, MSE otherwise) on a tensor output. Where none applies,
+``WorkloadError`` says to give ``loss_fn`` or ``train_step``: never a traceback of ours.
+
+``UserStep`` is the user's own ``train_step(model, batch) -> loss``. Errors raised in the
+user's code (their model, loss or step) are marked as theirs (``errors.blame_user_code``),
+with how the model was called (``call_of``); errors in ours are ``WorkloadError``. Importing
+this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from torch_autotune.errors import WorkloadError, blame_user_code
+from torch_autotune.probe.workloads.losses import _default_loss
+from torch_autotune.probe.workloads.messages import _article, _exception, _listed
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch.nn import Module
+
+__all__ = ["LABEL_KEYS", "StructuredStep", "UserStep", "call_of", "model_loss"]
+
+LABEL_KEYS = ("labels", "label", "targets", "target", "y")
+"""A mapping's keys that hold the targets, in the order they are looked for."""
+_RENAMED_TO_LABELS = ("label", "label_ids")
+_CALL = "_torch_autotune_call"
+
+
+def call_of(error: BaseException) -> str | None:
+    """How the model was called when ``error`` was raised (``model(**batch)`` with the keys),
+    for the line the command prints under the user's traceback; None where it was not."""
+    found = getattr(error, _CALL, None)
+    return found if isinstance(found, str) else None
+
+
+def _mark(error: BaseException, call: str) -> None:
+    blame_user_code(error)
+    with contextlib.suppress(AttributeError, TypeError):  # a type with __slots__
+        setattr(error, _CALL, call)
+
+
+def _unwrapped(model: Module) -> Module:
+    """The module itself under ``torch.compile``'s wrapper (its forward's signature)."""
+    return getattr(model, "_orig_mod", model)
+
+
+class _Keywords:
+    """Which keyword arguments a model's ``forward`` takes, read once per model class."""
+
+    def __init__(self) -> None:
+        self._known: dict[type, tuple[frozenset[str], bool]] = {}
+
+    def of(self, model: Module) -> tuple[frozenset[str], bool]:
+        """(the named parameters of forward, whether it also takes ``**kwargs``)."""
+        module = _unwrapped(model)
+        kind = type(module)
+        if kind not in self._known:
+            try:
+                parameters = inspect.signature(module.forward).parameters.values()
+            except (TypeError, ValueError):
+                self._known[kind] = (frozenset(), True)
+            else:
+                named = frozenset(
+                    p.name
+                    for p in parameters
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                )
+                extra = any(p.kind is p.VAR_KEYWORD for p in parameters)
+                self._known[kind] = (named, extra)
+        return self._known[kind]
+
+
+def _is_huggingface(model: Module) -> bool:
+    """Whether ``model`` is a transformers ``PreTrainedModel`` (judged without importing it)."""
+    return any(
+        k.__name__ == "PreTrainedModel" and k.__module__.startswith("transformers")
+        for k in type(_unwrapped(model)).__mro__
+    )
+
+
+class StructuredStep:
+    """Forward and loss for any batch, as the module docstring's table says.
+
+    ``loss_fn``: the user's ``(outputs, targets) -> loss``, or None (the model's own loss, else
+    the default for the targets). ``name`` names the workload in messages. ``dropped`` collects
+    the mapping keys left out because the model's forward takes no such argument.
+    """
+
+    marks_user_code = True  # what the user's model or loss_fn raises is marked in here
+
+    def __init__(self, loss_fn: Callable[..., Any] | None, name: str) -> None:
+        self.loss_fn = loss_fn
+        self.name = name
+        self.dropped: set[str] = set()
+        self.call: str | None = None  # how the model was last called, in words
+        self.loss_source: str | None = None  # where the last loss came from, in words
+        self._keywords = _Keywords()
+
+    def __call__(self, model: Module, batch: Any) -> Tensor:
+        args, kwargs, targets, call = self.split(model, batch)
+        self.call = call
+        try:
+            outputs = model(*args, **kwargs)
+        except Exception as error:
+            _mark(error, call)
+            raise
+        return self.loss(outputs, targets, batch, call)
+
+    # --- calling the model -------------------------------------------------------------------
+
+    def split(self, model: Module, batch: Any) -> tuple[tuple[Any, ...], dict[str, Any], Any, str]:
+        """(positional arguments, keyword arguments, targets or None, the call in words)."""
+        import torch
+
+        if isinstance(batch, Mapping):
+            return self._mapping(model, batch)
+        if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields") and batch:
+            if len(batch) == 1:
+                return (batch[0],), {}, None, "model(batch[0]) (a batch of one item, no targets)"
+            *inputs, targets = batch
+            if len(inputs) > 1:
+                call = f"model(*batch[:-1]) ({len(inputs)} inputs; the last item is the targets)"
+                return tuple(inputs), {}, targets, call
+            first = inputs[0]
+            if isinstance(first, Mapping):
+                _, kwargs, _, call = self._mapping(model, first, targets_known=True)
+                return (), kwargs, targets, call.replace("batch", "inputs") + ", targets"
+            if isinstance(first, (tuple, list)) and not isinstance(first, torch.Tensor):
+                call = f"model(*inputs) ({len(first)} inputs from (inputs, targets))"
+                return tuple(first), {}, targets, call
+            return (first,), {}, targets, "model(inputs) from (inputs, targets)"
+        return (batch,), {}, None, f"model(batch) ({_article(batch)}, no targets)"
+
+    def _mapping(
+        self, model: Module, batch: Mapping[Any, Any], *, targets_known: bool = False
+    ) -> tuple[tuple[Any, ...], dict[str, Any], Any, str]:
+        kwargs = {str(k): v for k, v in batch.items()}
+        targets = None
+        if self.loss_fn is not None and not targets_known:
+            key = next((k for k in LABEL_KEYS if k in kwargs), None)
+            if key is not None:
+                targets = kwargs.pop(key)
+        named, extra = self._keywords.of(model)
+        if named and "labels" in named and "labels" not in kwargs:
+            for key in _RENAMED_TO_LABELS:
+                if key in kwargs and key not in named:
+                    kwargs["labels"] = kwargs.pop(key)
+                    break
+        if named and (not extra or _is_huggingface(model)):
+            unused = [k for k in kwargs if k not in named]
+            self.dropped.update(unused)
+            kwargs = {k: v for k, v in kwargs.items() if k in named}
+            if not kwargs:
+                raise WorkloadError(
+                    f"'{self.name}': none of the batch's keys ({_listed(batch)}) is an argument"
+                    f" of {type(_unwrapped(model)).__name__}.forward ({_listed(sorted(named))});"
+                    " name them as forward does, or give train_step(model, batch)"
+                )
+        call = f"model(**batch) with {_listed(kwargs)}"
+        if targets is not None:
+            call += " (the labels are loss_fn's targets)"
+        return (), kwargs, targets, call
+
+    # --- the loss ----------------------------------------------------------------------------
+
+    def loss(self, outputs: Any, targets: Any, batch: Any, call: str) -> Tensor:
+        """The step's loss (the module docstring's order)."""
+        import torch
+
+        if self.loss_fn is not None:
+            second = batch if targets is None else targets
+            try:
+                value = self.loss_fn(outputs, second)
+            except Exception as error:
+                _mark(error, f"loss_fn(outputs, {'batch' if targets is None else 'targets'})")
+                raise
+            self.loss_source = f"loss_fn(outputs, {'batch' if targets is None else 'targets'})"
+            return _checked_loss(value, self.name, "loss_fn")
+        own = model_loss(outputs)
+        if own is not None:
+            self.loss_source = "the model's own"
+            return _checked_loss(own, self.name, "the model's loss")
+        if isinstance(outputs, torch.Tensor) and isinstance(targets, torch.Tensor):
+            default = _default_loss(targets)
+            try:
+                value = default(outputs, targets)
+            except Exception as error:  # shapes the default loss cannot take: not a bug of theirs
+                raise WorkloadError(
+                    f"'{self.name}': the default loss ({_loss_name(default)}) cannot take outputs"
+                    f" {tuple(outputs.shape)} {_dtype(outputs)} and targets"
+                    f" {tuple(targets.shape)} {_dtype(targets)} ({_exception(error)}); give"
+                    " loss_fn(outputs, targets)"
+                ) from None
+            self.loss_source = f"{_loss_name(default)} (the default for these targets)"
+            return _checked_loss(value, self.name, "the default loss")
+        raise WorkloadError(_no_loss(self.name, outputs, targets, call))
+
+
+def model_loss(outputs: Any) -> Any:
+    """The loss a model returned itself, or None: a scalar tensor, ``outputs.loss``, a
+    ``"loss"`` key, or a tuple or list whose first item is a scalar tensor."""
+    import torch
+
+    def scalar(value: Any) -> bool:
+        return isinstance(value, torch.Tensor) and value.numel() == 1 and value.dim() <= 1
+
+    if isinstance(outputs, torch.Tensor):
+        return outputs if outputs.dim() == 0 else None
+    if isinstance(outputs, Mapping):
+        value = outputs.get("loss")
+        return value if scalar(value) else None
+    value = getattr(outputs, "loss", None)
+    if scalar(value):
+        return value
+    if isinstance(outputs, (tuple, list)) and outputs and scalar(outputs[0]):
+        return outputs[0]
+    return None
+
+
+def _no_loss(name: str, outputs: Any, targets: Any, call: str) -> str:
+    """Why no loss applies, in one line with the fix."""
+    kind = type(outputs).__name__
+    if hasattr(outputs, "loss") or (isinstance(outputs, Mapping) and "loss" in outputs):
+        why = f"the model returned a {kind} whose loss is None"
+        if targets is None:
+            why += " (the batch has no 'labels' for the model to compute one)"
+    elif targets is None:
+        why = f"the model returned {_article(outputs)} and the batch has no targets"
+    else:
+        why = f"the model returned {_article(outputs)}, which the default loss cannot take"
+    return (
+        f"'{name}': no loss for the step ({call}): {why}; give loss_fn(outputs, targets), or"
+        " train_step(model, batch) -> loss"
+    )
+
+
+def _checked_loss(value: Any, name: str, what: str) -> Tensor:
+    """``value`` if it is a floating-point scalar tensor to call backward on."""
+    import torch
+
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        shape = f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
+        raise WorkloadError(
+            f"'{name}': {what} is {_article(value)}{shape}, not a scalar tensor; return the"
+            " loss to minimise (e.g. loss.mean())"
+        )
+    if not (value.is_floating_point() or value.is_complex()) or not value.requires_grad:
+        raise WorkloadError(
+            f"'{name}': {what} does not depend on the model's parameters (a {_dtype(value)}"
+            f" tensor{'' if value.requires_grad else ' without grad'}); return the loss computed"
+            " from the model's outputs"
+        )
+    return value.reshape(())
+
+
+def _dtype(tensor: Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _loss_name(loss: Callable[..., Any]) -> str:
+    return "cross-entropy" if "cross" in getattr(loss, "__name__", "") else "mean squared error"
+
+
+class UserStep:
+    """The user's ``train_step(model, batch) -> loss``: forward and loss as they wrote them."""
+
+    marks_user_code = True
+
+    def __init__(self, step: Callable[[Any, Any], Any], name: str) -> None:
+        self.step = step
+        self.name = name
+
+    def __call__(self, model: Module, batch: Any) -> Tensor:
+        try:
+            value = self.step(model, batch)
+        except Exception as error:
+            _mark(error, "train_step(model, batch)")
+            raise
+        return _checked_loss(value, self.name, "train_step's return value")
