@@ -4,9 +4,10 @@
 
 The same script runs unchanged on a CPU, an NVIDIA or AMD GPU, or Apple MPS: every
 machine-specific choice (device, AMP dtype and GradScaler, TF32, cuDNN autotuner, memory
-format, torch.compile, DataLoader workers and pinning, fused optimizer, batch size) comes from
-the profile. Run `autotune` once on the machine first to have a measured batch size; without it
-recommend() gives the rules-only profile and this script uses a batch of 32.
+format, torch.compile, DataLoader workers and pinning, fused optimizer, batch size, gradient
+accumulation) comes from the profile. Run `autotune` once on the machine first to have a
+measured batch size; without it recommend() gives the rules-only profile and this script uses a
+batch of 32.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def main() -> None:
     profile = torch_autotune.recommend(mode="speed")  # cheap: no torch import, no CUDA
     profile.apply()  # before the first CUDA call: allocator and cuBLAS settings, TF32, threads
     device = profile.device
-    batch_size = profile.settings.batch.batch_size or 32
+    batch_size = profile.batch_size or 32
+    accumulate = profile.grad_accum_steps  # above 1 where autotune --target-batch asked
 
     images = torch.randn(1024, 3, 32, 32)
     labels = torch.randint(0, 10, (1024,))
@@ -53,7 +55,7 @@ def main() -> None:
     scaler = profile.grad_scaler()  # enabled only for fp16
     channels_last = profile.settings.memory_format == "channels_last"
 
-    step, started = 0, time.perf_counter()
+    step, batches, started = 0, 0, time.perf_counter()
     while step < args.steps:
         for batch_images, batch_labels in loader:
             x = batch_images.to(device, non_blocking=True)
@@ -62,7 +64,10 @@ def main() -> None:
             y = batch_labels.to(device, non_blocking=True)
             with profile.autocast():
                 loss = nn.functional.cross_entropy(model(x), y)
-            scaler.scale(loss).backward()
+            scaler.scale(loss / accumulate).backward()
+            batches += 1
+            if batches % accumulate:
+                continue  # gradients add up until `accumulate` batches have run
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -71,7 +76,7 @@ def main() -> None:
                 break
     seconds = time.perf_counter() - started
     print(
-        f"{step} steps of batch {batch_size} on {device} "
+        f"{step} steps of batch {batch_size} x {accumulate} on {device} "
         f"({profile.settings.precision.dtype}, {'measured' if profile.measured else 'rules-only'}"
         f" profile) in {seconds:.1f} s; last loss {loss.item():.3f}"
     )

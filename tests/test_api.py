@@ -58,6 +58,7 @@ def test_public_names_are_pinned() -> None:
         "load_profile",
         "load_snapshot",
         "recommend",
+        "save",
         "tune",
     ]
     for name in torch_autotune.__all__:

@@ -24,5 +24,5 @@ def test_example_training_script_runs(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert "4 steps of batch 32 on cpu" in done.stdout or "4 steps of batch" in done.stdout
+    assert "4 steps of batch 32 x 1 on cpu" in done.stdout or "4 steps of batch" in done.stdout
     assert "rules-only profile" in done.stdout

@@ -7,7 +7,7 @@ torch when they run. All four are defined in ``torch_autotune.api``, the one fro
 
 from __future__ import annotations
 
-from torch_autotune.api import bench, detect, recommend, tune
+from torch_autotune.api import bench, detect, recommend, save, tune
 from torch_autotune.bench import TrainConfig
 from torch_autotune.detect import LiveMachine, RecordedMachine, load_snapshot
 from torch_autotune.errors import (
@@ -77,5 +77,6 @@ __all__ = [
     "load_profile",
     "load_snapshot",
     "recommend",
+    "save",
     "tune",
 ]

@@ -34,6 +34,7 @@ from torch_autotune.errors import (
     UnusableGpuWarning,
 )
 from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.integrations import process_count
 from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS, Measure
 from torch_autotune.profile import Mode, Preferences, Profile, fingerprint
 from torch_autotune.store import Lookup, ProfileStore, machine_id
@@ -244,7 +245,8 @@ def tune(
         clock=clock,
         trials=trials,
     )
-    measured = compose.measurements(result, machine, target_global_batch)
+    processes = process_count(rules_only)
+    measured = compose.measurements(result, target_global_batch, processes)
     return build_profile(machine, measured, preferences, evidence=result.evidence, host_id=host)
 
 
@@ -394,8 +396,13 @@ def host_id() -> str:
 
 def save(profile: Profile, store: str | Path | None = None, *, force: bool = False) -> Path:
     """Store ``profile`` for its machine (and its workload, when measured); return the file.
-    A rules-only profile replaces a measured one only with ``force``
-    (``MeasuredProfileExistsError`` otherwise)."""
+
+    ``recommend(workload=profile.evidence.workload)`` returns it on this machine, and so does
+    ``recommend()`` until another profile is saved; a profile from ``tune()`` on objects is
+    stored under its workload's name (the model's class, or ``name=``). The file returned is
+    the profile as JSON, which ``autotune export --profile FILE`` reads. ``store``: the store's
+    directory (default as ``recommend()``'s). A rules-only profile replaces a measured one only
+    with ``force`` (``MeasuredProfileExistsError`` otherwise)."""
     return ProfileStore(store).save(profile, force=force)
 
 

@@ -25,7 +25,6 @@ from torch_autotune.bounds import (
     MAX_SECONDS,
     MAX_WORKERS,
 )
-from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Mode, Preferences, Profile
 
 if TYPE_CHECKING:
@@ -94,18 +93,18 @@ def check_bench_arguments(rounds: int, seconds: float) -> None:
 
 
 def measurements(
-    result: ProbeResult, machine: HardwareSnapshot, target_global_batch: int | None
+    result: ProbeResult, target_global_batch: int | None, processes: int = 1
 ) -> Measurements:
-    """What the rules engine takes from a probe run on ``machine``: the batch size, the worker
-    count, the gradient accumulation that makes up ``target_global_batch`` over one training
-    process per accelerator, and the compile decision."""
+    """What the rules engine takes from a probe run: the batch size and how it was chosen, the
+    worker count, the gradient accumulation that makes up ``target_global_batch`` over
+    ``processes`` training processes (``integrations.process_count`` of the profile: one per
+    target GPU, one on the CPU), and the compile decision."""
     from torch_autotune.rules.context import Measurements
 
     evidence = result.evidence
     batch = evidence.batch_size
     accumulation = None
     if target_global_batch is not None:
-        processes = max(1, len(machine.accelerators))
         accumulation = max(1, math.ceil(target_global_batch / (batch * processes)))
     compile_record = evidence.compile
     return Measurements(
@@ -117,6 +116,9 @@ def measurements(
             compile_record.kept if compile_record is not None and compile_record.measured else None
         ),
         compile_reason=None if compile_record is None else compile_record.reason,
+        batch_choice=evidence.batch_choice,
+        target_global_batch=target_global_batch,
+        processes=processes,
     )
 
 

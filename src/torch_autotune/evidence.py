@@ -237,6 +237,40 @@ class LoaderRecord(StrictModel):
     error: str | None = None
 
 
+ChosenBy = Literal["fastest point", "largest point", "top candidate"]
+Confirmed = Literal["its point", "ran again", "stepped down", "not run again"]
+
+
+class BatchChoice(StrictModel):
+    """How the probe chose the batch it recommends: the facts the batch decision and the
+    summary are written from, so that neither says more than was done.
+
+    ``chosen_by``: ``fastest point``, the smallest steady throughput point within 3% of the
+    best steady rate; ``largest point``, no point was steady, so the largest size a point
+    measured; ``top candidate``, no point ran, so the top candidate itself. The top candidate
+    is the largest batch that trained, less ``margin`` where memory limited it (catalog K2),
+    rounded down to a multiple of ``multiple`` (K4). ``confirmed``: ``its point``, its steady
+    point ran after the search with the final settings; ``ran again``, it was run once more;
+    ``stepped down``, it no longer ran and a smaller size did; ``not run again``, the budget
+    was spent (it ran once, with these settings).
+    """
+
+    chosen_by: ChosenBy
+    largest: BatchSize = Field(description="The largest batch that trained in the search.")
+    top: BatchSize = Field(description="The top candidate: largest, less margin, rounded.")
+    margin: float | None = Field(
+        default=None, ge=0, lt=1, description="Taken off the largest (None: not memory-bound)."
+    )
+    multiple: BatchSize = Field(default=1, description="Sizes rounded down to a multiple.")
+    compiled: bool = Field(default=False, description="The chosen point ran compiled.")
+    samples_per_s: float | None = Field(default=None, gt=0, description="The chosen point's.")
+    best_samples_per_s: float | None = Field(
+        default=None, gt=0, description="The best steady rate measured (at best_batch_size)."
+    )
+    best_batch_size: BatchSize | None = None
+    confirmed: Confirmed
+
+
 class WorkloadDetails(StrictModel):
     """What the probe made of the workload it trained: where it came from, how a batch
     reaches the model, where the loss comes from, and what was adapted on the way."""
@@ -296,6 +330,9 @@ class Evidence(StrictModel):
     warnings: tuple[str, ...] = Field(default=(), description="What the user should know.")
     details: WorkloadDetails | None = Field(
         default=None, description="What the probe made of the workload (None in earlier releases)."
+    )
+    batch_choice: BatchChoice | None = Field(
+        default=None, description="How the batch was chosen (None in earlier releases)."
     )
 
     def ran(self) -> set[int]:

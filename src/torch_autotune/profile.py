@@ -24,6 +24,7 @@ from pydantic import Field, model_validator
 
 from torch_autotune.bounds import CpuCount, GlobalBatch, Seed, WorkerCount
 from torch_autotune.evidence import (
+    BatchChoice,
     CompileRecord,
     Evidence,
     LoaderRecord,
@@ -60,6 +61,7 @@ __all__ = [
     "ALLOWED_ENVIRONMENT",
     "PROFILE_SCHEMA_VERSION",
     "Backends",
+    "BatchChoice",
     "BatchSettings",
     "Compile",
     "CompileRecord",
@@ -158,6 +160,18 @@ class Profile(StrictModel):
     def device(self) -> str:
         """The torch device type to train on: 'cuda', 'mps' or 'cpu'."""
         return self.settings.device
+
+    @property
+    def batch_size(self) -> int | None:
+        """The batch size per training process the probe measured here (None: rules only,
+        nothing measured: keep your own)."""
+        return self.settings.batch.batch_size
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Batches whose gradients are accumulated before each optimizer step (1: every
+        batch steps): what keeps ``--target-batch`` with the batch that fits."""
+        return self.settings.batch.grad_accum_steps
 
     def apply(self) -> None:
         """Apply the global torch settings (TF32, cuDNN, determinism, threads, seed, env)."""

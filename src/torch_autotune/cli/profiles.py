@@ -143,6 +143,10 @@ def show_command(
 @options.store()
 @options.mode(default=None)
 @options.recorded_snapshot()
+@options.profile_file(
+    "Export this profile file (saved from Python with torch_autotune.save, or by 'autotune "
+    "export') instead of the machine's stored profile ('-' reads standard input)."
+)
 def export_command(  # click passes options by name
     *,
     output: Path | None,
@@ -151,10 +155,22 @@ def export_command(  # click passes options by name
     store: Path | None,
     mode: str | None,
     snapshot_file: Path | None,
+    profile_file: Path | None,
 ) -> None:
     """Write this machine's profile as YAML or JSON, or as a Lightning, Hugging Face,
     accelerate or shell-environment file."""
-    profile = inputs.current_profile(store, mode, snapshot_file, workload)
+    if profile_file is not None:
+        chosen = [flag for flag, value in (("-m", workload), ("--mode", mode)) if value]
+        if snapshot_file is not None:
+            chosen.append("--snapshot")
+        if chosen:
+            raise click.UsageError(
+                f"--profile names the profile to export; {', '.join(chosen)} choose a stored"
+                " one: give one or the other"
+            )
+        profile = inputs.load_profile(profile_file)
+    else:
+        profile = inputs.current_profile(store, mode, snapshot_file, workload)
     if fmt in ("yaml", "json"):
         from torch_autotune.profile_io import dump_profile
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from torch_autotune.evidence import PhaseRecord
+
 __all__ = ["SPENT", "Budget", "PhaseTime"]
 
 Clock = Callable[[], float]
@@ -80,3 +82,14 @@ class Budget:
         finally:
             self.deadline = outer
             self.phases.append(PhaseTime(name, max(0.0, self.clock() - began), seconds))
+
+    def records(self) -> tuple[PhaseRecord, ...]:
+        """The phases as the evidence records them (seconds to the millisecond)."""
+        return tuple(
+            PhaseRecord(
+                name=p.name,
+                seconds=round(p.seconds, 3),
+                allowed_s=None if p.allowed_s is None else round(max(0.0, p.allowed_s), 3),
+            )
+            for p in self.phases
+        )

@@ -8,6 +8,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from torch_autotune.evidence import BatchChoice, ChosenBy, Confirmed
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import rounded_seconds
 from torch_autotune.probe.seam import Progress, Trials
@@ -33,11 +34,59 @@ def candidates(
     limited it), rounded to ``multiple`` (K4), and two halvings of it; none below ``floor``,
     the smallest size the model trains at."""
     top = largest
-    if limited_by in ("memory", "host RAM"):
-        top = apply_margin(largest, 0.1 if fixed_shapes else 0.2)  # catalog K2
+    margin = margin_for(limited_by, fixed_shapes)
+    if margin is not None:
+        top = apply_margin(largest, margin)
     top = max(floor, round_down(top, multiple))
     sizes = {max(floor, round_down(top >> shift, multiple)) for shift in range(THROUGHPUT_POINTS)}
     return sorted(sizes, reverse=True)
+
+
+def margin_for(limited_by: str, fixed_shapes: bool) -> float | None:
+    """Catalog K2: the share of the largest batch left as headroom where memory limited it,
+    10% for fixed shapes and 20% where they vary; None where memory did not limit it."""
+    if limited_by not in ("memory", "host RAM"):
+        return None
+    return 0.1 if fixed_shapes else 0.2
+
+
+def batch_choice(
+    *,
+    largest: int,
+    limited_by: str,
+    fixed_shapes: bool,
+    top: int,
+    multiple: int,
+    best: ThroughputRecord | None,
+    records: Sequence[ThroughputRecord],
+    confirmed: Sequence[SearchTrialRecord],
+    candidate: int,
+) -> BatchChoice:
+    """How the recommended batch was chosen (``BatchChoice``), from what the run measured:
+    ``best`` the fastest steady point (None: none was steady), ``records`` every point,
+    ``confirmed`` the runs that confirmed ``candidate`` (empty: it was not run again)."""
+    steady = [r for r in records if r.steady]
+    peak = max(steady, key=lambda r: r.samples_per_s, default=None)
+    if best is not None:
+        chosen_by: ChosenBy = "fastest point"
+        how: Confirmed = "its point"
+    else:
+        chosen_by = "largest point" if any(not r.compiled for r in records) else "top candidate"
+        how = "not run again"
+        if confirmed:
+            how = "ran again" if confirmed[-1].batch_size == candidate else "stepped down"
+    return BatchChoice(
+        chosen_by=chosen_by,
+        largest=largest,
+        top=top,
+        margin=margin_for(limited_by, fixed_shapes),
+        multiple=multiple,
+        compiled=best is not None and best.compiled,
+        samples_per_s=None if best is None else best.samples_per_s,
+        best_samples_per_s=None if peak is None else peak.samples_per_s,
+        best_batch_size=None if peak is None else peak.batch_size,
+        confirmed=how,
+    )
 
 
 def point_record(point: PointOutcome, *, compiled: bool = False) -> ThroughputRecord | None:

@@ -47,6 +47,7 @@ from torch_autotune.probe.guard import (
 from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, Plan, cap_reason, multiple, plan, ram_budget
 from torch_autotune.probe.points import (
     FASTEST_WITHIN,
+    batch_choice,
     candidates,
     confirmation,
     fastest,
@@ -69,10 +70,10 @@ from torch_autotune.probe.trials import (
 from torch_autotune.probe.workers_phase import WORKERS_MAX_S, WORKERS_SHARE, measure_workers
 from torch_autotune.probe.workloads import BUILTIN_WORKLOADS, Workload
 from torch_autotune.profile import (
+    BatchChoice,
     CompileRecord,
     Evidence,
     LoaderRecord,
-    PhaseRecord,
     Preferences,
     Profile,
     SearchTrialRecord,
@@ -358,9 +359,8 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     guarded, found, limit = run.search(max_batch_size)
     assert found.largest is not None  # search() raised otherwise
     step = multiple(run.rules_only)
-    sizes = candidates(
-        found.largest, found.limited_by, step, run.preferences.fixed_shapes, floor=run.floor
-    )
+    fixed = run.preferences.fixed_shapes
+    sizes = candidates(found.largest, found.limited_by, step, fixed, floor=run.floor)
     after = plan(
         run.settings,
         run.runner,
@@ -384,44 +384,67 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         confirmed = run.confirm(
             final, candidate, step, ran=same_settings, predicted_s=after.confirm_s
         )
+    choice = batch_choice(
+        largest=found.largest,
+        limited_by=found.limited_by,
+        fixed_shapes=fixed,
+        top=sizes[0],
+        multiple=step,
+        best=best,
+        records=run.records,
+        confirmed=confirmed,
+        candidate=candidate,
+    )
     batch = confirmed[-1].batch_size if confirmed else candidate
     step_rate = best.samples_per_s if best is not None and best.batch_size == batch else None
     workers, loader, workers_reason = run.workers(batch, step_rate)
+    return ProbeResult(
+        evidence=_evidence(
+            run,
+            found,
+            search=(*guarded.records, *confirmed),
+            batch=batch,
+            fastest=candidate,
+            choice=choice,
+            limit=limit,
+        ).model_copy(update={"loader": loader, "workers_reason": workers_reason}),
+        num_workers=workers,
+    )
+
+
+def _evidence(
+    run: _Run,
+    found: Found,
+    *,
+    search: tuple[SearchTrialRecord, ...],
+    batch: int,
+    fastest: int,
+    choice: BatchChoice,
+    limit: int | None,
+) -> Evidence:
+    """What the run measured, as the profile's evidence (the DataLoader's part added after)."""
+    assert found.largest is not None
     if run.budget.spent and found.limited_by != "budget":
         run.warnings.append(
             f"the run used {run.budget.elapsed():.0f} s of its {run.budget.total_s:.0f} s "
             "budget; more time (--budget) measures more"
         )
-    evidence = Evidence(
+    return Evidence(
         workload=run.workload.name,
         device=run.settings.device,
         max_batch_size=found.largest,
-        fastest_batch_size=best.batch_size if best is not None else candidate,
+        fastest_batch_size=fastest,
         batch_size=batch,
         limited_by=found.limited_by,
         limit_reason=found.reason,
-        search=(*guarded.records, *confirmed),
+        search=search,
         throughput=tuple(run.records),
-        loader=loader,
-        workers_reason=workers_reason,
         budget_s=run.budget.total_s,
         elapsed_s=round(run.budget.elapsed(), 3),
         memory_limit_bytes=limit,
-        phases=_phases(run.budget),
+        phases=run.budget.records(),
         compile=run.compile,
         warnings=tuple(run.warnings),
         details=run.details(),
-    )
-    return ProbeResult(evidence=evidence, num_workers=workers)
-
-
-def _phases(budget: Budget) -> tuple[PhaseRecord, ...]:
-    """The budget's phases as the evidence records them (seconds to the millisecond)."""
-    return tuple(
-        PhaseRecord(
-            name=p.name,
-            seconds=round(p.seconds, 3),
-            allowed_s=None if p.allowed_s is None else round(max(0.0, p.allowed_s), 3),
-        )
-        for p in budget.phases
+        batch_choice=choice,
     )

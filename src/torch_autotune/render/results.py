@@ -45,11 +45,11 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
     if evidence is not None:
         limit = f"{evidence.max_batch_size} (limited by {evidence.limited_by}"
         limit += f": {evidence.limit_reason})" if evidence.limit_reason else ")"
+        facts += [("workload", evidence.workload), *_workload_facts(evidence)]
         facts += [
-            ("workload", evidence.workload),
             ("largest batch", limit),
-            ("fastest batch", str(evidence.fastest_batch_size)),
-            ("recommended", f"{evidence.batch_size} (ran again before it was recommended)"),
+            ("fastest batch", _fastest(evidence)),
+            ("recommended", _recommended(profile, evidence)),
             ("run time", _run_time(evidence)),
         ]
         if evidence.compile is not None:
@@ -67,6 +67,67 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
         ),
     ]
     return facts
+
+
+def _workload_facts(evidence: Evidence) -> list[tuple[str, str]]:
+    """How a batch reached the model and where the loss came from; where the search started
+    and why; what was adapted (for a workload of the user's)."""
+    details = evidence.details
+    if details is None or details.source == "built-in":
+        return []
+    made = details.model or "a model built by a function"
+    if details.framework is not None:
+        made += f" ({details.framework})"
+    facts = [("model", made), ("batch", details.batch)]
+    if details.call is not None:
+        facts.append(("step", f"{details.call}; loss: {details.loss or '?'}"))
+    if details.min_batch_reason is not None:
+        facts.append(("smallest batch", f"{details.min_batch_size}: {details.min_batch_reason}"))
+    facts += [("note", note) for note in details.notes]
+    return facts
+
+
+def _fastest(evidence: Evidence) -> str:
+    """The fastest batch, only where a steady throughput point measured one."""
+    choice = evidence.batch_choice
+    if choice is None:  # evidence of an earlier release
+        steady = any(r.steady for r in evidence.throughput)
+        return str(evidence.fastest_batch_size) if steady else "not measured"
+    if choice.chosen_by == "top candidate":
+        return "not measured: no throughput point ran"
+    if choice.chosen_by == "largest point":
+        return "not measured: no throughput point was steady"
+    text = f"{evidence.fastest_batch_size} at {choice.samples_per_s or 0:,.0f} samples/s"
+    if choice.best_batch_size not in (None, evidence.fastest_batch_size):
+        text += (
+            f" (within 3% of the best, {choice.best_samples_per_s or 0:,.0f} samples/s at"
+            f" {choice.best_batch_size})"
+        )
+    return text + (", compiled" if choice.compiled else "")
+
+
+_CONFIRMED = {
+    "its point": "its throughput point ran after the search, with these settings",
+    "ran again": "run once more with these settings before it was recommended",
+    "stepped down": "the candidate did not run again; this smaller size did",
+    "not run again": "not run a second time: the budget was spent; it ran once, with these"
+    " settings",
+}
+
+
+def _recommended(profile: Profile, evidence: Evidence) -> str:
+    """The recommended batch, how it was confirmed, and the global batch it makes."""
+    choice = evidence.batch_choice
+    text = str(evidence.batch_size)
+    if choice is not None:
+        text += f" ({_CONFIRMED[choice.confirmed]})"
+    batch = profile.settings.batch
+    target = profile.provenance.preferences.target_global_batch
+    if batch.grad_accum_steps > 1 or target is not None:
+        decision = profile.decision("batch.grad_accum_steps")
+        reason = decision.reason if decision is not None else ""
+        text += f"; accumulation {reason}"
+    return text
 
 
 def _throughput_table(evidence: Evidence) -> Table:

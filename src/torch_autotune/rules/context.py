@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from torch_autotune.bounds import STRICT, AccumSteps, BatchSize, WorkerCount
+from torch_autotune.bounds import STRICT, AccumSteps, BatchSize, CpuCount, GlobalBatch, WorkerCount
+from torch_autotune.evidence import BatchChoice
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
 from torch_autotune.invariants import device_accelerators
 from torch_autotune.profile import Mode, Preferences, Source, torch_release
@@ -32,6 +33,9 @@ class Measurements(BaseModel):
     workers_reason: str | None = None  # how the probe chose num_workers, in words
     compile_enabled: bool | None = None  # torch.compile kept or dropped by measurement
     compile_reason: str | None = None  # measured: why, with the numbers; else why not measured
+    batch_choice: BatchChoice | None = None  # how the probe chose batch_size, as facts
+    target_global_batch: GlobalBatch | None = None  # what grad_accum_steps makes up
+    processes: CpuCount = 1  # training processes the global batch is spread over
 
 
 @dataclass(frozen=True)

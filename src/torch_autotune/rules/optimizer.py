@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from torch_autotune.evidence import BatchChoice
 from torch_autotune.profile import Mode, Source
-from torch_autotune.rules.context import Context, Finding
+from torch_autotune.rules.context import Context, Finding, Measurements
 
 _FUSED_OPTIMIZERS = ("adam", "adamw")
 
@@ -60,15 +61,59 @@ def optimizer(ctx: Context) -> Iterator[Finding]:
     )
 
 
+def _rate(samples_per_s: float | None) -> str:
+    return "?" if samples_per_s is None else f"{samples_per_s:,.0f} samples/s"
+
+
+_HOW = {
+    "fastest point": "the fastest batch measured here",
+    "largest point": "no throughput point was steady, so the largest size a point measured, not"
+    " the fastest,",
+    "top candidate": "no throughput point ran, so the top candidate itself,",
+}
+_CONFIRMED = {
+    "its point": "its throughput point ran after the search, with these settings",
+    "ran again": "it ran once more, with these settings, before it was kept",
+    "stepped down": "the candidate did not run when run again, and this smaller size did",
+    "not run again": "it was not run a second time (the budget was spent): it ran once, with"
+    " these settings",
+}
+
+
+def batch_reason(size: int, choice: BatchChoice | None) -> str:
+    """Why the profile's batch is ``size``, from how the probe chose it (``choice``): what was
+    measured, how the candidates were made, and whether it ran again; nothing it did not do."""
+    if choice is None:
+        return f"{size}: a batch the probe ran on this machine"
+    how = _HOW[choice.chosen_by]
+    if choice.chosen_by == "fastest point":
+        how += f" ({_rate(choice.samples_per_s)}"
+        if choice.best_batch_size not in (None, size):
+            how += (
+                f"; the best, {_rate(choice.best_samples_per_s)} at {choice.best_batch_size},"
+                " is within 3%, so the smaller size is kept"
+            )
+        how += ", compiled)" if choice.compiled else ")"
+    top = f"the largest batch that trained was {choice.largest}"
+    if choice.margin is not None:
+        top += f", less a {choice.margin:.0%} margin against running out of memory later (K2)"
+    if choice.multiple > 1:
+        top += f", rounded down to a multiple of {choice.multiple} (K4)"
+    if choice.top != choice.largest:
+        top += f": {choice.top}"
+    top += ", and halvings of it were the candidates"
+    return f"{size}: {how}; {top}; {_CONFIRMED[choice.confirmed]}"
+
+
 def _batch_size(ctx: Context) -> Finding:
     measured = ctx.measurements.batch_size if ctx.measurements is not None else None
     if measured is not None:
+        assert ctx.measurements is not None
         return Finding(
             "batch.batch_size",
             measured,
             "K2",
-            f"{measured}: the largest batch the probe ran on this machine, less its safety "
-            "margin, and run once more at that size before being kept",
+            batch_reason(measured, ctx.measurements.batch_choice),
             Source.MEASURED,
         )
     return Finding(
@@ -81,6 +126,26 @@ def _batch_size(ctx: Context) -> Finding:
     )
 
 
+def accumulation_reason(measured: Measurements) -> str:
+    """Why ``grad_accum_steps`` is what it is: the global batch it makes, and whether the
+    target had to be rounded up to whole batches."""
+    steps = measured.grad_accum_steps or 1
+    batch = measured.batch_size or 1
+    processes = measured.processes
+    made = batch * steps * processes
+    spread = f" x {processes} processes" if processes > 1 else ""
+    text = f"{steps}: batch {batch} x {steps} steps{spread} = a global batch of {made}"
+    target = measured.target_global_batch
+    if target is None:
+        return text
+    if made == target:
+        return text + f", the target ({target})"
+    return text + (
+        f"; the target {target} is not a whole number of batches of {batch * processes}, so it"
+        " is rounded up"
+    )
+
+
 def batch(ctx: Context) -> Iterator[Finding]:
     """K1-K2, L1, C4: the batch size (only measured), accumulation steps and the seed."""
     yield _batch_size(ctx)
@@ -90,8 +155,7 @@ def batch(ctx: Context) -> Iterator[Finding]:
             "batch.grad_accum_steps",
             measured.grad_accum_steps,
             "L1",
-            f"{measured.grad_accum_steps}: keeps the target global batch with the batch size "
-            "that fits (ceil(target / (batch size x processes)))",
+            accumulation_reason(measured),
             Source.MEASURED,
         )
     else:

@@ -1,0 +1,252 @@
+"""The batch decision and the summary say what the probe did, no more: how the batch was chosen
+(the fastest steady point, the largest point, the top candidate), whether a margin was taken,
+whether it ran again, and the global batch that accumulation makes (issue 18, point 7)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+
+from tests.probe.fake_trials import Machine, cpu_machine, recorded, tune_on
+from torch_autotune import api
+from torch_autotune.cli import cli
+from torch_autotune.errors import EXIT_USAGE
+from torch_autotune.evidence import BatchChoice
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.integrations import process_count
+from torch_autotune.probe.workloads import Workload, resolve_workload
+from torch_autotune.profile import Profile, Source
+from torch_autotune.profile_io import dump_profile
+from torch_autotune.render.results import render_run
+from torch_autotune.rules.context import Measurements
+from torch_autotune.rules.engine import build_profile
+from torch_autotune.rules.optimizer import accumulation_reason, batch_reason
+
+H100 = recorded("h100-80gb-hbm3")
+LAPTOP = recorded("cpu-laptop-linux")
+
+
+def _workload() -> Workload:
+    """The conv workload without a dataset: no real DataLoader in these tests."""
+    return dataclasses.replace(resolve_workload("conv"), dataset=None, name="simulated")
+
+
+def _decision(profile: Profile, setting: str) -> str:
+    decision = profile.decision(setting)
+    assert decision is not None
+    return decision.reason
+
+
+def _summary(profile: Profile) -> str:
+    out = io.StringIO()
+    render_run(profile, Console(file=out, width=400, color_system=None), saved=None)
+    return out.getvalue()
+
+
+# --- what the probe records ---------------------------------------------------------------------
+
+
+def test_the_h100_batch_is_the_fastest_point_and_says_so_not_the_largest_less_a_margin() -> None:
+    """The H100 profile read '832: the largest batch the probe ran, less its safety margin, and
+    run once more': 832 was the fastest steady point, and ran once, as that point."""
+    profile = tune_on(Machine(), _workload(), H100, mode="balanced")
+    evidence = profile.evidence
+    assert evidence is not None
+    choice = evidence.batch_choice
+    assert choice is not None
+    assert choice.chosen_by == "fastest point"
+    assert choice.confirmed == "its point"
+    assert choice.margin == 0.1  # memory limited the search on the simulated H100
+    reason = _decision(profile, "batch.batch_size")
+    assert reason.startswith(f"{evidence.batch_size}: the fastest batch measured here (")
+    assert "its throughput point ran after the search, with these settings" in reason
+    assert "once more" not in reason
+    assert f"the largest batch that trained was {evidence.max_batch_size}" in reason
+    summary = _summary(profile)
+    assert "ran again" not in summary
+    assert "its throughput point ran after the search" in summary
+
+
+def test_a_batch_limited_by_the_cap_claims_no_memory_margin() -> None:
+    machine = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
+    profile = tune_on(machine, _workload(), LAPTOP, budget_s=60)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.limited_by == "cap"
+    assert evidence.batch_choice is not None
+    assert evidence.batch_choice.margin is None
+    reason = _decision(profile, "batch.batch_size")
+    assert "margin" not in reason
+    assert "K2)" not in reason
+
+
+def test_with_no_steady_point_the_largest_point_is_kept_and_run_again() -> None:
+    noisy = dict.fromkeys(range(1, 2000), 0.5)  # every point alternates by 50%
+    profile = tune_on(Machine(noise=noisy, leaves=1), _workload(), H100, mode="balanced")
+    evidence = profile.evidence
+    assert evidence is not None
+    choice = evidence.batch_choice
+    assert choice is not None
+    assert choice.chosen_by == "largest point"
+    assert choice.confirmed in ("ran again", "stepped down")
+    assert choice.samples_per_s is None
+    reason = _decision(profile, "batch.batch_size")
+    assert "no throughput point was steady" in reason
+    assert "once more" in reason or "smaller size did" in reason
+    assert "fastest batch  not measured: no throughput point was steady" in _summary(profile)
+
+
+# --- the sentences, for every way the batch can be chosen ----------------------------------------
+
+
+@given(
+    chosen_by=st.sampled_from(["fastest point", "largest point", "top candidate"]),
+    confirmed=st.sampled_from(["its point", "ran again", "stepped down", "not run again"]),
+    margin=st.sampled_from([None, 0.1, 0.2]),
+    multiple=st.sampled_from([1, 8]),
+    compiled=st.booleans(),
+)
+def test_the_batch_reason_states_exactly_what_was_done(
+    chosen_by: str, confirmed: str, margin: float | None, multiple: int, compiled: bool
+) -> None:
+    fastest = chosen_by == "fastest point"
+    choice = BatchChoice(
+        chosen_by=chosen_by,  # type: ignore[arg-type]
+        largest=1000,
+        top=896,
+        margin=margin,
+        multiple=multiple,
+        compiled=compiled and fastest,
+        samples_per_s=2000.0 if fastest else None,
+        best_samples_per_s=2050.0 if fastest else None,
+        best_batch_size=896 if fastest else None,
+        confirmed=confirmed,  # type: ignore[arg-type]
+    )
+    reason = batch_reason(448, choice)
+    assert ("margin" in reason) is (margin is not None)
+    assert ("multiple of 8" in reason) is (multiple == 8)
+    assert ("once more" in reason) is (confirmed == "ran again")
+    assert ("fastest batch measured" in reason) is fastest
+    assert ("compiled" in reason) is (compiled and fastest)
+    assert ("within 3%" in reason) is fastest  # 896 was faster, 448 within 3% of it
+
+
+@pytest.mark.parametrize(
+    ("target", "batch", "processes", "steps", "text"),
+    [
+        (1000, 256, 1, 4, "global batch of 1024; the target 1000 is not a whole number"),
+        (1024, 256, 1, 4, "global batch of 1024, the target (1024)"),
+        (4096, 64, 8, 8, "batch 64 x 8 steps x 8 processes = a global batch of 4096"),
+    ],
+)
+def test_accumulation_says_the_global_batch_and_when_the_target_was_rounded(
+    target: int, batch: int, processes: int, steps: int, text: str
+) -> None:
+    measured = Measurements(
+        batch_size=batch,
+        grad_accum_steps=steps,
+        target_global_batch=target,
+        processes=processes,
+    )
+    assert text in accumulation_reason(measured)
+
+
+def test_accumulation_counts_the_processes_that_train_not_the_gpus_in_the_box() -> None:
+    """An 8x A100 machine whose torch is a CPU build trains on the CPU, in one process: a
+    target of 4096 at batch 64 is 64 steps, not 8 (the processes were every GPU detected)."""
+    machine = recorded("a100-sxm4-80gb-8x")
+    software = machine.software.model_copy(update={"torch_cuda_version": None})
+    cpu_torch = machine.model_copy(update={"software": software})
+    rules_only = build_profile(cpu_torch)
+    assert rules_only.settings.device == "cpu"
+    assert process_count(rules_only) == 1
+    assert process_count(build_profile(machine)) == 8
+    simulated = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
+    profile = tune_on(
+        simulated, _workload(), cpu_torch, budget_s=60, max_batch_size=64, target_global_batch=4096
+    )
+    assert profile.settings.device == "cpu"
+    assert profile.batch_size == 64
+    assert profile.grad_accum_steps == 64
+    assert "a global batch of 4096, the target" in _decision(profile, "batch.grad_accum_steps")
+
+
+def test_a_run_with_a_target_batch_shows_the_accumulation_and_the_rounding() -> None:
+    machine = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
+    profile = tune_on(
+        machine, _workload(), LAPTOP, budget_s=60, max_batch_size=256, target_global_batch=1000
+    )
+    assert profile.settings.batch.batch_size is not None
+    batch = profile.batch_size
+    assert batch == profile.settings.batch.batch_size
+    steps = profile.grad_accum_steps
+    assert steps == -(-1000 // batch)
+    assert profile.provenance.preferences.target_global_batch == 1000
+    decision = profile.decision("batch.grad_accum_steps")
+    assert decision is not None
+    assert decision.source is Source.MEASURED
+    assert f"a global batch of {batch * steps}" in decision.reason
+    summary = _summary(profile)
+    assert f"accumulation {steps}: batch {batch} x {steps} steps" in summary
+    if batch * steps != 1000:
+        assert "is rounded up" in summary
+
+
+def test_a_rules_only_profile_has_no_batch_of_its_own() -> None:
+    profile = build_profile(LAPTOP)
+    assert profile.batch_size is None
+    assert profile.grad_accum_steps == 1
+
+
+# --- export --profile FILE ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def measured_file(tmp_path: Path) -> Path:
+    machine = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
+    profile = tune_on(machine, _workload(), LAPTOP, budget_s=60, max_batch_size=64)
+    path = tmp_path / "profile.json"
+    path.write_text(dump_profile(profile, "json"))
+    return path
+
+
+def test_export_reads_a_profile_file(measured_file: Path) -> None:
+    result = CliRunner().invoke(cli, ["export", "--format", "hf", "--profile", str(measured_file)])
+    assert result.exit_code == 0, result.output
+    exported = json.loads(result.stdout)
+    saved = json.loads(measured_file.read_text())
+    assert exported["per_device_train_batch_size"] == saved["settings"]["batch"]["batch_size"]
+
+
+@pytest.mark.parametrize("other", [["-m", "conv"], ["--mode", "speed"], ["--snapshot", "x.json"]])
+def test_export_profile_with_a_stored_profile_option_is_a_usage_error(
+    measured_file: Path, other: list[str]
+) -> None:
+    result = CliRunner().invoke(cli, ["export", "--profile", str(measured_file), *other])
+    assert result.exit_code == EXIT_USAGE
+    assert "--profile names the profile to export" in result.output
+
+
+def test_save_is_public_and_its_file_exports(
+    tmp_path: Path, detected_as: Callable[[str], HardwareSnapshot]
+) -> None:
+    detected_as("cpu-laptop-linux")
+    machine = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
+    profile = tune_on(machine, _workload(), LAPTOP, budget_s=60, max_batch_size=64)
+    import torch_autotune
+
+    saved = torch_autotune.save(profile, tmp_path)
+    assert saved.is_file()
+    assert api.recommend(workload="simulated", store=tmp_path) == profile
+    result = CliRunner().invoke(cli, ["export", "--profile", str(saved)])
+    assert result.exit_code == 0, result.output
+    assert "batch_size: " in result.stdout
