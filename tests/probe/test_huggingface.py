@@ -555,3 +555,33 @@ def test_tune_a_trainer_as_it_is_then_train_it_with_the_export(
     save(profile)
     assert recommend(workload="GPT2LMHeadModel").measured  # as the evidence's note says
     trains_at_the_tuned_batch(profile, tmp_path, seen_batches, model, rows, collator=collator)
+
+
+# --- the GPU benchmark's script -------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a child interpreter tunes and runs the grid on a tiny GPT-2: 30-60 s
+def test_the_hf_gpt2_benchmark_runs_in_smoke_mode(tmp_path: Path) -> None:
+    script = SRC.parent / "benchmarks" / "hf_gpt2.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env_importing_from(SRC, HF_HUB_OFFLINE="1"),
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "hf_gpt2_objects_cpu-smoke.json").read_text())
+    assert report["versions"]["device"] == "cpu (smoke)"
+    assert report["versions"]["transformers"] == transformers.__version__
+    (measured,) = report["results"]
+    assert measured["smoke"] is True
+    assert measured["details"]["framework"] == "transformers"
+    arms = {arm["arm"]: arm["samples_per_s"] for arm in measured["arms"]}
+    assert isinstance(arms["baseline"], float)
+    assert isinstance(arms["tuned"], float)
+    assert measured["tuned_over_oracle"] == arms["tuned"] / measured["oracle_samples_per_s"]
+    text = (tmp_path / "hf_gpt2_objects_cpu-smoke.md").read_text()
+    assert "**Smoke run**" in text
+    assert not list((SRC.parent / "benchmarks" / "results").glob("hf_gpt2_*smoke*"))
