@@ -291,6 +291,20 @@ def test_rows_of_many_lengths_without_a_collate_say_to_give_a_padding_one() -> N
         resolve_workload(None, objects={"model": bert(), "dataset": rows})
 
 
+def test_a_dataset_dict_is_told_to_give_a_split(tmp_path: Path) -> None:
+    splits = datasets.DatasetDict({"train": token_rows(), "test": token_rows(8)})
+    message = (
+        "'GPT2LMHeadModel': the dataset is a DatasetDict of splits (train, test); give the split"
+        " to train on, such as dataset['train']"
+    )
+    with pytest.raises(WorkloadError) as raised:
+        resolve_workload(None, objects={"model": gpt2(), "dataset": splits})
+    assert str(raised.value) == message
+    with pytest.raises(WorkloadError) as raised:
+        resolve_workload(trainer_for(tmp_path, gpt2(), splits))
+    assert str(raised.value) == message
+
+
 # --- a Trainer ----------------------------------------------------------------------------------
 
 

@@ -106,11 +106,18 @@ def adapt(
     fields: Mapping[str, Any], name: str, source: str
 ) -> tuple[dict[str, Any], Adapted | None]:
     """``fields`` with what Hugging Face objects need filled in (see the module docstring),
-    and what was done; ``fields`` as they are and None where nothing comes from Hugging Face."""
+    and what was done; ``fields`` as they are and None where nothing comes from Hugging Face.
+    A ``DatasetDict`` (what ``load_dataset`` returns: splits) is refused with the fix."""
+    dataset: Any = fields.get("dataset")
+    if _comes_from(dataset, "datasets", "DatasetDict"):
+        raise WorkloadError(
+            f"'{name}': the dataset is a DatasetDict of splits ({_listed(dataset)}); give the"
+            " split to train on, such as dataset['train']"
+        )
     step = fields.get("train_step")
     if isinstance(step, TrainerStep):
         return dict(fields), step.adapted(name, source)
-    model, dataset = fields.get("model"), fields.get("dataset")
+    model = fields.get("model")
     transformers_model = is_pretrained_model(model)
     if not transformers_model and not is_arrow_dataset(dataset):
         return dict(fields), None
