@@ -174,7 +174,7 @@ def _fused_dropped_by_the_bench(profile: Profile) -> Profile:
         ("h100", "adamw", "adamw_torch_fused", None),  # rule I2 fused it
         ("h100", "sgd", None, "measured with SGD"),  # an AdamW optim would replace SGD
         ("h100", "adam", None, "measured with Adam,"),
-        ("h100", "other", None, "optimizer other than AdamW"),
+        ("h100", "other", None, "measured with another optimizer, not AdamW"),
         ("cpu", "adamw", None, "(rule I3)"),  # unmeasured: transformers' default stands
         ("m2-mps", "adamw", None, "(rule I4)"),
     ],

@@ -224,10 +224,11 @@ def _optim_note(profile: Profile) -> str | None:
         return None
     kind = profile.provenance.preferences.optimizer
     if kind != "adamw":
-        named = {"sgd": "SGD", "adam": "Adam"}.get(kind, "an optimizer other than AdamW")
+        named = {"sgd": "SGD", "adam": "Adam"}.get(kind, "another optimizer")
         return (
-            f"optim left out: the profile was measured with {named}, and every optim of the"
-            " Trainer builds one of its own; give the Trainer yours (Trainer(...,"
+            f"optim left out: the profile was measured with {named}, not AdamW, and every optim"
+            " of the Trainer builds an optimizer of its own: keep the optim of your"
+            " TrainingArguments, or give the Trainer your optimizer (Trainer(...,"
             " optimizers=(optimizer, None)))"
         )
     decision = profile.decision("optimizer.fused")
