@@ -40,7 +40,7 @@ from torch_autotune import __version__
 from torch_autotune.api import tune
 from torch_autotune.bench import ArmFailed, TrainConfig, tuned_config
 from torch_autotune.probe.loop import TrainingLoop
-from torch_autotune.probe.workloads import resolve_workload
+from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile
 from torch_autotune.profile_io import load_profile
 
@@ -112,23 +112,40 @@ def _resolve_best(
 def _run_workload(name: str, args: argparse.Namespace, given: dict[str, str]) -> dict[str, Any]:
     print(f"{name}: tuning" if name not in given else f"{name}: profile {given[name]}", flush=True)
     profile = _profile(name, given, args.mode, args.budget)
-    workload = dataclasses.replace(resolve_workload(name), dataset=None)  # data on the device
+    return compare(name, profile, resolve_workload(name), args.device, args.seconds)
+
+
+def compare(
+    name: str,
+    profile: Profile,
+    workload: Workload,
+    device: str,
+    seconds: float,
+    *,
+    compiled: bool = True,
+) -> dict[str, Any]:
+    """The baseline, the tuned profile and the grid, each trained for ``seconds`` by one
+    training loop of ``workload`` with its data on the device; the result as the JSON holds
+    it. ``compiled`` False leaves out the compiled arms (a smoke run on a CPU, where one
+    compile of GPT-2 takes over a minute). ``benchmarks/hf_gpt2.py`` calls it with a Hugging
+    Face model tuned as it is."""
+    workload = dataclasses.replace(workload, dataset=None)  # data on the device
     tuned = tuned_config(profile).model_copy(
         update={"num_workers": 0, "prefetch_factor": None, "pin_memory": False}
     )
     arms = _grid(tuned, profile, conv=workload.kind == "conv")
-    loop = TrainingLoop(workload, args.device)
+    loop = TrainingLoop(workload, device)
     rates: dict[str, float | str] = {}
     for label, config in arms:
-        rates[label] = _timed_arm(loop, label, config, args.seconds)
-    best = _resolve_best(arms, rates)
+        rates[label] = _timed_arm(loop, label, config, seconds)
+    best = _resolve_best(arms, rates) if compiled else None
     if best is not None:  # one dynamic-batch compile, measured at every size of the grid
         sizes = sorted({config.batch_size for _, config in arms[2:]}, reverse=True)
         for size in sizes:
             compiled = best.model_copy(update={"compile_mode": "default", "batch_size": size})
             label = f"fastest eager settings, compiled @ {size}"
             arms.append((label, compiled))
-            rates[label] = _timed_arm(loop, label, compiled, args.seconds)
+            rates[label] = _timed_arm(loop, label, compiled, seconds)
     measured = {k: v for k, v in rates.items() if isinstance(v, float)}
     oracle_label = max(measured, key=lambda k: measured[k])
     tuned_rate = rates["tuned"]
@@ -183,7 +200,7 @@ def _markdown(versions: dict[str, Any], results: list[dict[str, Any]]) -> str:
         "",
         f"torch {versions['torch']}, CUDA {versions['cuda']}, cuDNN {versions['cudnn']}, "
         f"Python {versions['python']}, torch-autotune {versions['torch_autotune']}, "
-        f"{versions['date']}. Data already on the GPU; one training loop for every arm.",
+        f"{versions['date']}. Data already on the device; one training loop for every arm.",
     ]
     for result in results:
         lines += ["", f"## {result['workload']} ({result['mode']} mode)", ""]

@@ -28,6 +28,7 @@ from torch_autotune.integrations import (
     EXPORT_FORMATS,
     accelerate_config,
     hf_notes,
+    hf_optim,
     hf_training_arguments,
     lightning_trainer_kwargs,
     render_accelerate,
@@ -35,8 +36,9 @@ from torch_autotune.integrations import (
     render_hf,
     render_lightning,
 )
-from torch_autotune.profile import Mode, Preferences, Profile
+from torch_autotune.profile import Decision, Mode, Preferences, Profile
 from torch_autotune.rules.engine import build_profile
+from torch_autotune.settings import Source
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 
@@ -140,8 +142,76 @@ def test_hf_values_follow_the_profile() -> None:
     assert "torch_compile_mode" not in reproducible
     cpu = hf_training_arguments(profile_for("cpu"))
     assert cpu["use_cpu"] is True
-    assert cpu["optim"] == "adamw_torch"
+    assert "optim" not in cpu  # the CPU keeps torch's kernel unmeasured: transformers' stands
     assert json.loads(render_hf(profile_for("h100"))) == h100
+
+
+def _with_optimizer(case: str, optimizer: str) -> Profile:
+    name, mode = CASES[case]
+    snapshot = HardwareSnapshot.model_validate_json((SNAPSHOTS / f"{name}.json").read_text())
+    return build_profile(snapshot, preferences=Preferences(mode=mode, optimizer=optimizer))
+
+
+def _fused_dropped_by_the_bench(profile: Profile) -> Profile:
+    """``profile`` as the bench leaves it when the fused kernel measured slower (rule M1)."""
+    optimizer = profile.settings.optimizer.model_copy(update={"fused": False})
+    settings = profile.settings.model_copy(update={"optimizer": optimizer})
+    drop = Decision(
+        setting="optimizer.fused",
+        value=False,
+        rule="M1",
+        reason="0.97x (0.96-0.98 over 5 rounds) slower with it",
+        source=Source.MEASURED,
+    )
+    return profile.model_copy(
+        update={"settings": settings, "decisions": (*profile.decisions, drop)}
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "optimizer", "expected", "note"),
+    [
+        ("h100", "adamw", "adamw_torch_fused", None),  # rule I2 fused it
+        ("h100", "sgd", None, "measured with SGD"),  # an AdamW optim would replace SGD
+        ("h100", "adam", None, "measured with Adam,"),
+        ("h100", "other", None, "measured with another optimizer, not AdamW"),
+        ("cpu", "adamw", None, "(rule I3)"),  # unmeasured: transformers' default stands
+        ("m2-mps", "adamw", None, "(rule I4)"),
+    ],
+)
+def test_hf_optim_is_written_only_where_the_profile_decided_it(
+    case: str, optimizer: str, expected: str | None, note: str | None
+) -> None:
+    profile = _with_optimizer(case, optimizer)
+    args = hf_training_arguments(profile)
+    assert args.get("optim") == expected
+    assert hf_optim(profile) == expected
+    said = [n for n in hf_notes(profile) if n.startswith("optim left out")]
+    if note is None:
+        assert said == []
+    else:
+        assert len(said) == 1
+        assert note in said[0]
+
+
+def test_hf_optim_is_torch_s_kernel_where_the_bench_measured_the_fused_one_slower() -> None:
+    profile = _fused_dropped_by_the_bench(_with_optimizer("h100", "adamw"))
+    assert hf_training_arguments(profile)["optim"] == "adamw_torch"
+    assert not any(n.startswith("optim left out") for n in hf_notes(profile))
+    sgd = _fused_dropped_by_the_bench(_with_optimizer("h100", "sgd"))
+    assert "optim" not in hf_training_arguments(sgd)  # measured, but not an AdamW workload
+
+
+@pytest.mark.usefixtures("no_cuda")
+def test_training_arguments_keep_transformers_default_optim_where_none_is_written(
+    tmp_path: Path,
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    kwargs = hf_training_arguments(_with_optimizer("cpu", "sgd"))
+    assert "optim" not in kwargs
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), **kwargs)
+    default = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    assert args.optim == default.optim
 
 
 def test_hf_loader_keys_only_with_workers() -> None:
@@ -283,14 +353,15 @@ def test_training_arguments_fields_for_gpus(case: str) -> None:
     fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     assert set(kwargs) <= fields
     optimizers = {o.value for o in transformers.training_args.OptimizerNames}
-    assert kwargs["optim"] in optimizers
+    assert kwargs.get("optim", "adamw_torch") in optimizers
 
 
 def test_hf_notes_say_what_training_arguments_cannot_hold() -> None:
     reproducible = hf_notes(profile_for("h100-reproducible"))
     assert any(note.startswith("TF32 off") for note in reproducible)
     assert any("environment variables" in note for note in reproducible)
-    assert hf_notes(profile_for("cpu")) == []  # nothing beyond what the JSON says
+    cpu = hf_notes(profile_for("cpu"))
+    assert [note for note in cpu if not note.startswith("optim left out")] == []
 
 
 @pytest.mark.usefixtures("no_cuda")

@@ -27,6 +27,8 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from torch_autotune.settings import Source
+
 if TYPE_CHECKING:
     from torch_autotune.profile import Profile
 
@@ -34,6 +36,7 @@ __all__ = [
     "EXPORT_FORMATS",
     "accelerate_config",
     "hf_notes",
+    "hf_optim",
     "hf_training_arguments",
     "lightning_notes",
     "lightning_trainer_kwargs",
@@ -152,7 +155,8 @@ def hf_training_arguments(profile: Profile) -> dict[str, Any]:
 
     Keys appear only when the profile decides them: ``tf32`` is True or None (None leaves
     torch's defaults), persistent workers and prefetch only with workers, the batch size only
-    when the probe measured one, the seed only when the profile fixes one.
+    when the probe measured one, the seed only when the profile fixes one, ``optim`` only where
+    the profile decided the optimizer's kernel (``hf_optim``).
     """
     s = profile.settings
     dl = s.dataloader
@@ -173,12 +177,67 @@ def hf_training_arguments(profile: Profile) -> dict[str, Any]:
     args["torch_compile"] = s.compile.enabled
     if s.compile.enabled:
         args["torch_compile_mode"] = s.compile.mode or "default"
-    args["optim"] = "adamw_torch_fused" if s.optimizer.fused else "adamw_torch"
+    optim = hf_optim(profile)
+    if optim is not None:
+        args["optim"] = optim
     args["full_determinism"] = s.backends.deterministic_algorithms
     if s.seed is not None:
         args["seed"] = s.seed
     args["use_cpu"] = s.device == "cpu"
     return args
+
+
+def hf_optim(profile: Profile) -> str | None:
+    """``TrainingArguments.optim`` as the profile decides it, or None to leave it out.
+
+    transformers names the optimizer and its kernel in one value, and its default is
+    ``adamw_torch_fused`` from torch 2.8 (``adamw_torch`` before). The profile decides only the
+    kernel (``optimizer.fused``), for the optimizer the workload was measured with
+    (``provenance.preferences.optimizer``):
+
+    - not AdamW (SGD, Adam, another): None. Every ``optim`` the Trainer knows builds an
+      optimizer of its own: writing an AdamW one would train the user's SGD workload with
+      AdamW, which is what was never measured;
+    - AdamW, fused (rule I2, a GPU with torch 2.0 or newer): ``adamw_torch_fused``. It is
+      transformers' own default from torch 2.8; written, so that an older torch or
+      transformers trains with the kernel the profile chose too;
+    - AdamW, not fused by a measurement (the bench found the fused kernel slower and dropped
+      it, rules M1 and M2): ``adamw_torch``;
+    - AdamW, not fused by a rule that keeps torch's default kernel without measuring (the CPU
+      and MPS, where the fused kernels are beta; torch before 2.0): None. Such a rule is no
+      evidence against the fused kernel transformers chose as its default, and writing
+      ``adamw_torch`` would override that choice unmeasured; ``hf_notes`` says so.
+    """
+    if profile.provenance.preferences.optimizer != "adamw":
+        return None
+    if profile.settings.optimizer.fused:
+        return "adamw_torch_fused"
+    decision = profile.decision("optimizer.fused")
+    if decision is not None and decision.source is Source.MEASURED:
+        return "adamw_torch"
+    return None
+
+
+def _optim_note(profile: Profile) -> str | None:
+    """Why ``optim`` is left out of the TrainingArguments, None where it is written."""
+    if hf_optim(profile) is not None:
+        return None
+    kind = profile.provenance.preferences.optimizer
+    if kind != "adamw":
+        named = {"sgd": "SGD", "adam": "Adam"}.get(kind, "another optimizer")
+        return (
+            f"optim left out: the profile was measured with {named}, not AdamW, and every optim"
+            " of the Trainer builds an optimizer of its own: keep the optim of your"
+            " TrainingArguments, or give the Trainer your optimizer (Trainer(...,"
+            " optimizers=(optimizer, None)))"
+        )
+    decision = profile.decision("optimizer.fused")
+    rule = f" (rule {decision.rule})" if decision is not None else ""
+    return (
+        f"optim left out: the profile keeps torch's default AdamW kernel here without measuring"
+        f"{rule}, which is no reason to override transformers' default (adamw_torch_fused"
+        " from torch 2.8); optim='adamw_torch' trains with torch's default"
+    )
 
 
 def hf_notes(profile: Profile) -> list[str]:
@@ -200,6 +259,9 @@ def hf_notes(profile: Profile) -> list[str]:
         notes.append(f"CPU threads: call profile.apply() (torch.set_num_threads({s.cpu_threads}))")
     if s.environment:
         notes.append("environment variables: source 'autotune export --format env' first")
+    optim = _optim_note(profile)
+    if optim is not None:
+        notes.append(optim)
     return notes
 
 

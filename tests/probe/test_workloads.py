@@ -775,6 +775,32 @@ def test_a_dataset_whose_samples_cannot_be_batched_is_refused() -> None:
     assert isinstance(error.__cause__, RuntimeError)
 
 
+class _TwoLengths(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Even samples hold 8 values, odd ones 4: the largest batch together, a mixed batch not."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.zeros(8 if index % 2 == 0 else 4), 0
+
+
+def test_samples_of_two_sizes_without_a_padding_collate_are_refused_when_loaded() -> None:
+    """The search's batches (the largest samples) would batch; the throughput points' random
+    ones would not: refused before anything is measured, not after the search."""
+    fields = {
+        "model": torch.nn.Linear(8, 2),
+        "optimizer": torch.optim.SGD,
+        "dataset": _TwoLengths(),
+    }
+    with pytest.raises(WorkloadError) as raised:
+        as_workload(fields, name="two")
+    assert str(raised.value).startswith(
+        "'two': the dataset's samples cannot be batched by torch's default collate"
+    )
+    assert str(raised.value).endswith("(a padding one for samples of different lengths)")
+
+
 @pytest.mark.usefixtures("user_models")
 def test_a_dataset_that_raises_is_named_with_the_index() -> None:
     error = load_error("tiny:failing_dataset")

@@ -30,6 +30,7 @@ The package, a module for each thing it owns:
     builtins      the built-in workloads, ``default_workload``, ``resolve_workload``
     factory       importing and calling the user's factory (``load_workload``)
     protocol      checking what a factory returns (``as_workload``)
+    huggingface   a ``PreTrainedModel``, a ``datasets.Dataset``, a ``Trainer``, as they are
     batches       ``make_batch``: a few samples repeated to any batch size
     losses        cross-entropy and MSE
     messages      how errors name values

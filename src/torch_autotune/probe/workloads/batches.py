@@ -155,8 +155,10 @@ class DatasetBatches:
     ``worst(n)`` (also ``self(n)``) collates the largest samples read, ``typical(n)`` samples
     drawn at random; both cycle their samples to ``n``. The first ``DISTINCT`` samples are read
     when the first batch is made; where they differ in size, up to ``SCAN`` samples spread over
-    the dataset (at most ``SCAN_S`` seconds of reading) are read to find the largest, and
-    ``variable`` is True. ``note`` says what was read, for the evidence.
+    the dataset (at most ``SCAN_S`` seconds of reading) are read to find the largest, the
+    largest and the smallest are collated together once (samples of different sizes need a
+    collate that pads them), and ``variable`` is True. ``note`` says what was read, for the
+    evidence.
     """
 
     DISTINCT = 64
@@ -222,6 +224,9 @@ class DatasetBatches:
             if index not in read:
                 read[index] = self._sample(index)
         ranked = sorted(read.values(), key=_size, reverse=True)
+        # The largest with the smallest, at once: a collate that cannot pad (torch's default
+        # on token lists of different lengths) fails here, not in the first throughput point.
+        collate_samples([ranked[0], ranked[-1]], self.collate, self.name)
         self._largest = ranked[: self.DISTINCT]
         self.note = (
             f"samples differ in size: the search trains on the largest of {len(read)} samples"

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from torch_autotune.errors import WorkloadError, user_code_failed
+from torch_autotune.probe.workloads import huggingface
 from torch_autotune.probe.workloads.batches import (
     DatasetBatches,
     RepeatedBatch,
@@ -74,7 +75,9 @@ def as_workload(result: Any, *, name: str, source: Source = "factory") -> Worklo
 
     if isinstance(result, Workload):
         return result
-    if isinstance(result, Mapping):
+    if huggingface.is_trainer(result):
+        fields = huggingface.trainer_fields(result, name)
+    elif isinstance(result, Mapping):
         fields = _mapping_fields(result, name)
     elif not isinstance(result, nn.Module) and any(hasattr(result, f) for f in FIELDS):
         fields = {f: getattr(result, f) for f in FIELDS if hasattr(result, f)}
@@ -93,6 +96,8 @@ def as_workload(result: Any, *, name: str, source: Source = "factory") -> Worklo
 def default_name(fields: Mapping[str, Any]) -> str:
     """The stable name of a workload given as objects: its model's class (``BertFor...``)."""
     model = fields.get("model")
+    if huggingface.is_trainer(model):  # a Trainer is named after the model it trains
+        model = getattr(model, "model", None)
     if model is None:
         return "objects"
     kind = model if isinstance(model, type) else type(model)
@@ -123,6 +128,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
     if "model" not in fields:
         raise WorkloadError(f"'{name}' has no 'model'; {_README}")
     fields = _loader_taken_apart(fields, name)
+    fields, adapted = huggingface.adapt(fields, name, source)
     if "dataset" not in fields and "example_batch" not in fields:
         raise WorkloadError(
             f"'{name}' has neither 'dataset', 'loader' nor 'example_batch'; {_README}"
@@ -152,6 +158,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
         batches=batches,
         example=example,
         smallest=smallest,
+        adapted=adapted,
     )
     return Workload(
         name=name,
@@ -391,6 +398,7 @@ class _Details:
         batches: RepeatedBatch | DatasetBatches,
         example: Any,
         smallest: int,
+        adapted: huggingface.Adapted | None = None,
     ) -> None:
         self.source = source
         self.template = template
@@ -399,6 +407,7 @@ class _Details:
         self.batches = batches
         self.example = example
         self.smallest = smallest
+        self.adapted = adapted or huggingface.Adapted(None)
 
     def __call__(self) -> WorkloadDetails:
         from torch_autotune.evidence import WorkloadDetails
@@ -413,14 +422,17 @@ class _Details:
                 f" {_listed(sorted(step.dropped))}"
             )
         model = None if self.template is None else type(self.template).__qualname__
+        structured = step if isinstance(step, StructuredStep) else None
+        adapted = self.adapted
         return WorkloadDetails(
             source=self.source,
+            framework=adapted.framework,
             model=model,
             optimizer=getattr(self.builder, "built", None),
             batch=describe_batch(self.example),
-            call=step.call if isinstance(step, StructuredStep) else "train_step(model, batch)",
-            loss=step.loss_source if isinstance(step, StructuredStep) else "train_step",
+            call=adapted.call or (structured.call if structured else "train_step(model, batch)"),
+            loss=adapted.loss or (structured.loss_source if structured else "train_step"),
             min_batch_size=self.smallest,
             variable_shapes=isinstance(self.batches, DatasetBatches) and self.batches.variable,
-            notes=tuple(notes),
+            notes=(*adapted.notes, *notes),
         )

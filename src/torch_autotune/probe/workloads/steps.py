@@ -253,18 +253,21 @@ def model_loss(outputs: Any) -> Any:
 def _no_loss(name: str, outputs: Any, targets: Any, call: str) -> str:
     """Why no loss applies, in one line with the fix."""
     kind = type(outputs).__name__
+    fix = "give loss_fn(outputs, targets), or train_step(model, batch) -> loss"
     if hasattr(outputs, "loss") or (isinstance(outputs, Mapping) and "loss" in outputs):
         why = f"the model returned a {kind} whose loss is None"
         if targets is None:
             why += " (the batch has no 'labels' for the model to compute one)"
+            fix = (
+                "give the samples 'labels' (a causal LM's are its input_ids, as"
+                " DataCollatorForLanguageModeling(tokenizer, mlm=False) makes them), or"
+                " loss_fn(outputs, batch), or train_step(model, batch) -> loss"
+            )
     elif targets is None:
         why = f"the model returned {_article(outputs)} and the batch has no targets"
     else:
         why = f"the model returned {_article(outputs)}, which the default loss cannot take"
-    return (
-        f"'{name}': no loss for the step ({call}): {why}; give loss_fn(outputs, targets), or"
-        " train_step(model, batch) -> loss"
-    )
+    return f"'{name}': no loss for the step ({call}): {why}; {fix}"
 
 
 def _checked_loss(value: Any, name: str, what: str) -> Tensor:
