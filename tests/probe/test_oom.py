@@ -453,3 +453,34 @@ def test_importing_oom_imports_no_torch() -> None:
     code = "import sys, torch_autotune.probe.oom; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_objects_alive_when_a_probe_starts_are_frozen_for_it_and_thawed_after() -> None:
+    import gc
+
+    from torch_autotune.probe.oom import long_lived_objects_frozen
+
+    gc.unfreeze()  # the suite freezes its own long-lived objects (conftest): not for this test
+    try:
+        alive = [object() for _ in range(3)]
+        with long_lived_objects_frozen():
+            assert gc.get_freeze_count() > 0  # collections after each trial skip them
+        assert gc.get_freeze_count() == 0
+        assert alive
+    finally:
+        gc.freeze()
+
+
+def test_a_process_that_froze_objects_of_its_own_is_left_as_it_is() -> None:
+    import gc
+
+    from torch_autotune.probe.oom import long_lived_objects_frozen
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with long_lived_objects_frozen():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -113,11 +113,12 @@ def run_arms(
     device of ``settings`` (the profile's), each arm trained with its config applied to them.
     The user's RNG and torch's global flags are as before when this returns.
     """
+    from torch_autotune.probe.oom import long_lived_objects_frozen
     from torch_autotune.probe.trials import preserved
 
     report = progress or (lambda _phase, _what: None)
     labels = [", ".join(names) for names in plan.names]
-    with preserved():
+    with preserved(), long_lived_objects_frozen():
         if measure is None:
             from torch_autotune.probe.loop import TrainingLoop
 

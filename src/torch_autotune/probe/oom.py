@@ -46,6 +46,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal, TypeVar
@@ -55,6 +56,7 @@ __all__ = [
     "OomKind",
     "describe_out_of_memory",
     "is_out_of_memory",
+    "long_lived_objects_frozen",
     "oom_kind",
     "release_memory",
     "run_guarded",
@@ -137,6 +139,28 @@ def describe_out_of_memory(exc: BaseException) -> OomInfo | None:
             if kind is not None:
                 return _info(link, kind)
     return None
+
+
+@contextmanager
+def long_lived_objects_frozen() -> Iterator[None]:
+    """Keep the objects alive when a probe or a bench starts out of the ``gc.collect()`` that
+    ``release_memory`` runs after every trial, and put them back when it ends.
+
+    A collection walks every tracked object: 400,000 once transformers is imported, 0.33 s a
+    collection on a 2-core CPU (0.12 s with torch alone), paid after each of a run's 20 to 40
+    trials and points, against 2 microseconds with them frozen (``gc.freeze``). What the trials
+    themselves allocate is still collected. A process that froze objects of its own
+    (``gc.get_freeze_count()`` above 0) is left as it is.
+    """
+    if gc.get_freeze_count() > 0:
+        yield
+        return
+    gc.collect()  # the garbage there is now goes first, so that none of it is kept frozen
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def release_memory(device: str) -> None:

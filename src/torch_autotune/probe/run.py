@@ -44,6 +44,7 @@ from torch_autotune.probe.guard import (
     rounded_seconds,
     search_with_guard,
 )
+from torch_autotune.probe.oom import long_lived_objects_frozen
 from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, Plan, cap_reason, multiple, plan, ram_budget
 from torch_autotune.probe.points import (
     FASTEST_WITHIN,
@@ -55,18 +56,10 @@ from torch_autotune.probe.points import (
     measure_points,
 )
 from torch_autotune.probe.seam import Progress, Trials
-from torch_autotune.probe.search import (
-    confirm,
-    round_down,
-)
+from torch_autotune.probe.search import confirm, round_down
 from torch_autotune.probe.smallest import Smallest, smallest_batch
 from torch_autotune.probe.timemodel import TimeModel
-from torch_autotune.probe.trials import (
-    MAX_SPREAD,
-    StepSettings,
-    TrialRunner,
-    preserved,
-)
+from torch_autotune.probe.trials import MAX_SPREAD, StepSettings, TrialRunner, preserved
 from torch_autotune.probe.workers_phase import WORKERS_MAX_S, WORKERS_SHARE, measure_workers
 from torch_autotune.probe.workloads import BUILTIN_WORKLOADS, Workload
 from torch_autotune.profile import (
@@ -130,7 +123,7 @@ def measure(
     machine = rules_only.provenance.snapshot
     preferences = rules_only.provenance.preferences
     run = _Run(workload, machine, preferences, rules_only, settings, runner, budget, report)
-    with preserved():
+    with preserved(), long_lived_objects_frozen():
         return _probe(run, max_batch_size=max_batch_size)
 
 
