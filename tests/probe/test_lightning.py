@@ -22,11 +22,14 @@ from torch_autotune import tune
 from torch_autotune.detect import load_snapshot
 from torch_autotune.errors import WorkloadError, raised_by_user_code
 from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.integrations import lightning_data_kwargs, render_lightning
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.probe.workloads.lightning import is_datamodule, is_lightning_module
 from torch_autotune.probe.workloads.lightning_step import BATCH_IDX, TrainingStep
 from torch_autotune.profile import Profile
 from torch_autotune.settings import torch_defaults
+
+from .fake_trials import mlp_machine, tune_on
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -423,3 +426,73 @@ def test_compiling_the_probes_model_compiles_training_step() -> None:
         loss.backward()
     assert Calls.compiling[0] is True  # training_step was traced by dynamo
     assert Calls.sizes[:2] == [8, 16]
+
+
+# --- the profile, used --------------------------------------------------------------------------
+
+
+def test_the_export_writes_the_datamodules_arguments_from_a_lightning_profile() -> None:
+    profile = tune_on(
+        mlp_machine(),
+        resolve_workload(Classifier(), objects={"datamodule": Data()}),
+        laptop(),
+        budget_s=10,
+        max_batch_size=64,
+    )
+    data = lightning_data_kwargs(profile)
+    assert data["batch_size"] == profile.settings.batch.batch_size
+    assert data["num_workers"] == profile.settings.dataloader.num_workers
+    assert set(data) == {"batch_size", "num_workers"}
+
+
+class CliModel(Classifier):
+    """The model LightningCLI builds (no arguments of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+
+@pytest.mark.slow  # tune, then LightningCLI trains two steps: seconds
+# Lightning's advice on this 2-core machine (more workers, log every n steps), and torch 2.13's
+# deprecation of a pytree class Lightning 2.6 still uses: the user's tool, not our code
+@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
+@pytest.mark.filterwarnings(
+    "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning"
+)
+def test_lightning_cli_trains_at_the_tuned_batch_with_the_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exported config's ``data:`` section reaches the DataModule: LightningCLI trains at the
+    tuned batch with the tuned workers, not at the DataModule's default 32."""
+    cli = pytest.importorskip("lightning.pytorch.cli")
+    pytest.importorskip("jsonargparse")
+    profile = tune(CliModel(), datamodule=Data(), snapshot=laptop(), budget_s=8, max_batch_size=96)
+    batch = profile.settings.batch.batch_size
+    assert batch is not None
+    assert batch != 32  # the DataModule's own default, which the run would train at otherwise
+    config = tmp_path / "lightning.yaml"
+    config.write_text(render_lightning(profile))
+    Calls.clear()
+    monkeypatch.setattr(sys, "argv", ["train.py"])  # the command line is args= alone
+    # Lightning's Trainer asks CUDA from its own code: a machine without it, as a CPU build
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    run = cli.LightningCLI(
+        CliModel,
+        Data,
+        args=[
+            "fit",
+            "--config",
+            str(config),
+            "--seed_everything=0",
+            "--trainer.max_steps=2",
+            "--trainer.logger=false",
+            "--trainer.enable_checkpointing=false",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ],
+        save_config_callback=None,
+    )
+    assert Calls.sizes == [batch, batch]
+    assert run.datamodule.num_workers == profile.settings.dataloader.num_workers
