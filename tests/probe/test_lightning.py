@@ -172,7 +172,7 @@ def _ran(profile: Profile) -> set[int]:
 def test_a_module_and_its_datamodule_tune_through_training_step_on_copies() -> None:
     module, data = Classifier(), Data()
     before = {key: value.clone() for key, value in module.state_dict().items()}
-    profile = tune(module, datamodule=data, snapshot=laptop(), budget_s=8, max_batch_size=64)
+    profile = tune(module, datamodule=data, snapshot=laptop(), budget_s=5, max_batch_size=64)
     assert Calls.steps, "training_step never ran"
     assert id(module) not in Calls.steps  # the probe trained copies
     assert id(module) not in Calls.configured
@@ -220,11 +220,37 @@ def test_a_factory_dict_with_a_datamodule_is_the_same_workload() -> None:
     assert Calls.sizes == [5]  # the trial's batch size, not the DataModule's 7
 
 
+def test_the_keyword_form_is_the_same_workload() -> None:
+    """``tune(model=module, datamodule=dm)``: the objects as keyword arguments."""
+    workload = resolve_workload(objects={"model": Classifier(), "datamodule": Data()})
+    assert isinstance(workload.make_model(), TrainingStep)
+    assert workload.name == "Classifier"
+
+
 def test_lightning_is_recognised_by_its_classes_without_being_imported() -> None:
     assert is_lightning_module(Classifier())
     assert is_datamodule(Data())
     assert not is_lightning_module(nn.Linear(1, 1))
     assert not is_datamodule(_samples())
+
+
+def test_the_older_pytorch_lightning_package_is_recognised_too() -> None:
+    old = pytest.importorskip("pytorch_lightning")
+
+    class Old(old.LightningModule):  # type: ignore[misc]
+        """A module of the package Lightning was called before 2.0."""
+
+    assert is_lightning_module(Old())
+    assert is_datamodule(old.LightningDataModule())
+
+
+def test_a_loss_fn_trains_the_module_through_its_forward() -> None:
+    given = {"datamodule": Data(), "loss_fn": nn.functional.cross_entropy}
+    workload = resolve_workload(Classifier(), objects=given)
+    model = workload.make_model()
+    assert isinstance(model, Classifier)
+    assert workload.train_step(model, workload.make_batch(4)).requires_grad
+    assert Calls.steps == []
 
 
 # --- what each form returns ---------------------------------------------------------------------
@@ -466,7 +492,7 @@ def test_lightning_cli_trains_at_the_tuned_batch_with_the_export(
     tuned batch with the tuned workers, not at the DataModule's default 32."""
     cli = pytest.importorskip("lightning.pytorch.cli")
     pytest.importorskip("jsonargparse")
-    profile = tune(CliModel(), datamodule=Data(), snapshot=laptop(), budget_s=8, max_batch_size=96)
+    profile = tune(CliModel(), datamodule=Data(), snapshot=laptop(), budget_s=5, max_batch_size=96)
     batch = profile.settings.batch.batch_size
     assert batch is not None
     assert batch != 32  # the DataModule's own default, which the run would train at otherwise

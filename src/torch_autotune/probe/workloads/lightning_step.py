@@ -16,6 +16,11 @@ would spoil the timing of that step), and 0 is the index many steps single out t
 probe's steps (``quiet_log``), no other. Copies of the model share the datasets the module
 holds and drop the Trainer it may be attached to (``copied``). Importing this module imports
 torch: ``lightning`` imports it when the user's objects are Lightning's.
+
+Under a Trainer, Lightning 2.6.6 and older with torch 2.12 or 2.13 fail to compile a
+``training_step`` that calls ``self.log()`` (Lightning issue #21836, fixed by #21837, which
+makes ``log`` a graph break); outside a Trainer ``self.log()`` returns before that code, at a
+graph break of its own, so the probe compiles such a step as the fixed Lightning does.
 """
 
 from __future__ import annotations
