@@ -318,6 +318,17 @@ def test_several_optimizers_tune_with_the_users_optimizer() -> None:
     assert isinstance(workload.make_optimizer(model), torch.optim.SGD)
 
 
+def test_an_optimizer_built_over_the_users_module_is_rebuilt_over_each_copy() -> None:
+    module = Classifier(optimizers="two")
+    given = {"datamodule": Data(), "optimizer": torch.optim.SGD(module.parameters(), lr=0.1)}
+    workload = resolve_workload(module, objects=given)
+    model = workload.make_model()
+    optimizer = workload.make_optimizer(model)
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    assert [id(p) for p in held] == [id(p) for p in model.parameters()]
+    assert optimizer.param_groups[0]["lr"] == 0.1
+
+
 def test_no_optimizer_is_refused() -> None:
     with pytest.raises(WorkloadError, match=r"returned 0 optimizers \(none\)"):
         resolve_workload(Classifier(optimizers="none"), objects={"datamodule": Data()})

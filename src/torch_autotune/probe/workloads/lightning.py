@@ -48,7 +48,7 @@ from torch_autotune.probe.workloads.lightning_step import (
     hook_failed,
 )
 from torch_autotune.probe.workloads.messages import _article, _listed
-from torch_autotune.probe.workloads.optimizers import ModelOptimizer
+from torch_autotune.probe.workloads.optimizers import ModelOptimizer, RebuiltOptimizer
 from torch_autotune.probe.workloads.workload import Workload
 
 __all__ = [
@@ -291,6 +291,8 @@ def lightning_workload(
         own["model"] = prepared if custom else TrainingStep(prepared, name)
         if "optimizer" not in own:
             own["optimizer"] = _model_optimizer(prepared, name)
+        elif isinstance(own["optimizer"], torch.optim.Optimizer):  # over the user's module
+            own["optimizer"] = RebuiltOptimizer(own["optimizer"], module, name)
     workload = build(own)
     details = _LightningDetails(workload.details, prepared, arguments, custom)
     if prepared is None or custom:
