@@ -244,6 +244,26 @@ def test_the_older_pytorch_lightning_package_is_recognised_too() -> None:
     assert is_datamodule(old.LightningDataModule())
 
 
+def test_the_evidence_names_the_hooks_the_probe_does_not_call() -> None:
+    class Hooks(Classifier):
+        def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+            return batch
+
+        def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+            return None
+
+    details = resolve_workload(Hooks(), objects={"datamodule": Data()}).details
+    assert details is not None
+    notes = details().notes
+    assert notes == (
+        "hooks of the module the probe does not call (it moves the batch and steps the"
+        " optimizer itself): on_after_batch_transfer, on_train_batch_start",
+    )
+    plain = resolve_workload(Classifier(), objects={"datamodule": Data()}).details
+    assert plain is not None
+    assert plain().notes == ()
+
+
 def test_a_loss_fn_trains_the_module_through_its_forward() -> None:
     given = {"datamodule": Data(), "loss_fn": nn.functional.cross_entropy}
     workload = resolve_workload(Classifier(), objects=given)
