@@ -9,11 +9,13 @@ are checked against the parameters and values the library declares.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import subprocess
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from torch_autotune.cli import cli
+from torch_autotune.evidence import WorkloadDetails
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import (
     EXPORT_FORMATS,
@@ -30,6 +33,8 @@ from torch_autotune.integrations import (
     hf_notes,
     hf_optim,
     hf_training_arguments,
+    lightning_data_kwargs,
+    lightning_notes,
     lightning_trainer_kwargs,
     render_accelerate,
     render_env,
@@ -39,6 +44,8 @@ from torch_autotune.integrations import (
 from torch_autotune.profile import Decision, Mode, Preferences, Profile
 from torch_autotune.rules.engine import build_profile
 from torch_autotune.settings import Source
+
+from .probe.fake_trials import mlp_machine, tune_on
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 
@@ -121,6 +128,83 @@ def test_lightning_comments_carry_what_trainer_cannot_set() -> None:
     assert "torch.compile(model, mode='default')" in text
     assert "fused=True" in text
     assert yaml.safe_load(text) == {"trainer": lightning_trainer_kwargs(profile_for("h100"))}
+
+
+@functools.cache
+def _measured() -> Profile:
+    """A profile measured on this CPU's recorded twin (fake steps, real DataLoaders: ms)."""
+    name, _mode = CASES["cpu"]
+    snapshot = HardwareSnapshot.model_validate_json((SNAPSHOTS / f"{name}.json").read_text())
+    return tune_on(mlp_machine(), "mlp", snapshot, budget_s=10, max_batch_size=64)
+
+
+def measured_on(workers: int = 0, **details: Any) -> Profile:
+    """That profile as if measured on a Lightning workload with ``details``, at ``workers``."""
+    profile = _measured()
+    assert profile.evidence is not None
+    found = WorkloadDetails(source="objects", batch="16 float32", framework="lightning", **details)
+    loader = profile.settings.dataloader.model_copy(
+        update={"num_workers": workers, "persistent_workers": workers > 0}
+    )
+    settings = profile.settings.model_copy(update={"dataloader": loader})
+    return profile.model_copy(
+        update={
+            "evidence": profile.evidence.model_copy(update={"details": found}),
+            "settings": settings,
+        }
+    )
+
+
+def test_lightning_data_section_sets_the_datamodules_own_arguments() -> None:
+    profile = measured_on(workers=2, loader_arguments=("batch_size", "num_workers"))
+    text = render_lightning(profile)
+    config = yaml.safe_load(text)
+    batch = profile.settings.batch.batch_size
+    assert config["data"] == {"batch_size": batch, "num_workers": 2}
+    assert config["trainer"] == lightning_trainer_kwargs(profile)
+    assert "class_path (--config yours.yaml --config THIS.yaml)" in text
+    loader_note = next(n for n in lightning_notes(profile) if n.startswith("DataLoader("))
+    assert "batch_size" not in loader_note
+    assert "persistent_workers=True" in loader_note
+    assert "the DataModule's __init__ takes no argument for them" in loader_note
+
+
+def test_lightning_data_section_turns_persistent_workers_off_without_workers() -> None:
+    """torch refuses persistent workers without any: a DataModule defaulting to them would
+    fail at the profile's 0 workers unless the export says so."""
+    taken = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+    data = lightning_data_kwargs(measured_on(workers=0, loader_arguments=taken))
+    assert data["num_workers"] == 0
+    assert data["persistent_workers"] is False
+    assert "prefetch_factor" not in data
+    assert not any(
+        n.startswith("DataLoader(") for n in lightning_notes(measured_on(0, loader_arguments=taken))
+    )
+
+
+WITHOUT_DATA: dict[str, tuple[Callable[[], Profile], str]] = {
+    "rules only": (lambda: profile_for("cpu"), "a data: section needs a profile measured on your"),
+    "a built-in": (_measured, "a data: section needs a profile measured on your"),
+    "lightning": (measured_on, "measured without a DataModule whose __init__ takes them"),
+}
+
+
+@pytest.mark.parametrize("case", WITHOUT_DATA)
+def test_without_a_datamodule_that_takes_them_the_loader_stays_a_note_that_says_why(
+    case: str,
+) -> None:
+    make, why = WITHOUT_DATA[case]
+    profile = make()
+    assert lightning_data_kwargs(profile) == {}
+    text = render_lightning(profile)
+    assert "data" not in yaml.safe_load(text)
+    assert why in text
+
+
+def test_the_compile_note_is_the_compile_the_probe_measured() -> None:
+    note = next(n for n in lightning_notes(profile_for("h100")) if "torch.compile" in n)
+    assert "before trainer.fit(model)" in note
+    assert "compiles training_step" in note
 
 
 def test_hf_values_follow_the_profile() -> None:

@@ -170,6 +170,7 @@ def tune(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     loss_fn: Callable[..., Any] | None = None,
     train_step: Callable[[Any, Any], Any] | None = None,
+    datamodule: Any = None,
     name: str | None = None,
     min_batch_size: int | None = None,
     snapshot: HardwareSnapshot | None = None,
@@ -193,7 +194,10 @@ def tune(
     ``optimizer`` (an optimizer, rebuilt over each copy of the model the probe trains, or a
     factory ``params -> optimizer``), ``dataset`` or ``loader`` (a DataLoader, taken apart) or
     ``example_batch``, and optionally ``collate_fn``, ``loss_fn`` or ``train_step(model,
-    batch) -> loss``; ``name`` names them in the store (default: the model's class).
+    batch) -> loss``; ``datamodule``: a ``LightningDataModule`` whose ``train_dataloader()``
+    is the data (``tune(module, datamodule=dm)`` trains a ``LightningModule`` through its own
+    ``training_step`` and ``configure_optimizers``); ``name`` names them in the store (default:
+    the model's class).
     ``min_batch_size`` is where the search starts. ``snapshot`` describes the machine instead
     of detecting it. ``budget_s`` bounds the whole run, detection included (default 120 s,
     180 s where torch.compile is measured). The user's model, optimizer state, RNG and torch's
@@ -220,6 +224,7 @@ def tune(
         "collate_fn": collate_fn,
         "loss_fn": loss_fn,
         "train_step": train_step,
+        "datamodule": datamodule,
     }
     report = progress or _silent
     started = clock()

@@ -9,9 +9,11 @@ Each tool covers part of a profile; what it has no setting for is said in the re
 file's comments (beside the file for JSON), never silently dropped:
 
 - ``lightning``: a ``trainer:`` section for ``LightningCLI`` (``--config FILE``), also usable
-  as ``Trainer(**yaml.safe_load(text)["trainer"])``. DataLoader keyword arguments,
-  ``torch.compile``, channels_last and the fused optimizer belong in the LightningModule or
-  DataModule; the comments give their values.
+  as ``Trainer(**yaml.safe_load(text)["trainer"])``, and a ``data:`` section with the batch
+  size and the DataLoader settings when the profile was measured on a ``LightningDataModule``
+  whose ``__init__`` takes them (``lightning_data_kwargs``). ``torch.compile``, channels_last,
+  the fused optimizer and the DataLoader settings no DataModule argument takes belong in the
+  LightningModule or DataModule; the comments give their values.
 - ``hf``: JSON keyword arguments for ``transformers.TrainingArguments`` (add ``output_dir``).
   JSON has no comments, and TrainingArguments refuses unknown keys: ``hf_notes`` lists what
   it has no argument for, and ``autotune export`` prints that list on stderr.
@@ -38,6 +40,7 @@ __all__ = [
     "hf_notes",
     "hf_optim",
     "hf_training_arguments",
+    "lightning_data_kwargs",
     "lightning_notes",
     "lightning_trainer_kwargs",
     "process_count",
@@ -99,14 +102,42 @@ def lightning_trainer_kwargs(profile: Profile) -> dict[str, Any]:
     }
 
 
+def lightning_data_kwargs(profile: Profile) -> dict[str, Any]:
+    """The ``data:`` section of a LightningCLI config: the profile's batch size and DataLoader
+    settings, as the arguments of the ``LightningDataModule`` the profile was measured on.
+
+    Only the arguments its ``__init__`` takes (``WorkloadDetails.loader_arguments`` in the
+    evidence); empty for a profile not measured on a DataModule. ``persistent_workers: false``
+    where the profile has no workers, since torch refuses persistent workers without any.
+    The plain form (``data: {batch_size: 512}``) is the one ``LightningCLI(Model, DataModule)``
+    takes, and subclass mode takes it after a config that names ``data``'s ``class_path``.
+    """
+    details = profile.evidence.details if profile.evidence is not None else None
+    taken = details.loader_arguments if details is not None else ()
+    kwargs = _loader_kwargs(profile)
+    if profile.settings.dataloader.num_workers == 0:
+        kwargs["persistent_workers"] = False
+    return {key: kwargs[key] for key in taken if key in kwargs}
+
+
 def lightning_notes(profile: Profile) -> list[str]:
     """What Trainer has no argument for, as lines for the LightningModule/DataModule."""
     s = profile.settings
-    loader = ", ".join(f"{k}={v!r}" for k, v in _loader_kwargs(profile).items())
-    notes = [f"DataLoader(dataset, {loader}) in the DataModule's *_dataloader() methods"]
-    if s.compile.enabled:
+    data = lightning_data_kwargs(profile)
+    rest = {k: v for k, v in _loader_kwargs(profile).items() if k not in data}
+    notes = []
+    if rest:
+        loader = ", ".join(f"{k}={v!r}" for k, v in rest.items())
         notes.append(
-            f"torch.compile(model, mode={s.compile.mode or 'default'!r}) in configure_model()"
+            f"DataLoader(dataset, {loader}) in the DataModule's *_dataloader() methods"
+            f" ({_not_in_data(profile, data)})"
+        )
+    if s.compile.enabled:
+        mode = s.compile.mode or "default"
+        notes.append(
+            f"model = torch.compile(model, mode={mode!r}) before trainer.fit(model) (Lightning"
+            " then compiles training_step, as the probe did); under LightningCLI, compile the"
+            " network in configure_model()"
         )
     if s.memory_format == "channels_last":
         notes.append("model.to(memory_format=torch.channels_last) in configure_model()")
@@ -121,16 +152,41 @@ def lightning_notes(profile: Profile) -> list[str]:
     return notes
 
 
+def _not_in_data(profile: Profile, data: Mapping[str, Any]) -> str:
+    """Why these DataLoader settings are not in the config's ``data:`` section."""
+    details = profile.evidence.details if profile.evidence is not None else None
+    if details is None or details.framework != "lightning":
+        return "a data: section needs a profile measured on your LightningDataModule"
+    if not data:
+        return "the profile was measured without a DataModule whose __init__ takes them"
+    return "the DataModule's __init__ takes no argument for them"
+
+
 def render_lightning(profile: Profile) -> str:
-    """A LightningCLI config (``trainer:`` section), the rest of the profile as comments."""
+    """A LightningCLI config (``trainer:``, and ``data:`` where the DataModule takes the
+    DataLoader settings), the rest of the profile as comments."""
     lines = _header(profile, "Lightning Trainer arguments")
     lines += [
         "# Use: python train.py fit --config THIS.yaml (LightningCLI),",
         '# or Trainer(**yaml.safe_load(open("THIS.yaml"))["trainer"]).',
-        "# Trainer has no argument for these; set them in your LightningModule/DataModule:",
     ]
-    lines += [f"#   {note}" for note in lightning_notes(profile)]
-    return "\n".join(lines) + "\n" + _yaml({"trainer": lightning_trainer_kwargs(profile)})
+    config: dict[str, Any] = {"trainer": lightning_trainer_kwargs(profile)}
+    data = lightning_data_kwargs(profile)
+    if data:
+        config["data"] = data
+        lines += [
+            "# data: your DataModule's own arguments, as LightningCLI(Model, DataModule) takes",
+            "# them; in subclass mode, give this file after the config that names data's",
+            "# class_path (--config yours.yaml --config THIS.yaml). Without LightningCLI:",
+            '# YourDataModule(**yaml.safe_load(open("THIS.yaml"))["data"]).',
+        ]
+    notes = lightning_notes(profile)
+    if notes:
+        lines.append(
+            "# Trainer has no argument for these; set them in your LightningModule/DataModule:"
+        )
+        lines += [f"#   {note}" for note in notes]
+    return "\n".join(lines) + "\n" + _yaml(config)
 
 
 def _loader_kwargs(profile: Profile) -> dict[str, Any]:

@@ -31,6 +31,8 @@ The package, a module for each thing it owns:
     factory       importing and calling the user's factory (``load_workload``)
     protocol      checking what a factory returns (``as_workload``)
     huggingface   a ``PreTrainedModel``, a ``datasets.Dataset``, a ``Trainer``, as they are
+    lightning     a LightningModule and its LightningDataModule, with no glue
+    lightning_step  the model the probe trains for a LightningModule: its training_step
     batches       ``make_batch``: a few samples repeated to any batch size
     losses        cross-entropy and MSE
     messages      how errors name values
@@ -52,6 +54,9 @@ object with these attributes):
     loss_fn         optional (outputs, targets) -> scalar loss; default: cross-entropy for
                     integer targets (classes on dim 1, or on the last dim), MSE otherwise
     kind            optional "conv" | "transformer" | "mlp" | "other" (the default)
+    datamodule      optional: a LightningDataModule, its train_dataloader() the data; with a
+                    LightningModule as model, optimizer and loss come from the module itself
+                    (its configure_optimizers and training_step)
     max_batch_size  optional cap on the batch sizes tried; default len(dataset), else none
 
 ``make_batch(n)`` repeats the example batch (or the dataset's first samples, collated) along

@@ -14,7 +14,7 @@ from torch_autotune.errors import WorkloadError
 from torch_autotune.probe.workloads.factory import call_factory, load_workload
 from torch_autotune.probe.workloads.losses import _cross_entropy
 from torch_autotune.probe.workloads.messages import _article, _listed, _perhaps
-from torch_autotune.probe.workloads.protocol import as_workload, default_name
+from torch_autotune.probe.workloads.protocol import _is_module, as_workload, default_name
 from torch_autotune.probe.workloads.steps import StructuredStep
 from torch_autotune.probe.workloads.synthetic import (
     SyntheticImages,
@@ -236,10 +236,13 @@ def resolve_workload(
     function (called with no arguments; named ``module:function`` as ``autotune -m`` names
     it), a mapping of the protocol's fields, or an object that holds them. ``objects``: the
     protocol's fields as ``tune()``'s keyword arguments (``model=..., dataset=...``), instead of
-    ``choice``. ``name`` names a workload given as objects (default: its model's class). With
-    neither, the default built-in for ``device`` (``default_workload``), or
-    ``DEFAULT_WORKLOAD`` when no device is named.
+    ``choice``, or beside a module given as ``choice`` (``tune(module, datamodule=dm)``).
+    ``name`` names a workload given as objects (default: its model's class). With neither, the
+    default built-in for ``device`` (``default_workload``), or ``DEFAULT_WORKLOAD`` when no
+    device is named.
     """
+    if objects and choice is not None and "model" not in objects and _is_module(choice):
+        objects, choice = {"model": choice, **objects}, None  # tune(module, datamodule=dm)
     if objects:
         if choice is not None:
             raise WorkloadError(

@@ -208,11 +208,11 @@ class ModelOptimizer:
 
 def optimizer_builder(value: Any, template: Module | None, name: str) -> Any:
     """The builder for what the user gave as ``optimizer``: an object (rebuilt over each
-    copy of ``template``) or a factory; a ``ModelOptimizer`` as it is."""
+    copy of ``template``) or a factory; a builder of this module is returned as it is."""
     import torch
 
-    if isinstance(value, ModelOptimizer):  # made from the model by a framework's adapter
-        return value
+    if isinstance(value, (FactoryOptimizer, RebuiltOptimizer, ModelOptimizer)):
+        return value  # a builder already (Lightning's configure_optimizers)
     if isinstance(value, torch.optim.Optimizer):
         if template is None:
             raise WorkloadError(

@@ -57,6 +57,7 @@ FIELDS = (
     "kind",
     "max_batch_size",
     "min_batch_size",
+    "datamodule",
 )
 """The keys a factory's mapping may hold, and ``tune()``'s keyword arguments for objects."""
 
@@ -73,12 +74,16 @@ def as_workload(result: Any, *, name: str, source: Source = "factory") -> Worklo
     """
     from torch import nn
 
+    from torch_autotune.probe.workloads import lightning
+
     if isinstance(result, Workload):
         return result
     if huggingface.is_trainer(result):
         fields = huggingface.trainer_fields(result, name)
     elif isinstance(result, Mapping):
         fields = _mapping_fields(result, name)
+    elif lightning.is_lightning_module(result):  # trains with its own train_dataloader()
+        fields = {"model": result}
     elif not isinstance(result, nn.Module) and any(hasattr(result, f) for f in FIELDS):
         fields = {f: getattr(result, f) for f in FIELDS if hasattr(result, f)}
     elif isinstance(result, nn.Module):
@@ -90,7 +95,10 @@ def as_workload(result: Any, *, name: str, source: Source = "factory") -> Worklo
             f"'{name}' returned {_article(result)}; a factory returns a Workload or a dict that"
             f" holds the model and its data: {_README}"
         )
-    return _user_workload({k: v for k, v in fields.items() if v is not None}, name, source)
+    given = {k: v for k, v in fields.items() if v is not None}
+    if lightning.uses_lightning(given):
+        return lightning.lightning_workload(given, name, lambda f: _user_workload(f, name, source))
+    return _user_workload(given, name, source)
 
 
 def default_name(fields: Mapping[str, Any]) -> str:
