@@ -4,8 +4,8 @@ A batch is whatever torch's default collate or the user's ``collate_fn`` returns
 tuple or a list, a mapping (a dict, a tokenizer's ``BatchEncoding``), nested. Two makers:
 
 - ``RepeatedBatch``: an example batch, its samples repeated cyclically to the size asked
-  for: every tensor (and list) whose first dimension is the example's sample count is
-  repeated along it, the rest is kept as it is;
+  for: every tensor whose first dimension is the example's sample count, and every list of
+  that many strings or numbers, is repeated along it, the rest is kept as it is;
 - ``DatasetBatches``: batches collated from a dataset's samples, through its collate. At most
   ``DISTINCT`` samples are read and kept, and cycled to any size, so a large batch costs no
   more reads. Where the samples differ in shape (variable-length sequences), the search's
@@ -70,8 +70,11 @@ def _repeat(inputs: Tensor, targets: Tensor, batch_size: int) -> tuple[Tensor, T
 
 def repeat_batch(batch: Any, count: int, batch_size: int) -> Any:
     """``batch`` (of ``count`` samples) grown or cut to ``batch_size`` samples, cyclically:
-    every tensor and list whose first dimension is ``count`` is indexed along it, the rest
-    (a scalar, a tensor of another length) is kept. The containers keep their types."""
+    every tensor whose first dimension is ``count`` is indexed along it, and so is every list
+    of ``count`` items that holds no tensor (one string or number per sample); the rest (a
+    scalar, a tensor of another length) is kept. A list that holds tensors is the batch's
+    structure (torch's default collate batches ``(inputs, targets)`` samples as a list
+    ``[inputs, targets]``), never a list of samples. The containers keep their types."""
     import torch
 
     from torch_autotune.apply import map_tensors
@@ -85,7 +88,7 @@ def repeat_batch(batch: Any, count: int, batch_size: int) -> Any:
         return tensor.index_select(0, index.to(tensor.device))
 
     def lists(value: Any) -> Any:
-        if isinstance(value, list) and len(value) == count:
+        if isinstance(value, list) and len(value) == count and not _holds_tensor(value):
             return [value[i] for i in positions]
         if isinstance(value, Mapping):
             items = {key: lists(item) for key, item in value.items()}
@@ -94,9 +97,26 @@ def repeat_batch(batch: Any, count: int, batch_size: int) -> Any:
                 return kind(items)
             except Exception:
                 return items
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+            return type(value)(*(lists(item) for item in value))
+        if isinstance(value, (tuple, list)):
+            return type(value)(lists(item) for item in value)
         return value
 
     return lists(map_tensors(batch, repeat))
+
+
+def _holds_tensor(value: Any) -> bool:
+    """Whether ``value`` is a tensor or a tuple, list or mapping with a tensor in it."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, Mapping):
+        return any(_holds_tensor(item) for item in value.values())
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(item) for item in value)
+    return False
 
 
 class RepeatedBatch:
