@@ -395,8 +395,21 @@ def test_samples_of_one_size_are_read_once_and_cycled() -> None:
     assert not batches.variable
     assert batches.note == ""
     assert torch.equal(batches.typical(70)[0], tokens)  # nothing varies: the same batches
-    assert sorted(set(dataset.reads)) == list(range(DatasetBatches.DISTINCT))
-    assert len(dataset.reads) == DatasetBatches.DISTINCT  # read once, kept
+    batches.worst(3)
+    # the first samples, kept, and a few spread up to the last: each read once
+    assert len(dataset.reads) == len(set(dataset.reads))
+    assert len(dataset.reads) == DatasetBatches.DISTINCT + DatasetBatches.SPREAD
+    assert max(dataset.reads) == 99
+
+
+def test_samples_that_differ_only_beyond_the_first_ones_are_found() -> None:
+    """A dataset sorted by length: its first samples are alike, its longest are at the end."""
+    lengths = [2] * 700 + [3] * 200 + [40] * 100
+    batches = DatasetBatches(Sequences(lengths), pad, "sorted")
+    tokens, labels = batches.worst(8)
+    assert batches.variable
+    assert tokens.shape[1] == 40
+    assert all(lengths[i] == 40 for i in labels.tolist())
 
 
 @settings(max_examples=25, deadline=None)

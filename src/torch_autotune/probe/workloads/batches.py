@@ -173,13 +173,16 @@ class DatasetBatches:
     """Batches collated from a dataset's own samples, through its collate (see the module).
 
     ``worst(n)`` (also ``self(n)``) collates the largest samples read, ``typical(n)`` samples
-    drawn at random; both cycle their samples to ``n``. The first ``DISTINCT`` samples are read
-    when the first batch is made; where they differ in size, up to ``SCAN`` samples spread over
-    the dataset (at most ``SCAN_S`` seconds of reading) are read to find the largest, and
-    ``variable`` is True. ``note`` says what was read, for the evidence.
+    drawn at random; both cycle their samples to ``n``. The first ``DISTINCT`` samples, and
+    ``SPREAD`` more spread over the dataset up to its last (a dataset sorted by length, or one
+    whose first samples happen to be alike, differs there), are read when the first batch is
+    made; where they differ in size, up to ``SCAN`` samples spread over the dataset (at most
+    ``SCAN_S`` seconds of reading) are read to find the largest, and ``variable`` is True.
+    ``note`` says what was read, for the evidence.
     """
 
     DISTINCT = 64
+    SPREAD = 16
     SCAN = 1024
     SCAN_S = 3.0
 
@@ -229,11 +232,17 @@ class DatasetBatches:
         length = len(self.dataset)
         first = [self._sample(i) for i in range(min(length, self.DISTINCT))]
         self._first = first
-        if len({_size(sample) for sample in first}) == 1:
+        read = dict(enumerate(first))
+        if length > len(first):
+            last = length - 1
+            for i in range(self.SPREAD):
+                index = len(first) + round(i * (last - len(first)) / (self.SPREAD - 1))
+                if index not in read:
+                    read[index] = self._sample(index)
+        if len({_size(sample) for sample in read.values()}) == 1:
             self._largest = first
             return
         self.variable = True
-        read = dict(enumerate(first))
         began = time.perf_counter()
         step = max(1, length // self.SCAN)
         for index in range(0, length, step):
