@@ -278,8 +278,10 @@ def _checked_loss(value: Any, name: str, what: str) -> Tensor:
             " loss to minimise (e.g. loss.mean())"
         )
     if not (value.is_floating_point() or value.is_complex()) or not value.requires_grad:
+        dtype = _dtype(value)
         raise WorkloadError(
-            f"'{name}': {what} does not depend on the model's parameters (a {_dtype(value)}"
+            f"'{name}': {what} does not depend on the model's parameters"
+            f" ({'an' if dtype[0] in 'aeiou' else 'a'} {dtype}"
             f" tensor{'' if value.requires_grad else ' without grad'}); return the loss computed"
             " from the model's outputs"
         )
