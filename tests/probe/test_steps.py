@@ -306,6 +306,26 @@ def test_label_is_kept_as_it_is_where_the_forward_takes_label() -> None:
     assert step()(TakesLabel(), {"x": X, "label": Y}).dim() == 0
 
 
+@pytest.mark.parametrize("key", ["labels", "label", "target", "y"])
+def test_labels_a_plain_forward_does_not_take_are_the_default_losss_targets(key: str) -> None:
+    """{"x": ..., "label": ...} samples for a forward(self, x) train as (x, label) would."""
+
+    class Plain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.linear(x)
+
+    model, structured = Plain(), step()
+    loss = structured(model, {"x": X, key: Y, "idx": Y})
+    assert torch.allclose(loss, F.cross_entropy(model.linear(X), Y))
+    assert structured.call == f"model(**batch) with x ('{key}' is the default loss's targets)"
+    assert structured.loss_source == "cross-entropy (the default for these targets)"
+    assert structured.dropped == {"idx"}
+
+
 def test_a_mapping_none_of_whose_keys_the_forward_takes_is_our_one_line() -> None:
     with pytest.raises(WorkloadError) as raised:
         step()(Keyed(), {"pixels": X, "target": Y})
