@@ -6,18 +6,23 @@ end to end with real torch on this CPU."""
 from __future__ import annotations
 
 import functools
+import re
+import textwrap
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 from tests.probe.fake_trials import recorded
 from torch_autotune.api import tune
-from torch_autotune.errors import WorkloadError, blame_user_code
+from torch_autotune.cli import cli
+from torch_autotune.errors import EXIT_WORKLOAD, WorkloadError, blame_user_code
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import SearchGuard, search_with_guard
@@ -326,3 +331,51 @@ def test_a_resnet_on_32x32_images_is_tuned_on_the_real_clock() -> None:
     assert evidence.batch_size >= 2
     assert evidence.batch_size in {t.batch_size for t in evidence.search if t.fits}
     assert evidence.details.min_batch_size == 2
+
+
+def test_a_model_that_raises_at_every_size_is_the_users_error_through_the_command(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    detected_as("cpu-laptop-linux")
+    (tmp_path / "always_raises.py").write_text(
+        textwrap.dedent(
+            """
+            import functools
+
+            import torch
+            from torch import nn
+
+
+            class Broken(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.linear = nn.Linear(4, 2)
+
+                def forward(self, x, mask):
+                    raise ValueError("the mask has the wrong shape")
+
+
+            def make_workload():
+                return {
+                    "model": Broken(),
+                    "optimizer": functools.partial(torch.optim.SGD, lr=0.1),
+                    "example_batch": {"x": torch.randn(4, 4), "mask": torch.ones(4, 4)},
+                }
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(
+        cli, ["--model", "always_raises:make_workload", "--budget", "20", "--no-save"]
+    )
+    assert result.exit_code == EXIT_WORKLOAD, result.output
+    assert re.search(r'always_raises\.py", line \d+, in forward', result.stderr)
+    assert "ValueError: the mask has the wrong shape" in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last == (
+        "autotune: error: the training step raised ValueError in model(**batch) with x, mask"
+        " (not out-of-memory, so not a batch that is too big); fix the model or its data, see"
+        " the traceback above"
+    )
