@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from tests.probe.fake_trials import recorded
+from tests.probe.fake_trials import Ticks, recorded, tune_ticking
 from torch_autotune.api import tune
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_WORKLOAD, WorkloadError, blame_user_code
@@ -28,7 +28,7 @@ from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import SearchGuard, search_with_guard
 from torch_autotune.probe.search import TrialOutcome, find_max_batch_size
 from torch_autotune.probe.smallest import GROWTH, smallest_batch
-from torch_autotune.probe.trials import StepSettings, TrialRunner
+from torch_autotune.probe.trials import StepSettings
 from torch_autotune.profile import Profile
 
 LAPTOP = recorded("cpu-laptop-linux")
@@ -60,20 +60,8 @@ class Simulated:
         return TrialOutcome(True, (100 + batch_size) << 20, 0.03, 0.01, 0.01)
 
 
-class Clock:
-    """Simulated time: each reading is ``tick`` seconds later."""
-
-    def __init__(self, tick: float = 0.001) -> None:
-        self.tick = tick
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += self.tick
-        return self.now
-
-
 def guard(model: Any) -> SearchGuard:
-    return SearchGuard(model, Budget(1e6, Clock()), lambda _phase, _what: None, reserve_s=0.0)
+    return SearchGuard(model, Budget(1e6, Ticks(0.001)), lambda _phase, _what: None, reserve_s=0.0)
 
 
 # --- the start, on simulated models ------------------------------------------------------------
@@ -249,14 +237,8 @@ def images(size: int, count: int = 64) -> list[tuple[torch.Tensor, int]]:
 
 
 def tune_real(model: nn.Module, data: Any, snapshot: HardwareSnapshot, **options: Any) -> Profile:
-    """``tune()`` with real training steps on simulated time: every clock reading is 0.1 s
-    later, so a run is a few dozen real steps, the same on any machine."""
-    clock = Clock(0.1)
-
-    def trials(workload: Any, step: StepSettings) -> TrialRunner:
-        return TrialRunner(workload, step, clock=clock)
-
-    return tune(
+    """``tune()`` of the model on the data with real training steps on simulated time."""
+    return tune_ticking(
         model=model,
         optimizer=functools.partial(torch.optim.AdamW, lr=1e-3),
         dataset=data,
@@ -264,8 +246,6 @@ def tune_real(model: nn.Module, data: Any, snapshot: HardwareSnapshot, **options
         budget_s=30,
         max_batch_size=16,
         num_workers=0,
-        clock=clock,
-        trials=trials,
         **options,
     )
 
