@@ -7,6 +7,7 @@ line each, the result saved under its name and benched with the objects again.""
 from __future__ import annotations
 
 import functools
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -88,6 +89,32 @@ def test_a_model_an_optimizer_and_a_dataset() -> None:
     assert found.call == "model(inputs) from (inputs, targets)"
     assert found.loss == "cross-entropy (the default for these targets)"
     assert profile.evidence.max_batch_size <= 16
+
+
+def test_the_users_model_optimizer_and_random_streams_are_as_they_were() -> None:
+    numpy = pytest.importorskip("numpy")
+    model = Classifier()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()  # the user trained a step: momentum buffers exist
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    torch.manual_seed(7)
+    random.seed(7)
+    numpy.random.seed(7)
+    expected = (torch.rand(3), random.random(), numpy.random.rand())
+    torch.manual_seed(7)
+    random.seed(7)
+    numpy.random.seed(7)
+    assert_measured(quick(model=model, optimizer=optimizer, dataset=Samples()))
+    assert torch.equal(torch.rand(3), expected[0])
+    assert random.random() == expected[1]
+    assert numpy.random.rand() == expected[2]
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
+    after = [optimizer.state[p]["momentum_buffer"] for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(after, momentum, strict=True))
+    assert [group["params"] for group in optimizer.param_groups] == [list(model.parameters())]
+    assert model.training
 
 
 def test_a_dataloader_is_taken_apart_its_collate_kept_and_its_batch_size_replaced() -> None:

@@ -238,22 +238,33 @@ def resolve_workload(
     protocol's fields as ``tune()``'s keyword arguments (``model=..., dataset=...``), instead of
     ``choice``. ``name`` names a workload given as objects (default: its model's class). With
     neither, the default built-in for ``device`` (``default_workload``), or
-    ``DEFAULT_WORKLOAD`` when no device is named.
+    ``DEFAULT_WORKLOAD`` when no device is named. The user's code that runs here (their
+    factory, the copy of their model, their dataset's first samples) may draw from the RNG:
+    every RNG is put back, so ``tune()`` leaves the script's random stream as it was.
     """
-    if objects:
-        if choice is not None:
-            raise WorkloadError(
-                f"give the workload ({_article(choice)}) or its objects ({_listed(objects)}),"
-                " not both"
-            )
-        return as_workload(dict(objects), name=name or default_name(objects), source="objects")
+    if objects and choice is not None:
+        raise WorkloadError(
+            f"give the workload ({_article(choice)}) or its objects ({_listed(objects)}), not both"
+        )
     if isinstance(choice, Workload):
         return choice
-    if choice is None:
+    if choice is None and not objects:
         chosen = DEFAULT_WORKLOAD if device is None else default_workload(device)
         return BUILTIN_WORKLOADS[chosen]()
-    if isinstance(choice, str):
+    if isinstance(choice, str) and ":" not in choice:
         return _named(choice)
+    from torch_autotune.probe.trials import preserved
+
+    with preserved():  # the user's factory, model and dataset run here: every RNG put back
+        return _users(choice, objects, name)
+
+
+def _users(choice: Any, objects: Mapping[str, Any] | None, name: str | None) -> Workload:
+    """The workload from the user's objects, mapping, factory or object (``resolve_workload``)."""
+    if objects:
+        return as_workload(dict(objects), name=name or default_name(objects), source="objects")
+    if isinstance(choice, str):
+        return load_workload(choice)
     if isinstance(choice, Mapping):
         return as_workload(choice, name=name or default_name(choice), source="objects")
     if _is_function(choice):
@@ -276,8 +287,6 @@ def _is_function(value: Any) -> bool:
 def _named(choice: str) -> Workload:
     if choice in BUILTIN_WORKLOADS:
         return BUILTIN_WORKLOADS[choice]()
-    if ":" in choice:
-        return load_workload(choice)
     raise WorkloadError(
         f"'{choice}' is neither a built-in workload ({_listed(BUILTIN_WORKLOADS)}) nor a"
         f" package.module:factory reference{_perhaps(choice, BUILTIN_WORKLOADS)}"
