@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -308,6 +309,22 @@ def test_what_cannot_be_tuned_is_one_line(call: Any, message: str) -> None:
     with pytest.raises(WorkloadError) as raised:
         call()
     assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("min_batch_size", "2", "min_batch_size must be an int, got '2'"),
+        ("max_batch_size", 2.5, "max_batch_size must be an int, got 2.5"),
+        ("num_workers", True, "num_workers must be an int, got True"),
+        ("min_batch_size", 0, "min_batch_size must be in [1, "),
+    ],
+)
+def test_a_count_that_is_not_an_int_in_range_is_a_value_error(
+    option: str, value: Any, message: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        torch_autotune.tune(model=Classifier(), optimizer=SGD, dataset=Samples(), **{option: value})
 
 
 # --- the bench, with the objects again ------------------------------------------------------
