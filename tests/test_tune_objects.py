@@ -330,6 +330,20 @@ def test_a_count_that_is_not_an_int_in_range_is_a_value_error(
 # --- the bench, with the objects again ------------------------------------------------------
 
 
+def test_the_bench_takes_the_objects_again_and_names_them_as_the_profile() -> None:
+    profile = quick(model=Classifier(), optimizer=SGD, dataset=Samples(), name="mine")
+    benched = torch_autotune.bench(
+        profile,
+        workload={"model": Classifier(), "optimizer": SGD, "dataset": Samples()},
+        rounds=1,
+        seconds=0.05,
+        measure=lambda config, seconds: 100.0 * (config.batch_size or 1) ** 0.5,
+    )
+    assert benched.evidence is not None
+    assert benched.evidence.bench is not None
+    assert benched.evidence.bench.workload == "mine"
+
+
 def test_the_bench_without_the_objects_asks_for_them_in_one_line() -> None:
     profile = quick(model=Classifier(), optimizer=SGD, dataset=Samples(), name="mine")
     with pytest.raises(WorkloadError) as raised:

@@ -318,7 +318,7 @@ def bench(
     from torch_autotune.probe.ablation import run_arms
     from torch_autotune.probe.workloads import resolve_workload
 
-    given = None if workload is None else resolve_workload(workload)
+    given = None if workload is None else resolve_workload(workload, name=_objects_name(profile))
     if profile is None:
         profile = tune(given, budget_s=budget_s, progress=progress, clock=clock)
     _measured_on(profile)  # a rules-only profile cannot be benched
@@ -364,6 +364,15 @@ def _bench_workload(profile: Profile) -> Workload:
             " workload={'model': ..., 'optimizer': ..., 'dataset': ...})"
         )
     return resolve_workload(name)
+
+
+def _objects_name(profile: Profile | None) -> str | None:
+    """The name ``profile`` was measured under where it was measured on objects given to
+    ``tune()``: the same objects given to the bench are named as the profile names them."""
+    evidence = None if profile is None else profile.evidence
+    if evidence is None or evidence.details is None or evidence.details.source != "objects":
+        return None
+    return evidence.workload
 
 
 def _measured_on(profile: Profile) -> str:
