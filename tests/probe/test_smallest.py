@@ -19,10 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from tests.probe.fake_trials import Ticks, recorded, tune_ticking
+from tests.probe.fake_trials import Ticks, mlp_machine, recorded, tune_on, tune_ticking
+from torch_autotune import api
 from torch_autotune.api import tune
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_WORKLOAD, WorkloadError, blame_user_code
+from torch_autotune.errors import EXIT_USAGE, EXIT_WORKLOAD, WorkloadError, blame_user_code
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import SearchGuard, search_with_guard
@@ -358,4 +359,52 @@ def test_a_model_that_raises_at_every_size_is_the_users_error_through_the_comman
         "autotune: error: the training step raised ValueError in model(**batch) with x, mask"
         " (not out-of-memory, so not a batch that is too big); fix the model or its data, see"
         " the traceback above"
+    )
+
+
+# --- --min-batch-size -------------------------------------------------------------------------
+
+
+def test_min_batch_size_on_the_command_line_starts_the_search_there(
+    monkeypatch: pytest.MonkeyPatch, detected_as: Callable[[str], HardwareSnapshot]
+) -> None:
+    detected_as("cpu-laptop-linux")
+    machine = mlp_machine()
+    asked: dict[str, Any] = {}
+
+    def simulated(workload: Any, **options: Any) -> Profile:
+        asked.update(options)
+        return tune_on(machine, workload, LAPTOP, **options)
+
+    monkeypatch.setattr(api, "tune", simulated)
+    result = CliRunner().invoke(
+        cli, ["-m", "mlp", "--min-batch-size", "24", "--budget", "20", "--no-save"]
+    )
+    assert result.exit_code == 0, result.output
+    assert asked["min_batch_size"] == 24
+    trials = [int(line.split()[1]) for line in machine.log if line.startswith("trial")]
+    assert trials[0] == 24
+    assert min(trials) == 24
+    assert "--min-batch-size" in CliRunner().invoke(cli, ["--help"]).output
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "2.5", "1048577"])
+def test_a_min_batch_size_that_is_no_batch_size_is_a_usage_error(value: str) -> None:
+    result = CliRunner().invoke(cli, ["--min-batch-size", value, "--no-save"])
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("autotune: error: Invalid value for '--min-batch-size'")
+
+
+def test_a_min_batch_size_above_the_max_is_one_line(
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    detected_as("cpu-laptop-linux")
+    result = CliRunner().invoke(
+        cli, ["-m", "mlp", "--min-batch-size", "64", "--max-batch-size", "32", "--no-save"]
+    )
+    assert result.exit_code == EXIT_WORKLOAD
+    assert result.stderr.splitlines()[-1] == (
+        "autotune: error: the mlp workload's smallest batch (64) is above the largest it may"
+        " try: the largest batch asked for (32)"
     )

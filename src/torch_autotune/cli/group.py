@@ -36,6 +36,7 @@ _NOT_OURS = r"(?!torch_autotune(\.|$))"
     "phase runs past it."
 )
 @options.max_batch_size()
+@options.min_batch_size()
 @options.target_batch()
 @options.mode(default="speed")
 @options.variable_shapes()
@@ -53,6 +54,7 @@ def cli(  # click passes options by name
     workload: str | None,
     budget: float | None,
     max_batch_size: int | None,
+    min_batch_size: int | None,
     target_batch: int | None,
     mode: str,
     variable_shapes: bool,
@@ -88,6 +90,7 @@ def cli(  # click passes options by name
                 mode=mode,
                 budget_s=budget,
                 max_batch_size=max_batch_size,
+                min_batch_size=min_batch_size,
                 target_global_batch=target_batch,
                 fixed_shapes=not variable_shapes,
                 num_workers=workers,
