@@ -327,6 +327,15 @@ def test_a_count_that_is_not_an_int_in_range_is_a_value_error(
         torch_autotune.tune(model=Classifier(), optimizer=SGD, dataset=Samples(), **{option: value})
 
 
+def test_a_min_batch_size_above_the_datasets_size_says_so() -> None:
+    with pytest.raises(WorkloadError) as raised:
+        quick(model=Classifier(), optimizer=SGD, dataset=Samples(), min_batch_size=64)
+    assert str(raised.value) == (
+        "workload 'Classifier': min_batch_size 64 is above its largest batch, 40 (the number of"
+        " samples in its dataset)"
+    )
+
+
 # --- the bench, with the objects again ------------------------------------------------------
 
 
