@@ -147,6 +147,26 @@ def test_a_dataloader_with_the_default_collate_leaves_the_collate_to_torch() -> 
     assert workload.dataset is loader.dataset
 
 
+def test_a_dataloader_over_whole_batches_asks_for_samples_or_an_example_batch() -> None:
+    """batch_size=None turns batching off: each item is a batch, which no trial can resize."""
+    loader = torch.utils.data.DataLoader(Samples(), batch_size=None)
+    with pytest.raises(WorkloadError) as raised:
+        resolve_workload(objects={"model": Classifier(), "optimizer": SGD, "loader": loader})
+    assert str(raised.value) == (
+        "'Classifier': the DataLoader has batch_size=None, so each item of its dataset is a whole"
+        " batch, which the probe cannot resize; give a dataset of single samples (with its"
+        " collate_fn), or example_batch=next(iter(loader))"
+    )
+
+
+def test_a_dataloader_with_a_batch_sampler_is_taken_apart_too() -> None:
+    sampler = torch.utils.data.BatchSampler(range(40), batch_size=6, drop_last=False)
+    loader = torch.utils.data.DataLoader(Samples(), batch_sampler=sampler)
+    workload = resolve_workload(objects={"model": Classifier(), "optimizer": SGD, "loader": loader})
+    inputs, targets = workload.make_batch(9)
+    assert (tuple(inputs.shape), tuple(targets.shape)) == ((9, 4), (9,))
+
+
 def test_an_example_batch_of_any_structure() -> None:
     class TwoInputs(nn.Module):
         def __init__(self) -> None:

@@ -188,6 +188,12 @@ def _loader_taken_apart(fields: dict[str, Any], name: str) -> dict[str, Any]:
         )
     if "dataset" in fields and fields["dataset"] is not loader:
         raise WorkloadError(f"'{name}': give 'dataset' or 'loader', not both")
+    if loader.batch_size is None and loader.batch_sampler is None:  # no automatic batching
+        raise WorkloadError(
+            f"'{name}': the DataLoader has batch_size=None, so each item of its dataset is a"
+            " whole batch, which the probe cannot resize; give a dataset of single samples"
+            " (with its collate_fn), or example_batch=next(iter(loader))"
+        )
     taken = {k: v for k, v in fields.items() if k != "loader"}
     taken["dataset"] = loader.dataset
     if "collate_fn" not in fields and not _is_default_collate(loader.collate_fn):
