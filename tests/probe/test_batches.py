@@ -332,6 +332,28 @@ def test_an_example_batch_from_a_loader_of_two_samples_trains_at_every_size() ->
     assert workload.train_step.call == "model(inputs) from (inputs, targets)"
 
 
+def test_an_example_batch_of_the_users_own_batch_class_trains_at_every_size() -> None:
+    """A dataclass batch, as map_tensors moves it: repeated field by field, given to the
+    model as it is."""
+
+    class Reads(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 2)
+
+        def forward(self, batch: Batch) -> Any:
+            return torch.nn.functional.cross_entropy(self.linear(batch.pixels), batch.labels)
+
+    example = Batch(torch.randn(2, 3), torch.tensor([0, 1]), source="val")
+    workload = as_workload(
+        {"model": Reads(), "optimizer": torch.optim.SGD, "example_batch": example}, name="mine"
+    )
+    batch = workload.make_batch(5)
+    assert type(batch) is Batch
+    assert (batch.size, batch.source) == (5, "val")
+    assert workload.train_step(workload.make_model(), batch).dim() == 0
+
+
 def test_per_sample_lists_are_repeated_wherever_they_are() -> None:
     batch = (["a", "b"], {"ids": ["x", "y"]}, torch.tensor([0, 1]))
     texts, mapping, labels = repeat_batch(batch, 2, 3)
@@ -352,6 +374,7 @@ def test_a_repeated_batch_cuts_to_fewer_samples_and_refuses_a_size_that_is_not_o
 
 def test_batch_samples_is_the_first_dimension_of_the_first_tensor() -> None:
     assert batch_samples({"text": ["a"], "ids": (torch.tensor(1.0), torch.zeros(5, 2))}) == 5
+    assert batch_samples(Batch(torch.zeros(3, 2), torch.zeros(3))) == 3
     assert batch_samples(torch.tensor(3.0)) is None
     assert batch_samples(["a", "b"]) is None
 

@@ -42,8 +42,11 @@ def _check_batch_size(batch_size: int) -> None:
 
 
 def batch_samples(batch: Any) -> int | None:
-    """The number of samples in ``batch``: the first dimension of its first tensor (None: it
-    holds no tensor with a dimension)."""
+    """The number of samples in ``batch``: the first dimension of its first tensor, in a
+    mapping, a tuple or list, or a dataclass's fields (None: it holds no tensor with a
+    dimension)."""
+    import dataclasses
+
     import torch
 
     if isinstance(batch, torch.Tensor):
@@ -53,6 +56,8 @@ def batch_samples(batch: Any) -> int | None:
         children = batch.values()
     elif isinstance(batch, (tuple, list)):
         children = batch
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        children = [getattr(batch, field.name) for field in dataclasses.fields(batch)]
     for child in children:
         found = batch_samples(child)
         if found is not None:
