@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import random
 import re
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -382,3 +383,35 @@ def test_the_bench_without_the_objects_asks_for_them_in_one_line() -> None:
         " again from their name; give them to the bench too: bench(profile,"
         " workload={'model': ..., 'optimizer': ..., 'dataset': ...})"
     )
+
+
+def test_the_bench_of_a_dataset_smaller_than_the_baselines_batch_ends() -> None:
+    """The baseline trains at batch 32; 20 samples make no batch of 32 with drop_last, and the
+    loop went through empty epochs forever. The arm fails and says why; the others run."""
+
+    class Twenty(Samples):
+        def __len__(self) -> int:
+            return 20
+
+    objects = {"model": Classifier(), "optimizer": SGD, "dataset": Twenty()}
+    profile = quick(**objects)
+    results: list[Profile] = []
+    bench = threading.Thread(
+        target=lambda: results.append(
+            torch_autotune.bench(profile, workload=objects, rounds=1, seconds=0.05)
+        ),
+        daemon=True,
+    )
+    bench.start()
+    bench.join(timeout=120)
+    assert not bench.is_alive(), "the bench did not end"
+    assert results[0].evidence is not None
+    assert results[0].evidence.bench is not None
+    baseline = next(a for a in results[0].evidence.bench.arms if "baseline" in a.names)
+    assert baseline.samples_per_s == (None,)
+    assert baseline.error == (
+        "batch 32 is larger than the dataset (20 samples): the DataLoader, which drops an"
+        " incomplete last batch, yields none"
+    )
+    tuned = next(a for a in results[0].evidence.bench.arms if "tuned" in a.names)
+    assert tuned.samples_per_s[0] is not None
