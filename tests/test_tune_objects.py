@@ -148,6 +148,16 @@ def test_a_dataloader_with_the_default_collate_leaves_the_collate_to_torch() -> 
     assert workload.dataset is loader.dataset
 
 
+def test_a_dataloader_given_as_the_dataset_is_taken_apart_as_well() -> None:
+    loader = torch.utils.data.DataLoader(Samples(), batch_size=7, collate_fn=list)
+    workload = resolve_workload(
+        objects={"model": Classifier(), "optimizer": SGD, "dataset": loader},
+    )
+    assert workload.dataset is loader.dataset
+    assert workload.collate_fn is list
+    assert workload.max_batch_size == 40  # the dataset's size, not the loader's batch
+
+
 def test_a_dataloader_over_whole_batches_asks_for_samples_or_an_example_batch() -> None:
     """batch_size=None turns batching off: each item is a batch, which no trial can resize."""
     loader = torch.utils.data.DataLoader(Samples(), batch_size=None)
