@@ -82,8 +82,10 @@ def assert_measured(profile: Profile) -> None:
 
 
 def test_a_model_an_optimizer_and_a_dataset() -> None:
-    profile = quick(model=Classifier(), optimizer=SGD, dataset=Samples())
+    model = Classifier().eval()
+    profile = quick(model=model, optimizer=SGD, dataset=Samples())
     assert_measured(profile)
+    assert not model.training  # the probe trains copies, in training mode
     assert profile.evidence is not None
     assert profile.evidence.workload == "Classifier"
     found = details(profile)

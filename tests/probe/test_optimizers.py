@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from torch_autotune.errors import WorkloadError, raised_by_user_code
+from torch_autotune.probe.trials import make_optimizer
 from torch_autotune.probe.workloads import as_workload
 from torch_autotune.probe.workloads.optimizers import (
     FactoryOptimizer,
@@ -194,6 +195,24 @@ def test_a_factory_without_keyword_arguments_is_not_given_options() -> None:
     assert isinstance(factory(Net()), torch.optim.SGD)
     with pytest.raises(WorkloadError, match="the optimizer factory does not take fused"):
         factory(Net(), fused=True)
+
+
+def test_a_trial_passes_the_profiles_options_only_to_an_optimizer_that_takes_them() -> None:
+    def workload(optimizer: Any) -> Any:
+        return as_workload(
+            {
+                "model": Net(),
+                "optimizer": optimizer,
+                "example_batch": torch.arange(6).reshape(2, 3),
+                "loss_fn": lambda outputs, batch: outputs.pow(2).mean(),
+            },
+            name="w",
+        )
+
+    takes = workload(functools.partial(torch.optim.AdamW, lr=1e-3))
+    assert make_optimizer(takes, Net(), {"fused": True}).defaults["fused"] is True
+    plain = workload(lambda params: torch.optim.AdamW(params, lr=1e-3))
+    assert make_optimizer(plain, Net(), {"fused": True}).defaults["fused"] is None
 
 
 def test_a_factory_that_ignores_its_parameters_is_refused() -> None:
