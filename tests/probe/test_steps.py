@@ -66,43 +66,32 @@ def step(loss_fn: Any = None) -> StructuredStep:
 # --- the table: how the model is called ------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("batch", "args", "kwargs", "targets", "call"),
-    [
-        ({"x": X, "mask": Y}, (), {"x": X, "mask": Y}, None, "model(**batch) with x, mask"),
-        ((X, Y), (X,), {}, Y, "model(inputs) from (inputs, targets)"),
-        ([X, Y], (X,), {}, Y, "model(inputs) from (inputs, targets)"),
-        (((X, X), Y), (X, X), {}, Y, "model(*inputs) (2 inputs from (inputs, targets))"),
-        (
-            ({"x": X}, Y),
-            (),
-            {"x": X},
-            Y,
-            "model(**inputs) with x, targets",
-        ),
-        (
-            (X, X, Y),
-            (X, X),
-            {},
-            Y,
-            "model(*batch[:-1]) (2 inputs; the last item is the targets)",
-        ),
-        (X, (X,), {}, None, "model(batch) (a Tensor, no targets)"),
-        ((X,), (X,), {}, None, "model(batch[0]) (a batch of one item, no targets)"),
-        (PAIR, (PAIR,), {}, None, "model(batch) (a Pair, no targets)"),
-    ],
-    ids=[
-        "mapping",
-        "inputs-targets",
-        "list-inputs-targets",
-        "tuple-inputs",
-        "mapping-inputs",
-        "several-inputs",
-        "tensor",
-        "one-item",
-        "named-tuple",
-    ],
-)
+CALLS = {  # the batch: (positional arguments, keyword arguments, targets, the call in words)
+    "mapping": ({"x": X, "mask": Y}, (), {"x": X, "mask": Y}, None, "model(**batch) with x, mask"),
+    "inputs-targets": ((X, Y), (X,), {}, Y, "model(inputs) from (inputs, targets)"),
+    "list-inputs-targets": ([X, Y], (X,), {}, Y, "model(inputs) from (inputs, targets)"),
+    "tuple-inputs": (
+        ((X, X), Y),
+        (X, X),
+        {},
+        Y,
+        "model(*inputs) (2 inputs from (inputs, targets))",
+    ),
+    "mapping-inputs": (({"x": X}, Y), (), {"x": X}, Y, "model(**inputs) with x, targets"),
+    "several-inputs": (
+        (X, X, Y),
+        (X, X),
+        {},
+        Y,
+        "model(*batch[:-1]) (2 inputs; the last item is the targets)",
+    ),
+    "tensor": (X, (X,), {}, None, "model(batch) (a Tensor, no targets)"),
+    "one-item": ((X,), (X,), {}, None, "model(batch[0]) (a batch of one item, no targets)"),
+    "named-tuple": (PAIR, (PAIR,), {}, None, "model(batch) (a Pair, no targets)"),
+}
+
+
+@pytest.mark.parametrize(("batch", "args", "kwargs", "targets", "call"), CALLS.values(), ids=CALLS)
 def test_the_model_is_called_as_the_batch_says(
     batch: Any, args: tuple[Any, ...], kwargs: dict[str, Any], targets: Any, call: str
 ) -> None:
@@ -408,16 +397,15 @@ def test_an_error_in_the_users_step_is_theirs() -> None:
         UserStep(train_step, "w")(Recorder(), X)
     assert raised_by_user_code(raised.value)
     assert call_of(raised.value) == "train_step(model, batch)"
-
-
-def test_an_error_nobody_marked_was_not_called_from_a_step() -> None:
-    assert call_of(ValueError("x")) is None
+    assert call_of(ValueError("raised elsewhere")) is None
 
 
 def test_the_users_step_returns_the_loss_it_computed() -> None:
     model = Recorder()
     loss = UserStep(lambda m, b: F.cross_entropy(m(b[0]), b[1]), "w")(model, (X, Y))
     assert torch.allclose(loss, F.cross_entropy(model.linear(X), Y))
+    one_element = UserStep(lambda m, b: m(b).mean().reshape(1, 1), "w")(model, X)
+    assert one_element.shape == ()  # a loss of one element is made a scalar
 
 
 @pytest.mark.parametrize(
@@ -451,11 +439,6 @@ def test_a_loss_that_is_no_scalar_to_minimise_is_our_one_line(value: Any, messag
         UserStep(lambda m, b: value(m(b)), "w")(Recorder(), X)
     assert str(raised.value) == message
     assert not raised_by_user_code(raised.value)
-
-
-def test_a_loss_of_one_element_is_made_a_scalar() -> None:
-    loss = UserStep(lambda m, b: m(b).mean().reshape(1, 1), "w")(Recorder(), X)
-    assert loss.shape == ()
 
 
 def test_loss_fn_results_are_checked_too() -> None:
