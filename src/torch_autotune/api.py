@@ -14,7 +14,6 @@ probe, and with it torch, when they run.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import time
 import warnings
@@ -283,14 +282,12 @@ def _workload(
     from torch_autotune.rules.engine import build_profile
 
     given = {key: value for key, value in (objects or {}).items() if value is not None}
+    device = None
     if workload is None and not given:
         device = build_profile(machine, host_id=host).settings.device
-        chosen = resolve_workload(None, device=device)
-    else:
-        chosen = resolve_workload(workload, objects=given, name=name)
-    if min_batch_size is not None:
-        chosen = dataclasses.replace(chosen, min_batch_size=min_batch_size)
-    return chosen
+    return resolve_workload(
+        workload, device=device, objects=given, name=name, min_batch_size=min_batch_size
+    )
 
 
 def bench(
@@ -323,13 +320,18 @@ def bench(
         _import_torch()
     started = clock()
     from torch_autotune.probe.ablation import run_arms
-    from torch_autotune.probe.workloads import resolve_workload
+    from torch_autotune.probe.workloads.resolve import (
+        measured_on,
+        objects_name,
+        resolve_workload,
+        workload_of,
+    )
 
-    given = None if workload is None else resolve_workload(workload)
+    given = None if workload is None else resolve_workload(workload, name=objects_name(profile))
     if profile is None:
         profile = tune(given, budget_s=budget_s, progress=progress, clock=clock)
-    _measured_on(profile)  # a rules-only profile cannot be benched
-    chosen = given or _bench_workload(profile)
+    measured_on(profile)  # a rules-only profile cannot be benched
+    chosen = given or workload_of(profile)
     plan, not_ablated = compose.bench_plan(
         profile, baseline, has_dataset=chosen.dataset is not None, workload=chosen.name
     )
@@ -354,33 +356,6 @@ def bench(
         elapsed_s=clock() - started,
     )
     return apply_bench(profile, plan, evidence)
-
-
-def _bench_workload(profile: Profile) -> Workload:
-    """The workload ``profile`` was measured on, built again from its name; a profile measured
-    on objects given to ``tune()`` cannot be: they are asked for."""
-    from torch_autotune.errors import WorkloadError
-    from torch_autotune.probe.workloads import resolve_workload
-
-    name = _measured_on(profile)
-    details = profile.evidence.details if profile.evidence is not None else None
-    if details is not None and details.source == "objects":
-        raise WorkloadError(
-            f"the profile was measured on objects given to tune() ('{name}'), which cannot be"
-            " built again from their name; give them to the bench too: bench(profile,"
-            " workload={'model': ..., 'optimizer': ..., 'dataset': ...})"
-        )
-    return resolve_workload(name)
-
-
-def _measured_on(profile: Profile) -> str:
-    """The workload ``profile`` was measured on; a rules-only profile cannot be benched."""
-    if profile.evidence is None:
-        raise ProbeError(
-            "this profile was not measured (rules only): the bench needs the batch size the "
-            "probe ran; run 'autotune' first"
-        )
-    return profile.evidence.workload
 
 
 # --- what the command line asks ---------------------------------------------------------------

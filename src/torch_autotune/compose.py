@@ -49,7 +49,7 @@ def check_tune_arguments(
     min_batch_size: int | None = None,
 ) -> None:
     """ValueError for a number no run can use: a budget that is not finite and positive, a
-    count outside what a machine can have (``torch_autotune.bounds``)."""
+    count that is not an int or is outside what a machine can have (``torch_autotune.bounds``)."""
     if budget_s is not None and not (math.isfinite(budget_s) and 0 < budget_s <= MAX_SECONDS):
         raise ValueError(
             f"budget_s must be a number of seconds > 0 and at most {MAX_SECONDS:g}, got {budget_s}"
@@ -60,7 +60,11 @@ def check_tune_arguments(
         ("target_global_batch", target_global_batch, 1, MAX_GLOBAL_BATCH),
         ("num_workers", num_workers, 0, MAX_WORKERS),
     ):
-        if value is not None and not low <= value <= high:
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+        if not low <= value <= high:
             raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
 
 

@@ -208,3 +208,37 @@ def tune_on(
         trials=trials,
         **options,  # type: ignore[arg-type]
     )
+
+
+class Ticks:
+    """Simulated time for real training steps: each reading is ``tick`` seconds after the
+    last, so a run takes the same number of steps on any machine, however loaded."""
+
+    def __init__(self, tick: float = 0.1) -> None:
+        self.tick = tick
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def tune_ticking(
+    workload: object = None, *, snapshot: HardwareSnapshot, tick: float = 0.1, **options: object
+) -> Profile:
+    """``tune()`` with real training steps (``TrialRunner``) on ``Ticks``: with a budget of
+    30 s and ticks of 0.1 s, a few dozen real steps of the user's model."""
+    from torch_autotune.probe.trials import TrialRunner
+
+    clock = Ticks(tick)
+
+    def trials(workload: Workload, step: StepSettings) -> TrialRunner:
+        return TrialRunner(workload, step, clock=clock)
+
+    return tune(
+        workload,
+        snapshot=snapshot,
+        clock=clock,
+        trials=trials,
+        **options,  # type: ignore[arg-type]
+    )

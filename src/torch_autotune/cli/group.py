@@ -36,6 +36,7 @@ _NOT_OURS = r"(?!torch_autotune(\.|$))"
     "phase runs past it."
 )
 @options.max_batch_size()
+@options.min_batch_size()
 @options.target_batch()
 @options.mode(default="speed")
 @options.variable_shapes()
@@ -53,6 +54,7 @@ def cli(  # click passes options by name
     workload: str | None,
     budget: float | None,
     max_batch_size: int | None,
+    min_batch_size: int | None,
     target_batch: int | None,
     mode: str,
     variable_shapes: bool,
@@ -88,6 +90,7 @@ def cli(  # click passes options by name
                 mode=mode,
                 budget_s=budget,
                 max_batch_size=max_batch_size,
+                min_batch_size=min_batch_size,
                 target_global_batch=target_batch,
                 fixed_shapes=not variable_shapes,
                 num_workers=workers,
@@ -103,9 +106,10 @@ def cli(  # click passes options by name
 
 
 def user_code(ctx: click.Context, run: Callable[[], T]) -> T:
-    """Run the probe or the bench; a failure of the user's model shows their traceback and
-    exits 5. Only an exception the probe marked as raised in the user's code does
-    (``errors.blame_user_code``); any other one is a bug of ours.
+    """Run the probe or the bench; a failure of the user's model shows their traceback, then
+    one line with how the model was called (``steps.call_of``: ``model(**batch) with
+    input_ids, labels``), and exits 5. Only an exception the probe marked as raised in the
+    user's code does (``errors.blame_user_code``); any other one is a bug of ours.
 
     A deprecation warning from outside torch-autotune is no failure of the training step: it is
     shown, never raised, even where the warning filters make warnings errors (torch 2.11 warns
@@ -124,11 +128,14 @@ def user_code(ctx: click.Context, run: Callable[[], T]) -> T:
             raise  # ours: an AutotuneError, or a bug (exits.Group says which)
         import traceback  # the user's model or data raised: show their traceback, not ours
 
+        from torch_autotune.probe.workloads.steps import call_of
+
         traceback.print_exception(error)
+        call = call_of(error)
         click.echo(
-            f"autotune: error: the training step raised {type(error).__name__} (not "
-            "out-of-memory, so not a batch that is too big); fix the model or its data, see the "
-            "traceback above",
+            f"autotune: error: the training step raised {type(error).__name__}"
+            f"{f' in {call}' if call else ''} (not out-of-memory, so not a batch that is too"
+            " big); fix the model or its data, see the traceback above",
             err=True,
         )
         ctx.exit(EXIT_WORKLOAD)

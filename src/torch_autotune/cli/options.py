@@ -200,6 +200,17 @@ def max_batch_size() -> Decorator:
     )
 
 
+def min_batch_size() -> Decorator:
+    """``--min-batch-size N``: the batch the search starts at."""
+    return click.option(
+        "--min-batch-size",
+        type=click.IntRange(1, MAX_BATCH_SIZE),
+        help="Start the search at this batch and try none smaller (default 1; a model that "
+        "cannot train on one sample, as BatchNorm in training mode cannot, is searched from "
+        "the smallest size it trains at anyway).",
+    )
+
+
 def target_batch() -> Decorator:
     """``--target-batch N``: the global batch gradient accumulation keeps."""
     return click.option(

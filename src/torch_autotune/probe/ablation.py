@@ -115,10 +115,11 @@ def run_arms(
     """
     from torch_autotune.probe.oom import long_lived_objects_frozen
     from torch_autotune.probe.trials import preserved
+    from torch_autotune.probe.workloads.copies import parked
 
     report = progress or (lambda _phase, _what: None)
     labels = [", ".join(names) for names in plan.names]
-    with preserved(), long_lived_objects_frozen():
+    with preserved(), long_lived_objects_frozen(), parked(workload.make_model):
         if measure is None:
             from torch_autotune.probe.loop import TrainingLoop
 

@@ -119,6 +119,13 @@ class TrainingLoop:
                 yield batch
         from torch.utils.data import DataLoader
 
+        from torch_autotune.bench import ArmFailed
+
+        if len(dataset) < batch_size:  # drop_last: empty epochs, one after another, forever
+            raise ArmFailed(
+                f"batch {batch_size} is larger than the dataset ({len(dataset)} samples): the"
+                " DataLoader, which drops an incomplete last batch, yields none"
+            )
         kwargs = loader_kwargs(
             batch_size=batch_size,
             num_workers=dl.num_workers,

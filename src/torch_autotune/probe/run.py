@@ -62,6 +62,7 @@ from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.trials import MAX_SPREAD, StepSettings, TrialRunner, preserved
 from torch_autotune.probe.workers_phase import WORKERS_MAX_S, WORKERS_SHARE, measure_workers
 from torch_autotune.probe.workloads import BUILTIN_WORKLOADS, Workload
+from torch_autotune.probe.workloads.copies import parked
 from torch_autotune.profile import (
     BatchChoice,
     CompileRecord,
@@ -123,7 +124,7 @@ def measure(
     machine = rules_only.provenance.snapshot
     preferences = rules_only.provenance.preferences
     run = _Run(workload, machine, preferences, rules_only, settings, runner, budget, report)
-    with preserved(), long_lived_objects_frozen():
+    with preserved(), long_lived_objects_frozen(), parked(workload.make_model):
         return _probe(run, max_batch_size=max_batch_size)
 
 

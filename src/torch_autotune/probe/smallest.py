@@ -6,9 +6,9 @@ training mode cannot: with one sample per channel (``BatchNorm1d`` on a batch of
 ``ValueError: Expected more than 1 value per channel when training``. That is no bug of the
 model's, and no reason to stop: when the first size raises an error of the user's code, the
 probe tries twice, four and eight times that size, and bisects down to the smallest that
-trains. The error counts as the user's only where no larger size trains either; it is then
-raised as it was, with their traceback. ``--min-batch-size`` (``min_batch_size``) starts the
-search at a size the user names.
+trains (below a size out of memory, too). The error counts as the user's only where no larger
+size trains either; it is then raised as it was, with their traceback. ``--min-batch-size``
+(``min_batch_size``) starts the search at a size the user names.
 """
 
 from __future__ import annotations
@@ -52,9 +52,11 @@ def smallest_batch(guarded: SearchGuard, start: int, cap: int) -> Smallest:
     """The smallest size from ``start`` up to ``cap`` that trains (see the module docstring).
 
     Runs ``start``; where it raises an error of the user's code, runs larger sizes until one
-    trains, then bisects to the smallest that does. Out of memory at ``start`` leaves the
-    answer to the search (it reports that nothing fits). Raises the first error again when no
-    size up to eight times ``start`` (or ``cap``) trains.
+    trains, then bisects to the smallest that does. A larger size out of memory leaves the
+    sizes between it and the last that raised, which are bisected for one that trains (a
+    model that raises at 1 and 2 may still train at 3 where 4 is too big). Out of memory at
+    ``start`` leaves the answer to the search (it reports that nothing fits). Raises the first
+    error again when no size up to eight times ``start`` (or ``cap``) trains.
     """
     first = _tries(guarded, start, "start")
     if not isinstance(first, BaseException):
@@ -68,15 +70,34 @@ def smallest_batch(guarded: SearchGuard, start: int, cap: int) -> Smallest:
         if isinstance(outcome, BaseException):
             failed = size
             continue
-        if not outcome:  # out of memory above a size that raised: the error stands
-            break
-        trains = _bisect(guarded, failed, size)
+        if outcome:
+            trains = _bisect(guarded, failed, size)
+        else:  # out of memory above a size that raised: one in between may train
+            found = _below_memory(guarded, failed, size)
+            if found is None:
+                break
+            trains = _bisect(guarded, *found)
         reason = (
             f"batch {start} raised {_error_text(first)}; batch {trains} trained, so the search"
             f" started at {trains} (--min-batch-size sets the start)"
         )
         return Smallest(trains, reason)
     raise first
+
+
+def _below_memory(guarded: SearchGuard, failed: int, too_big: int) -> tuple[int, int] | None:
+    """(the largest size known to raise, a size that trains) in (failed, too_big), where
+    ``failed`` raised and ``too_big`` ran out of memory; None when no size between trains."""
+    while too_big - failed > 1:
+        middle = (failed + too_big) // 2
+        outcome = _tries(guarded, middle, "smallest")
+        if isinstance(outcome, BaseException):
+            failed = middle
+        elif outcome:
+            return failed, middle
+        else:
+            too_big = middle
+    return None
 
 
 def _bisect(guarded: SearchGuard, failed: int, trains: int) -> int:

@@ -27,7 +27,8 @@ The package, a module for each thing it owns:
     workload      the ``Workload`` type and its checks, ``KINDS``, ``MapDataset``
     synthetic     the seeded synthetic datasets, ``CpuHeavyDataset``
     models        the built-in ``nn.Module`` classes (imports torch, on first use of one)
-    builtins      the built-in workloads, ``default_workload``, ``resolve_workload``
+    builtins      the built-in workloads, ``default_workload``
+    resolve       ``resolve_workload``: the workload from any form the user gives
     factory       importing and calling the user's factory (``load_workload``)
     protocol      checking what a factory returns (``as_workload``)
     huggingface   a ``PreTrainedModel``, a ``datasets.Dataset``, a ``Trainer``, as they are
@@ -94,11 +95,11 @@ from torch_autotune.probe.workloads.builtins import (
     mlp,
     resnet50,
     resnet_like,
-    resolve_workload,
     transformer_encoder,
 )
 from torch_autotune.probe.workloads.factory import load_workload
 from torch_autotune.probe.workloads.protocol import as_workload
+from torch_autotune.probe.workloads.resolve import resolve_workload
 from torch_autotune.probe.workloads.synthetic import (
     CpuHeavyDataset,
     SyntheticImages,

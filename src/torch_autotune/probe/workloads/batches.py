@@ -4,8 +4,8 @@ A batch is whatever torch's default collate or the user's ``collate_fn`` returns
 tuple or a list, a mapping (a dict, a tokenizer's ``BatchEncoding``), nested. Two makers:
 
 - ``RepeatedBatch``: an example batch, its samples repeated cyclically to the size asked
-  for: every tensor (and list) whose first dimension is the example's sample count is
-  repeated along it, the rest is kept as it is;
+  for: every tensor whose first dimension is the example's sample count, and every list of
+  that many strings or numbers, is repeated along it, the rest is kept as it is;
 - ``DatasetBatches``: batches collated from a dataset's samples, through its collate. At most
   ``DISTINCT`` samples are read and kept, and cycled to any size, so a large batch costs no
   more reads. Where the samples differ in shape (variable-length sequences), the search's
@@ -42,8 +42,11 @@ def _check_batch_size(batch_size: int) -> None:
 
 
 def batch_samples(batch: Any) -> int | None:
-    """The number of samples in ``batch``: the first dimension of its first tensor (None: it
-    holds no tensor with a dimension)."""
+    """The number of samples in ``batch``: the first dimension of its first tensor, in a
+    mapping, a tuple or list, or a dataclass's fields (None: it holds no tensor with a
+    dimension)."""
+    import dataclasses
+
     import torch
 
     if isinstance(batch, torch.Tensor):
@@ -53,6 +56,8 @@ def batch_samples(batch: Any) -> int | None:
         children = batch.values()
     elif isinstance(batch, (tuple, list)):
         children = batch
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        children = [getattr(batch, field.name) for field in dataclasses.fields(batch)]
     for child in children:
         found = batch_samples(child)
         if found is not None:
@@ -70,8 +75,11 @@ def _repeat(inputs: Tensor, targets: Tensor, batch_size: int) -> tuple[Tensor, T
 
 def repeat_batch(batch: Any, count: int, batch_size: int) -> Any:
     """``batch`` (of ``count`` samples) grown or cut to ``batch_size`` samples, cyclically:
-    every tensor and list whose first dimension is ``count`` is indexed along it, the rest
-    (a scalar, a tensor of another length) is kept. The containers keep their types."""
+    every tensor whose first dimension is ``count`` is indexed along it, and so is every list
+    of ``count`` items that holds no tensor (one string or number per sample); the rest (a
+    scalar, a tensor of another length) is kept. A list that holds tensors is the batch's
+    structure (torch's default collate batches ``(inputs, targets)`` samples as a list
+    ``[inputs, targets]``), never a list of samples. The containers keep their types."""
     import torch
 
     from torch_autotune.apply import map_tensors
@@ -85,7 +93,7 @@ def repeat_batch(batch: Any, count: int, batch_size: int) -> Any:
         return tensor.index_select(0, index.to(tensor.device))
 
     def lists(value: Any) -> Any:
-        if isinstance(value, list) and len(value) == count:
+        if isinstance(value, list) and len(value) == count and not _holds_tensor(value):
             return [value[i] for i in positions]
         if isinstance(value, Mapping):
             items = {key: lists(item) for key, item in value.items()}
@@ -94,9 +102,26 @@ def repeat_batch(batch: Any, count: int, batch_size: int) -> Any:
                 return kind(items)
             except Exception:
                 return items
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+            return type(value)(*(lists(item) for item in value))
+        if isinstance(value, (tuple, list)):
+            return type(value)(lists(item) for item in value)
         return value
 
     return lists(map_tensors(batch, repeat))
+
+
+def _holds_tensor(value: Any) -> bool:
+    """Whether ``value`` is a tensor or a tuple, list or mapping with a tensor in it."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, Mapping):
+        return any(_holds_tensor(item) for item in value.values())
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(item) for item in value)
+    return False
 
 
 class RepeatedBatch:
@@ -153,15 +178,17 @@ class DatasetBatches:
     """Batches collated from a dataset's own samples, through its collate (see the module).
 
     ``worst(n)`` (also ``self(n)``) collates the largest samples read, ``typical(n)`` samples
-    drawn at random; both cycle their samples to ``n``. The first ``DISTINCT`` samples are read
-    when the first batch is made; where they differ in size, up to ``SCAN`` samples spread over
-    the dataset (at most ``SCAN_S`` seconds of reading) are read to find the largest, the
-    largest and the smallest are collated together once (samples of different sizes need a
-    collate that pads them), and ``variable`` is True. ``note`` says what was read, for the
-    evidence.
+    drawn at random; both cycle their samples to ``n``. The first ``DISTINCT`` samples, and
+    ``SPREAD`` more spread over the dataset up to its last (a dataset sorted by length, or one
+    whose first samples happen to be alike, differs there), are read when the first batch is
+    made; where they differ in size, up to ``SCAN`` samples spread over the dataset (at most
+    ``SCAN_S`` seconds of reading) are read to find the largest, the largest and the smallest
+    are collated together once (samples of different sizes need a collate that pads them), and
+    ``variable`` is True. ``note`` says what was read, for the evidence.
     """
 
     DISTINCT = 64
+    SPREAD = 16
     SCAN = 1024
     SCAN_S = 3.0
 
@@ -211,11 +238,17 @@ class DatasetBatches:
         length = len(self.dataset)
         first = [self._sample(i) for i in range(min(length, self.DISTINCT))]
         self._first = first
-        if len({_size(sample) for sample in first}) == 1:
+        read = dict(enumerate(first))
+        if length > len(first):
+            last = length - 1
+            for i in range(self.SPREAD):
+                index = len(first) + round(i * (last - len(first)) / (self.SPREAD - 1))
+                if index not in read:
+                    read[index] = self._sample(index)
+        if len({_size(sample) for sample in read.values()}) == 1:
             self._largest = first
             return
         self.variable = True
-        read = dict(enumerate(first))
         began = time.perf_counter()
         step = max(1, length // self.SCAN)
         for index in range(0, length, step):

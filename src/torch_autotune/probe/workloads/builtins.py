@@ -1,4 +1,4 @@
-"""The built-in workloads, the default for a device, and ``resolve_workload``.
+"""The built-in workloads and the default for a device.
 
 Each built-in is a real architecture (``models``) trained on seeded synthetic data
 (``synthetic``). Importing this module, and building a built-in ``Workload``, does not import
@@ -7,14 +7,10 @@ torch: the model is built, and the data drawn, when the probe asks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.errors import WorkloadError
-from torch_autotune.probe.workloads.factory import call_factory, load_workload
 from torch_autotune.probe.workloads.losses import _cross_entropy
-from torch_autotune.probe.workloads.messages import _article, _listed, _perhaps
-from torch_autotune.probe.workloads.protocol import _is_module, as_workload, default_name
 from torch_autotune.probe.workloads.steps import StructuredStep
 from torch_autotune.probe.workloads.synthetic import (
     SyntheticImages,
@@ -37,7 +33,6 @@ __all__ = [
     "mlp",
     "resnet50",
     "resnet_like",
-    "resolve_workload",
     "transformer_encoder",
 ]
 
@@ -221,67 +216,3 @@ def default_workload(device: str) -> str:
     ResNet-50 step takes seconds and a probe would fit a handful of trials in its budget.
     """
     return DEFAULT_WORKLOAD if device.partition(":")[0] == "cpu" else ACCELERATOR_WORKLOAD
-
-
-def resolve_workload(
-    choice: Any = None,
-    *,
-    device: str | None = None,
-    objects: Mapping[str, Any] | None = None,
-    name: str | None = None,
-) -> Workload:
-    """The workload to probe, from any form the user gives it in.
-
-    ``choice``: a built-in name, ``"package.module:factory"``, a ``Workload``, a factory
-    function (called with no arguments; named ``module:function`` as ``autotune -m`` names
-    it), a mapping of the protocol's fields, or an object that holds them. ``objects``: the
-    protocol's fields as ``tune()``'s keyword arguments (``model=..., dataset=...``), instead of
-    ``choice``, or beside a module given as ``choice`` (``tune(module, datamodule=dm)``).
-    ``name`` names a workload given as objects (default: its model's class). With neither, the
-    default built-in for ``device`` (``default_workload``), or ``DEFAULT_WORKLOAD`` when no
-    device is named.
-    """
-    if objects and choice is not None and "model" not in objects and _is_module(choice):
-        objects, choice = {"model": choice, **objects}, None  # tune(module, datamodule=dm)
-    if objects:
-        if choice is not None:
-            raise WorkloadError(
-                f"give the workload ({_article(choice)}) or its objects ({_listed(objects)}),"
-                " not both"
-            )
-        return as_workload(dict(objects), name=name or default_name(objects), source="objects")
-    if isinstance(choice, Workload):
-        return choice
-    if choice is None:
-        chosen = DEFAULT_WORKLOAD if device is None else default_workload(device)
-        return BUILTIN_WORKLOADS[chosen]()
-    if isinstance(choice, str):
-        return _named(choice)
-    if isinstance(choice, Mapping):
-        return as_workload(choice, name=name or default_name(choice), source="objects")
-    if _is_function(choice):
-        spec = f"{getattr(choice, '__module__', '?')}:{getattr(choice, '__qualname__', '?')}"
-        return as_workload(call_factory(spec, choice), name=name or spec)
-    return as_workload(choice, name=name or default_name({"model": choice}), source="objects")
-
-
-def _is_function(value: Any) -> bool:
-    """Whether ``value`` is a factory to call (a function, a method, a ``functools.partial``),
-    not an object to train: an ``nn.Module`` or a Trainer is callable too."""
-    import functools
-    import inspect
-
-    return (
-        inspect.isfunction(value) or inspect.ismethod(value) or isinstance(value, functools.partial)
-    )
-
-
-def _named(choice: str) -> Workload:
-    if choice in BUILTIN_WORKLOADS:
-        return BUILTIN_WORKLOADS[choice]()
-    if ":" in choice:
-        return load_workload(choice)
-    raise WorkloadError(
-        f"'{choice}' is neither a built-in workload ({_listed(BUILTIN_WORKLOADS)}) nor a"
-        f" package.module:factory reference{_perhaps(choice, BUILTIN_WORKLOADS)}"
-    )

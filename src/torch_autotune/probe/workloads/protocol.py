@@ -9,8 +9,7 @@ does not import torch.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from torch_autotune.errors import WorkloadError, user_code_failed
@@ -21,6 +20,7 @@ from torch_autotune.probe.workloads.batches import (
     batch_samples,
     describe_batch,
 )
+from torch_autotune.probe.workloads.copies import model_builder
 from torch_autotune.probe.workloads.messages import _article, _exception, _listed, _perhaps
 from torch_autotune.probe.workloads.optimizers import optimizer_builder, probe_kind
 from torch_autotune.probe.workloads.steps import StructuredStep, UserStep
@@ -141,7 +141,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
         raise WorkloadError(
             f"'{name}' has neither 'dataset', 'loader' nor 'example_batch'; {_README}"
         )
-    template, make_model = _model_builder(fields["model"], name)
+    template, make_model = model_builder(fields["model"], name)
     if "optimizer" not in fields:
         raise WorkloadError(f"'{name}' has no 'optimizer'; {_README}")
     builder = optimizer_builder(fields["optimizer"], template, name)
@@ -203,6 +203,12 @@ def _loader_taken_apart(fields: dict[str, Any], name: str) -> dict[str, Any]:
         )
     if "dataset" in fields and fields["dataset"] is not loader:
         raise WorkloadError(f"'{name}': give 'dataset' or 'loader', not both")
+    if loader.batch_size is None and loader.batch_sampler is None:  # no automatic batching
+        raise WorkloadError(
+            f"'{name}': the DataLoader has batch_size=None, so each item of its dataset is a"
+            " whole batch, which the probe cannot resize; give a dataset of single samples"
+            " (with its collate_fn), or example_batch=next(iter(loader))"
+        )
     taken = {k: v for k, v in fields.items() if k != "loader"}
     taken["dataset"] = loader.dataset
     if "collate_fn" not in fields and not _is_default_collate(loader.collate_fn):
@@ -333,63 +339,6 @@ def _checked_example(batch: Any, name: str) -> RepeatedBatch:
             " samples on dim 0; every tensor of a batch holds its samples on dim 0"
         )
     return RepeatedBatch(kept, count)
-
-
-def _model_builder(model: Any, name: str) -> tuple[Module | None, Callable[[], Module]]:
-    """(the user's module, or None for a builder; ``make_model``): a module is copied at
-    each call, a function that builds one is called."""
-    from torch import nn
-
-    if isinstance(model, nn.Module):
-        return model, _ModelCopies(model, name)
-    if callable(model):
-        return None, _ModelBuilder(model, name)
-    raise WorkloadError(
-        f"'{name}': 'model' is {_article(model)}; give an nn.Module or a function that builds one"
-    )
-
-
-class _ModelCopies:
-    """A fresh deep copy of the user's model at every call; the original is never trained."""
-
-    def __init__(self, template: Module, name: str) -> None:
-        self.template = template
-        self.name = name
-
-    def __call__(self) -> Module:
-        try:
-            model = copy.deepcopy(self.template)
-        except Exception as exc:
-            raise WorkloadError(
-                f"'{self.name}': the model cannot be copied ({_exception(exc)}); give 'model'"
-                " as a function that builds a fresh model"
-            ) from exc
-        return model.train()
-
-
-class _ModelBuilder:
-    """The user's model function, its failures and wrong results made ``WorkloadError``."""
-
-    def __init__(self, build: Callable[[], Any], name: str) -> None:
-        self.build = build
-        self.name = name
-
-    def __call__(self) -> Module:
-        from torch import nn
-
-        try:
-            model = self.build()
-        except Exception as exc:
-            raise user_code_failed(
-                f"'{self.name}': building the model raised {_exception(exc)}; fix the model"
-                " function",
-                exc,
-            ) from exc
-        if not isinstance(model, nn.Module):
-            raise WorkloadError(
-                f"'{self.name}': the model function returned {_article(model)}, not an nn.Module"
-            )
-        return model.train()
 
 
 class _Details:

@@ -21,7 +21,9 @@ for are left out, as Hugging Face's Trainer leaves out dataset columns (a model 
 takes only ``**kwargs`` gets every key), and ``label`` or ``label_ids`` is passed as
 ``labels`` to a forward that takes ``labels``, as Hugging Face's collators rename it. With a
 ``loss_fn``, a mapping's ``labels`` (or ``label``, ``targets``, ``target``, ``y``) are its
-targets and are not passed to the model.
+targets and are not passed to the model; without one, such a key that the model's forward
+takes no argument for (``{"x": ..., "label": ...}`` for a ``forward(self, x)``) is the
+targets of the default loss, as the second item of ``(inputs, targets)`` is.
 
 The loss, in this order: ``loss_fn(outputs, targets)`` when one is given (``loss_fn(outputs,
 batch)`` where the batch has no targets); else the model's own: a scalar tensor it returns,
@@ -179,8 +181,14 @@ class StructuredStep:
                 if key in kwargs and key not in named:
                     kwargs["labels"] = kwargs.pop(key)
                     break
+        label = None
         if named and (not extra or _is_huggingface(model)):
             unused = [k for k in kwargs if k not in named]
+            if self.loss_fn is None and not targets_known:
+                label = next((k for k in LABEL_KEYS if k in unused), None)
+                if label is not None:  # the default loss's targets, as in (inputs, targets)
+                    targets = kwargs[label]
+                    unused.remove(label)
             self.dropped.update(unused)
             kwargs = {k: v for k, v in kwargs.items() if k in named}
             if not kwargs:
@@ -190,7 +198,9 @@ class StructuredStep:
                     " name them as forward does, or give train_step(model, batch)"
                 )
         call = f"model(**batch) with {_listed(kwargs)}"
-        if targets is not None:
+        if label is not None:
+            call += f" ('{label}' is the default loss's targets)"
+        elif targets is not None:
             call += " (the labels are loss_fn's targets)"
         return (), kwargs, targets, call
 
@@ -281,8 +291,10 @@ def _checked_loss(value: Any, name: str, what: str) -> Tensor:
             " loss to minimise (e.g. loss.mean())"
         )
     if not (value.is_floating_point() or value.is_complex()) or not value.requires_grad:
+        dtype = _dtype(value)
         raise WorkloadError(
-            f"'{name}': {what} does not depend on the model's parameters (a {_dtype(value)}"
+            f"'{name}': {what} does not depend on the model's parameters"
+            f" ({'an' if dtype[0] in 'aeiou' else 'a'} {dtype}"
             f" tensor{'' if value.requires_grad else ' without grad'}); return the loss computed"
             " from the model's outputs"
         )

@@ -89,8 +89,13 @@ class Workload:
             raise WorkloadError(f"{where}: min_batch_size must be a positive int")
         if size is not None and self.min_batch_size > size:
             raise WorkloadError(
-                f"{where}: min_batch_size {self.min_batch_size} is above max_batch_size {size}"
+                f"{where}: min_batch_size {self.min_batch_size} is above its largest batch, {size}"
+                f"{' (the number of samples in its dataset)' if self._sized_by_data() else ''}"
             )
+
+    def _sized_by_data(self) -> bool:
+        """Whether ``max_batch_size`` is the dataset's length (a factory's or tune()'s default)."""
+        return self.dataset is not None and len(self.dataset) == self.max_batch_size
 
     def optimizer_accepts(self, **kwargs: object) -> bool:
         """Whether ``make_optimizer(model, **kwargs)`` takes these keyword arguments.

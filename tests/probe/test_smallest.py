@@ -1,0 +1,410 @@
+"""Where the search starts (``probe.smallest``): a model that cannot train on one sample
+(BatchNorm in training mode) is searched from the smallest size it trains at, never below it;
+an error at every size is the user's. On simulated models behind a real ``SearchGuard``, and
+end to end with real torch on this CPU."""
+
+from __future__ import annotations
+
+import functools
+import re
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from tests.probe.fake_trials import Ticks, mlp_machine, recorded, tune_on, tune_ticking
+from torch_autotune import api
+from torch_autotune.api import tune
+from torch_autotune.cli import cli
+from torch_autotune.errors import EXIT_USAGE, EXIT_WORKLOAD, WorkloadError, blame_user_code
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.guard import SearchGuard, search_with_guard
+from torch_autotune.probe.search import TrialOutcome, find_max_batch_size
+from torch_autotune.probe.smallest import GROWTH, smallest_batch
+from torch_autotune.probe.trials import StepSettings
+from torch_autotune.profile import Profile
+
+LAPTOP = recorded("cpu-laptop-linux")
+BATCHNORM = "Expected more than 1 value per channel when training"
+
+
+class Simulated:
+    """A model that raises an error of the user's below ``trains_from`` (as BatchNorm does
+    at one sample) and runs out of memory above ``fits_up_to``; every size it ran, in order."""
+
+    settings = StepSettings()
+
+    def __init__(self, trains_from: int, fits_up_to: int, *, error: str = BATCHNORM) -> None:
+        self.trains_from = trains_from
+        self.fits_up_to = fits_up_to
+        self.error = error
+        self.ran: list[int] = []
+        self.errors: list[BaseException] = []
+
+    def __call__(self, batch_size: int) -> TrialOutcome:
+        self.ran.append(batch_size)
+        if batch_size < self.trains_from:
+            error = ValueError(f"{self.error}, got input size [{batch_size}, 16]")
+            blame_user_code(error)  # as the step marks what the model raises
+            self.errors.append(error)
+            raise error
+        if batch_size > self.fits_up_to:
+            return TrialOutcome(False)
+        return TrialOutcome(True, (100 + batch_size) << 20, 0.03, 0.01, 0.01)
+
+
+def guard(model: Any) -> SearchGuard:
+    return SearchGuard(model, Budget(1e6, Ticks(0.001)), lambda _phase, _what: None, reserve_s=0.0)
+
+
+# --- the start, on simulated models ------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    start=st.integers(1, 8),
+    above=st.integers(0, 7 * 8),
+    room=st.integers(0, 200),
+    cap=st.integers(64, 512),
+)
+def test_the_start_is_exactly_the_smallest_size_that_trains(
+    start: int, above: int, room: int, cap: int
+) -> None:
+    trains_from = min(start + above, 8 * start)
+    model = Simulated(trains_from, trains_from + room)
+    found = smallest_batch(guard(model), start, cap)
+    assert found.size == trains_from
+    assert (found.reason is None) == (trains_from == start)
+    assert min(model.ran) == start
+    assert max(model.ran) <= min(8 * start, cap)
+
+
+def test_the_reason_names_the_error_and_the_size_that_trained() -> None:
+    guarded = guard(Simulated(2, 1000))
+    found = smallest_batch(guarded, 1, 512)
+    assert found.reason == (
+        f"batch 1 raised ValueError: {BATCHNORM}, got input size [1, 16]; batch 2 trained, so"
+        " the search started at 2 (--min-batch-size sets the start)"
+    )
+    first = guarded.records[0]
+    assert (first.batch_size, first.fits, first.step) == (1, False, "start")
+    assert first.error == f"ValueError: {BATCHNORM}, got input size [1, 16]"
+    assert first.seconds is None  # it did not run out of memory: the search does not avoid it
+
+
+def test_a_model_that_raises_at_every_size_raises_the_users_first_error() -> None:
+    model = Simulated(10**6, 10**6)
+    with pytest.raises(ValueError, match=BATCHNORM) as raised:
+        smallest_batch(guard(model), 3, 512)
+    assert raised.value is model.errors[0]
+    assert model.ran == [3, *(3 * factor for factor in GROWTH)]
+
+
+def test_the_larger_sizes_tried_stop_at_the_cap() -> None:
+    model = Simulated(10**6, 10**6)
+    with pytest.raises(ValueError, match=BATCHNORM):
+        smallest_batch(guard(model), 1, 5)
+    assert model.ran == [1, 2, 4, 5]
+
+
+def test_out_of_memory_at_the_start_is_left_to_the_search() -> None:
+    model = Simulated(1, 0)
+    found = smallest_batch(guard(model), 4, 512)
+    assert (found.size, found.reason) == (4, None)
+    assert model.ran == [4]
+
+
+def test_an_error_that_is_not_the_users_is_not_retried() -> None:
+    class Ours(Simulated):
+        def __call__(self, batch_size: int) -> TrialOutcome:
+            self.ran.append(batch_size)
+            raise WorkloadError("'w': no loss for the step")
+
+    model = Ours(2, 100)
+    with pytest.raises(WorkloadError, match="no loss for the step"):
+        smallest_batch(guard(model), 1, 512)
+    assert model.ran == [1]
+
+
+def test_a_long_error_is_recorded_as_its_first_line_cut_short() -> None:
+    guarded = guard(Simulated(2, 100, error="x" * 300 + "\nsecond line"))
+    smallest_batch(guarded, 1, 512)
+    error = guarded.records[0].error
+    assert error is not None
+    assert error.startswith("ValueError: xxx")
+    assert error.endswith("...")
+    assert len(error) == len("ValueError: ") + 160
+
+
+# --- the search from there: never below the floor ------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    floor=st.integers(1, 64),
+    above=st.integers(0, 64),
+    limit=st.integers(0, 600),
+    cap=st.integers(1, 512),
+    memory=st.booleans(),
+)
+def test_the_search_never_runs_or_returns_a_size_below_its_floor(
+    floor: int, above: int, limit: int, cap: int, memory: bool
+) -> None:
+    start = floor + above
+    if start > cap:
+        return
+    ran: list[int] = []
+
+    def fits(batch_size: int) -> TrialOutcome:
+        ran.append(batch_size)
+        return TrialOutcome(batch_size <= limit, (100 + batch_size) << 20)
+
+    budget = (100 + limit) << 20 if memory else None
+    result = find_max_batch_size(fits, cap=cap, memory_limit_bytes=budget, start=start, floor=floor)
+    assert min(ran) >= floor
+    expected = min(limit, cap)
+    assert result.max_batch_size == (expected if expected >= floor else None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(trains_from=st.integers(1, 8), room=st.integers(0, 300), cap=st.integers(8, 512))
+def test_after_the_start_is_found_no_size_below_it_runs_again(
+    trains_from: int, room: int, cap: int
+) -> None:
+    model = Simulated(trains_from, trains_from + room)
+    guarded = guard(model)
+    found = smallest_batch(guarded, 1, cap)
+    tried = len(model.ran)
+    guarded.start = found.size
+    result = search_with_guard(guarded, cap, None, "the cap")
+    assert all(size >= found.size for size in model.ran[tried:])
+    assert result.largest == min(trains_from + room, cap)
+
+
+# --- real torch on this CPU: BatchNorm tuned end to end ------------------------------------------
+
+
+class BatchNormHead(nn.Module):
+    """A CNN with BatchNorm1d in its head: it cannot train on one sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten())
+        self.head = nn.Sequential(nn.Linear(4 * 8 * 8, 16), nn.BatchNorm1d(16), nn.Linear(16, 10))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(images))
+
+
+class ResNetOn32(nn.Module):
+    """A ResNet-like net on 32x32 images: strided BatchNorm2d stages down to a 1x1 map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = 3
+        for _ in range(5):  # 32 -> 16 -> 8 -> 4 -> 2 -> 1
+            layers += [nn.Conv2d(channels, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4)]
+            layers.append(nn.ReLU())
+            channels = 4
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(4, 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(images).flatten(1))
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch thread for a few dozen steps of a tiny model: a second thread only adds
+    contention (on a loaded 2-core machine, 5x slower), and the search does not depend on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def images(size: int, count: int = 64) -> list[tuple[torch.Tensor, int]]:
+    generator = torch.Generator().manual_seed(0)
+    return [(torch.randn(3, size, size, generator=generator), i % 10) for i in range(count)]
+
+
+def tune_real(model: nn.Module, data: Any, snapshot: HardwareSnapshot, **options: Any) -> Profile:
+    """``tune()`` of the model on the data with real training steps on simulated time."""
+    return tune_ticking(
+        model=model,
+        optimizer=functools.partial(torch.optim.AdamW, lr=1e-3),
+        dataset=data,
+        snapshot=snapshot,
+        budget_s=30,
+        max_batch_size=16,
+        num_workers=0,
+        **options,
+    )
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize(
+    ("model", "size", "shape"),
+    [(BatchNormHead, 8, "[1, 16]"), (ResNetOn32, 32, "[1, 4, 1, 1]")],
+    ids=["BatchNorm1d-head", "BatchNorm2d-on-1x1"],
+)
+def test_a_batchnorm_model_is_tuned_from_two(
+    model: Callable[[], nn.Module], size: int, shape: str
+) -> None:
+    profile = tune_real(model(), images(size), LAPTOP)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.details is not None
+    ran = {t.batch_size for t in evidence.search if t.fits}
+    assert profile.settings.batch.batch_size == evidence.batch_size >= 2
+    assert evidence.batch_size in ran
+    first = evidence.search[0]
+    assert (first.batch_size, first.fits) == (1, False)
+    assert first.error is not None
+    assert BATCHNORM in first.error
+    assert min(ran) == 2
+    assert all(r.batch_size >= 2 for r in evidence.throughput)
+    assert evidence.details.min_batch_size == 2
+    reason = evidence.details.min_batch_reason
+    assert reason is not None
+    assert reason == (
+        f"batch 1 raised ValueError: {BATCHNORM}, got input size torch.Size({shape}); batch 2"
+        " trained, so the search started at 2 (--min-batch-size sets the start)"
+    )
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_min_batch_size_is_where_the_search_starts() -> None:
+    profile = tune_real(BatchNormHead(), images(8), LAPTOP, min_batch_size=6)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.details is not None
+    assert min(t.batch_size for t in evidence.search) == 6
+    assert evidence.search[0].fits
+    assert all(r.batch_size >= 6 for r in evidence.throughput)
+    assert evidence.batch_size >= 6
+    assert evidence.details.min_batch_size == 6
+    assert evidence.details.min_batch_reason == "asked for: the search started at 6"
+
+
+@pytest.mark.slow  # a real tune() on the real clock: 10-15 s on two cores
+def test_a_resnet_on_32x32_images_is_tuned_on_the_real_clock() -> None:
+    profile = tune(
+        model=ResNetOn32(),
+        optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9),
+        dataset=images(32, 256),
+        snapshot=LAPTOP,
+        budget_s=10,
+        num_workers=0,
+    )
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.details is not None
+    assert evidence.batch_size >= 2
+    assert evidence.batch_size in {t.batch_size for t in evidence.search if t.fits}
+    assert evidence.details.min_batch_size == 2
+
+
+def test_a_model_that_raises_at_every_size_is_the_users_error_through_the_command(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    detected_as("cpu-laptop-linux")
+    (tmp_path / "always_raises.py").write_text(
+        textwrap.dedent(
+            """
+            import functools
+
+            import torch
+            from torch import nn
+
+
+            class Broken(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.linear = nn.Linear(4, 2)
+
+                def forward(self, x, mask):
+                    raise ValueError("the mask has the wrong shape")
+
+
+            def make_workload():
+                return {
+                    "model": Broken(),
+                    "optimizer": functools.partial(torch.optim.SGD, lr=0.1),
+                    "example_batch": {"x": torch.randn(4, 4), "mask": torch.ones(4, 4)},
+                }
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(
+        cli, ["--model", "always_raises:make_workload", "--budget", "20", "--no-save"]
+    )
+    assert result.exit_code == EXIT_WORKLOAD, result.output
+    assert re.search(r'always_raises\.py", line \d+, in forward', result.stderr)
+    assert "ValueError: the mask has the wrong shape" in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last == (
+        "autotune: error: the training step raised ValueError in model(**batch) with x, mask"
+        " (not out-of-memory, so not a batch that is too big); fix the model or its data, see"
+        " the traceback above"
+    )
+
+
+# --- --min-batch-size -------------------------------------------------------------------------
+
+
+def test_min_batch_size_on_the_command_line_starts_the_search_there(
+    monkeypatch: pytest.MonkeyPatch, detected_as: Callable[[str], HardwareSnapshot]
+) -> None:
+    detected_as("cpu-laptop-linux")
+    machine = mlp_machine()
+    asked: dict[str, Any] = {}
+
+    def simulated(workload: Any, **options: Any) -> Profile:
+        asked.update(options)
+        return tune_on(machine, workload, LAPTOP, **options)
+
+    monkeypatch.setattr(api, "tune", simulated)
+    result = CliRunner().invoke(
+        cli, ["-m", "mlp", "--min-batch-size", "24", "--budget", "20", "--no-save"]
+    )
+    assert result.exit_code == 0, result.output
+    assert asked["min_batch_size"] == 24
+    trials = [int(line.split()[1]) for line in machine.log if line.startswith("trial")]
+    assert trials[0] == 24
+    assert min(trials) == 24
+    assert "--min-batch-size" in CliRunner().invoke(cli, ["--help"]).output
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "2.5", "1048577"])
+def test_a_min_batch_size_that_is_no_batch_size_is_a_usage_error(value: str) -> None:
+    result = CliRunner().invoke(cli, ["--min-batch-size", value, "--no-save"])
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("autotune: error: Invalid value for '--min-batch-size'")
+
+
+def test_a_min_batch_size_above_the_max_is_one_line(
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    detected_as("cpu-laptop-linux")
+    result = CliRunner().invoke(
+        cli, ["-m", "mlp", "--min-batch-size", "64", "--max-batch-size", "32", "--no-save"]
+    )
+    assert result.exit_code == EXIT_WORKLOAD
+    assert result.stderr.splitlines()[-1] == (
+        "autotune: error: the mlp workload's smallest batch (64) is above the largest it may"
+        " try: the largest batch asked for (32)"
+    )
