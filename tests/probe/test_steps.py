@@ -119,7 +119,7 @@ def test_a_step_calls_the_model_once_and_records_the_call() -> None:
 # --- the loss, in its order ------------------------------------------------------------------
 
 
-def test_loss_fn_comes_before_the_models_own() -> None:
+def test_a_mappings_labels_go_to_loss_fn_so_the_model_computes_none_of_its_own() -> None:
     model = Keyed()
     calls: list[Any] = []
 
@@ -134,6 +134,18 @@ def test_loss_fn_comes_before_the_models_own() -> None:
     assert torch.allclose(loss, model.linear(X).pow(2).mean())
     assert structured.loss_source == "loss_fn(outputs, targets)"
     assert structured.call == "model(**batch) with x (the labels are loss_fn's targets)"
+
+
+def test_a_loss_the_model_returns_comes_before_loss_fn() -> None:
+    """The issue's order: the model's own loss, else loss_fn, else the default; the summary
+    says which trained (``loss_source``)."""
+    model = Returns(lambda loss, logits: {"loss": loss, "logits": logits})
+    unused: list[Any] = []
+    structured = step(lambda outputs, targets: unused.append(1) or outputs["logits"].sum())
+    loss = structured(model, (X, Y))
+    assert torch.allclose(loss, model.linear(X).pow(2).mean())
+    assert unused == []
+    assert structured.loss_source == "the model's own"
 
 
 def test_loss_fn_takes_the_batch_where_it_has_no_targets() -> None:
@@ -169,9 +181,9 @@ class Returns(nn.Module):
         lambda loss, logits: types.SimpleNamespace(loss=loss, logits=logits),
         lambda loss, logits: {"loss": loss, "logits": logits},
         lambda loss, logits: (loss, logits),
-        lambda loss, logits: [loss.reshape(1), logits],
+        lambda loss, logits: types.SimpleNamespace(loss=loss.reshape(1), logits=logits),
     ],
-    ids=["scalar", "attribute", "key", "tuple", "list-of-shape-1"],
+    ids=["scalar", "attribute", "key", "tuple", "attribute-of-shape-1"],
 )
 def test_the_models_own_loss_in_every_form_comes_before_the_default(wrap: Any) -> None:
     model, structured = Returns(wrap), step()
@@ -185,6 +197,8 @@ def test_model_loss_finds_nothing_in_outputs_without_a_scalar() -> None:
     assert model_loss(torch.randn(4, 3)) is None
     assert model_loss({"loss": torch.randn(4)}) is None
     assert model_loss((torch.randn(4, 3),)) is None
+    # a prediction of shape (1,) at batch 1 first in a tuple: no loss (only a 0-d tensor is)
+    assert model_loss([torch.randn(1), torch.randn(1, 3)]) is None
     assert model_loss(types.SimpleNamespace(loss=None)) is None
     assert model_loss("text") is None
 

@@ -881,3 +881,22 @@ def test_a_max_batch_size_that_is_not_a_positive_int_is_refused(bad: Any) -> Non
 def test_a_built_in_workload_is_named_as_it_is_asked_for(name: str) -> None:
     """The evidence records the workload's name, and the bench resolves it again from there."""
     assert resolve_workload(name).name == name
+
+
+def test_objects_are_named_after_their_model_and_torch_containers_by_their_architecture() -> None:
+    """Two different nn.Sequential models keep profiles of their own; the same architecture
+    gets the same name in every run, and a model class of the user's is its own name."""
+    from torch_autotune.probe.workloads.protocol import default_name
+
+    small = default_name({"model": torch.nn.Sequential(torch.nn.Linear(2, 3))})
+    again = default_name({"model": torch.nn.Sequential(torch.nn.Linear(2, 3))})
+    wider = default_name({"model": torch.nn.Sequential(torch.nn.Linear(2, 4))})
+    assert small == again
+    assert small != wider
+    assert small.startswith("Sequential-")
+    assert len(small) == len("Sequential-") + 6
+
+    class MyNet(torch.nn.Module):
+        pass
+
+    assert default_name({"model": MyNet()}) == "MyNet"

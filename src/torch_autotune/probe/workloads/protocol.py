@@ -9,6 +9,7 @@ does not import torch.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -102,7 +103,9 @@ def as_workload(result: Any, *, name: str, source: Source = "factory") -> Worklo
 
 
 def default_name(fields: Mapping[str, Any]) -> str:
-    """The stable name of a workload given as objects: its model's class (``BertFor...``)."""
+    """The stable name of a workload given as objects: its model's class (``BertFor...``); a
+    container of torch's own (``Sequential``) adds a hash of its architecture, so that two
+    different ``nn.Sequential`` models keep profiles of their own (``Sequential-3f2a1c``)."""
     model = fields.get("model")
     if huggingface.is_trainer(model):  # a Trainer is named after the model it trains
         model = getattr(model, "model", None)
@@ -111,7 +114,10 @@ def default_name(fields: Mapping[str, Any]) -> str:
     kind = model if isinstance(model, type) else type(model)
     if callable(model) and not _is_module(model):
         return str(getattr(model, "__qualname__", getattr(kind, "__qualname__", "objects")))
-    return str(kind.__qualname__)
+    if kind.__module__.startswith("torch.nn"):
+        architecture = hashlib.sha256(repr(model).encode()).hexdigest()[:6]
+        return f"{kind.__name__}-{architecture}"
+    return str(kind.__name__)
 
 
 def _is_module(value: Any) -> bool:

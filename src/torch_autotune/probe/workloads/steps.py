@@ -25,12 +25,15 @@ targets and are not passed to the model; without one, such a key that the model'
 takes no argument for (``{"x": ..., "label": ...}`` for a ``forward(self, x)``) is the
 targets of the default loss, as the second item of ``(inputs, targets)`` is.
 
-The loss, in this order: ``loss_fn(outputs, targets)`` when one is given (``loss_fn(outputs,
-batch)`` where the batch has no targets); else the model's own: a scalar tensor it returns,
-``outputs.loss`` (a Hugging Face ``ModelOutput``), a ``"loss"`` key, or a tuple that starts
-with a scalar tensor; else the default for its targets (``losses._default_loss``:
-cross-entropy for integer classes, MSE otherwise) on a tensor output. Where none applies,
-``WorkloadError`` says to give ``loss_fn`` or ``train_step``: never a traceback of ours.
+The loss, in this order: the model's own where it returns one (a 0-d tensor, ``outputs.loss``
+of a Hugging Face ``ModelOutput``, a ``"loss"`` key, a tuple that starts with a 0-d tensor);
+else ``loss_fn(outputs, targets)`` when one is given (``loss_fn(outputs, batch)`` where the
+batch has no targets); else the default for its targets (``losses._default_loss``:
+cross-entropy for integer classes, MSE otherwise) on a tensor output. A mapping's labels go
+to ``loss_fn`` rather than to the model where one is given, so a Hugging Face model then
+computes no loss of its own and ``loss_fn`` is what trains. Where none applies,
+``WorkloadError`` says to give ``loss_fn`` or ``train_step``: never a traceback of ours. The
+evidence records which it was (``loss_source``).
 
 ``UserStep`` is the user's own ``train_step(model, batch) -> loss``. Errors raised in the
 user's code (their model, loss or step) are marked as theirs (``errors.blame_user_code``),
@@ -210,6 +213,10 @@ class StructuredStep:
         """The step's loss (the module docstring's order)."""
         import torch
 
+        own = model_loss(outputs)
+        if own is not None:
+            self.loss_source = "the model's own"
+            return _checked_loss(own, self.name, "the model's loss")
         if self.loss_fn is not None:
             second = batch if targets is None else targets
             try:
@@ -219,10 +226,6 @@ class StructuredStep:
                 raise
             self.loss_source = f"loss_fn(outputs, {'batch' if targets is None else 'targets'})"
             return _checked_loss(value, self.name, "loss_fn")
-        own = model_loss(outputs)
-        if own is not None:
-            self.loss_source = "the model's own"
-            return _checked_loss(own, self.name, "the model's loss")
         if isinstance(outputs, torch.Tensor) and isinstance(targets, torch.Tensor):
             default = _default_loss(targets)
             try:
@@ -240,24 +243,24 @@ class StructuredStep:
 
 
 def model_loss(outputs: Any) -> Any:
-    """The loss a model returned itself, or None: a scalar tensor, ``outputs.loss``, a
-    ``"loss"`` key, or a tuple or list whose first item is a scalar tensor."""
+    """The loss a model returned itself, or None: a 0-d tensor, ``outputs.loss`` or a
+    ``"loss"`` key holding one value, or a tuple or list whose first item is a 0-d tensor (a
+    prediction of shape ``(1,)``, at batch 1, is no loss)."""
     import torch
 
-    def scalar(value: Any) -> bool:
+    def single(value: Any) -> bool:
         return isinstance(value, torch.Tensor) and value.numel() == 1 and value.dim() <= 1
 
     if isinstance(outputs, torch.Tensor):
         return outputs if outputs.dim() == 0 else None
     if isinstance(outputs, Mapping):
         value = outputs.get("loss")
-        return value if scalar(value) else None
+        return value if single(value) else None
     value = getattr(outputs, "loss", None)
-    if scalar(value):
+    if single(value):
         return value
-    if isinstance(outputs, (tuple, list)) and outputs and scalar(outputs[0]):
-        return outputs[0]
-    return None
+    first = outputs[0] if isinstance(outputs, (tuple, list)) and outputs else None
+    return first if isinstance(first, torch.Tensor) and first.dim() == 0 else None
 
 
 def _no_loss(name: str, outputs: Any, targets: Any, call: str) -> str:
