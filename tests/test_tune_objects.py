@@ -198,6 +198,45 @@ def test_an_example_batch_of_any_structure() -> None:
     assert profile.evidence.max_batch_size == 16  # an example batch is repeated to any size
 
 
+class TwoTowers(nn.Module):
+    """A model of two inputs (an image-like and a metadata vector), as two-tower nets are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.image = nn.Linear(8, 16)
+        self.meta = nn.Linear(4, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, image: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.image(image) + self.meta(meta)))
+
+
+@pytest.mark.parametrize("nested", [True, False], ids=["((a, b), y)", "(a, b, y)"])
+def test_a_two_input_model_with_tuple_samples_and_a_custom_loss(nested: bool) -> None:
+    """Issue 18: '(a, b, y)' and '((a, b), y)' samples were refused as 'not an (inputs,
+    targets) pair'; both train with no glue, the model called with both inputs and the
+    user's loss taking the targets."""
+    seen: list[tuple[int, ...]] = []
+
+    def smoothed(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        seen.append(tuple(targets.shape))
+        return nn.functional.cross_entropy(outputs, targets, label_smoothing=0.1)
+
+    rows = [(torch.randn(8), torch.randn(4), i % 3) for i in range(40)]
+    samples = [((a, b), y) if nested else (a, b, y) for a, b, y in rows]
+    profile = quick(model=TwoTowers(), optimizer=SGD, dataset=samples, loss_fn=smoothed)
+    assert_measured(profile)
+    found = details(profile)
+    assert found.loss == "loss_fn(outputs, targets)"
+    assert found.call == (
+        "model(*inputs) (2 inputs from (inputs, targets))"
+        if nested
+        else "model(*batch[:-1]) (2 inputs; the last item is the targets)"
+    )
+    assert seen
+    assert all(len(shape) == 1 for shape in seen)  # the labels, one per sample
+
+
 def test_the_users_train_step_is_the_step() -> None:
     calls: list[int] = []
 
