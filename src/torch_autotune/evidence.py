@@ -237,6 +237,22 @@ class LoaderRecord(StrictModel):
     error: str | None = None
 
 
+class FedRecord(StrictModel):
+    """Training fed by its DataLoader: one worker count at one batch size, loading and the
+    training step measured together, as training runs them (on a CPU they share the cores)."""
+
+    num_workers: WorkerCount
+    batch_size: BatchSize
+    cpu_threads: CpuCount | None = Field(
+        default=None,
+        description="torch's threads in the pass, as the profile sets them with "
+        "this worker count (None: the process's own).",
+    )
+    samples_per_s: float | None = Field(gt=0, description="None: the pass failed.")
+    seconds: float | None = Field(default=None, ge=0, description="Wall time of the pass.")
+    error: str | None = None
+
+
 class WorkloadDetails(StrictModel):
     """What the probe made of the workload it trained: where it came from, how a batch
     reaches the model, where the loss comes from, and what was adapted on the way."""
@@ -281,6 +297,16 @@ class Evidence(StrictModel):
     throughput: tuple[ThroughputRecord, ...]
     loader: tuple[LoaderRecord, ...] = ()
     workers_reason: str | None = None
+    fed: tuple[FedRecord, ...] = Field(
+        default=(),
+        description="Training fed by the DataLoader, worker counts and batch sizes measured "
+        "with loading and the step together (where loading limits training, or on a CPU).",
+    )
+    fed_reason: str | None = Field(
+        default=None,
+        description="How the batch was chosen from the rates of loading and training together,"
+        " with the numbers (None: from the training step alone).",
+    )
     budget_s: float = Field(gt=0)
     elapsed_s: float = Field(ge=0)
     memory_limit_bytes: Bytes | None = Field(
@@ -300,9 +326,10 @@ class Evidence(StrictModel):
 
     def ran(self) -> set[int]:
         """Batch sizes that trained on the machine: search trials that fit, steady points
-        (they ran for seconds), and the bench's arms."""
+        (they ran for seconds), passes fed by the DataLoader, and the bench's arms."""
         ran = {t.batch_size for t in self.search if t.fits}
         ran |= {t.batch_size for t in self.throughput}
+        ran |= {t.batch_size for t in self.fed if t.samples_per_s is not None}
         if self.bench is not None:
             ran |= self.bench.ran()  # the bench trains its baseline batch size too
         return ran

@@ -63,11 +63,13 @@ def optimizer(ctx: Context) -> Iterator[Finding]:
 def _batch_size(ctx: Context) -> Finding:
     measured = ctx.measurements.batch_size if ctx.measurements is not None else None
     if measured is not None:
+        how = ctx.measurements.batch_reason if ctx.measurements is not None else None
         return Finding(
             "batch.batch_size",
             measured,
             "K2",
-            f"{measured}: the largest batch the probe ran on this machine, less its safety "
+            how
+            or f"{measured}: the largest batch the probe ran on this machine, less its safety "
             "margin, and run once more at that size before being kept",
             Source.MEASURED,
         )
