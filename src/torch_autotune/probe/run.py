@@ -23,7 +23,10 @@ detection, before them, counts against it too):
    cost is reported with the training time after which it pays off. When the predicted
    compile time does not fit, compile is decided by the rules and marked as not measured;
 4. **confirm**: the recommended size runs once more with the final settings;
-5. **workers**: DataLoader worker counts over the workload's dataset (Windows keeps 0).
+5. **workers**: DataLoader worker counts over the workload's dataset (Windows keeps 0): the
+   loader alone, then, where it cannot decide (loading limits training, or workers on a CPU),
+   training fed by it at the recommended batch; where loading limits training, the batch is
+   chosen from those passes too (``probe.fed``).
 
 Progress is reported through a callback, so the library never prints.
 """
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torch_autotune.errors import ProbeError, WorkloadError
 from torch_autotune.hardware import HardwareSnapshot
@@ -44,6 +47,7 @@ from torch_autotune.probe.guard import (
     rounded_seconds,
     search_with_guard,
 )
+from torch_autotune.probe.loop import FedRunner
 from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, Plan, cap_reason, multiple, plan, ram_budget
 from torch_autotune.probe.points import (
     FASTEST_WITHIN,
@@ -60,18 +64,18 @@ from torch_autotune.probe.search import (
 )
 from torch_autotune.probe.smallest import Smallest, smallest_batch
 from torch_autotune.probe.timemodel import TimeModel
-from torch_autotune.probe.trials import (
-    MAX_SPREAD,
-    StepSettings,
-    TrialRunner,
-    preserved,
+from torch_autotune.probe.trials import MAX_SPREAD, StepSettings, preserved
+from torch_autotune.probe.workers_phase import (
+    ThreadsFor,
+    WorkersOutcome,
+    halvings,
+    measure_workers,
+    workers_seconds,
 )
-from torch_autotune.probe.workers_phase import WORKERS_MAX_S, WORKERS_SHARE, measure_workers
 from torch_autotune.probe.workloads import BUILTIN_WORKLOADS, Workload
 from torch_autotune.profile import (
     CompileRecord,
     Evidence,
-    LoaderRecord,
     PhaseRecord,
     Preferences,
     Profile,
@@ -111,6 +115,7 @@ def measure(
     progress: Progress | None = None,
     clock: Callable[[], float] = time.perf_counter,
     trials: Callable[[Workload, StepSettings], Trials] | None = None,
+    threads_for: ThreadsFor | None = None,
 ) -> ProbeResult:
     """Probe ``workload`` with the settings of ``rules_only`` (the rules-only profile of the
     machine, with the preferences it was made with); return what was measured.
@@ -118,17 +123,20 @@ def measure(
     ``budget_s`` bounds the whole run, which began at ``started`` on ``clock`` (detection
     counts against it too). The user's model, optimizer state, RNG and torch's global flags
     are as before when this returns or raises. ``trials`` replaces the real training steps
-    (tests drive the orchestration with recorded timings through it).
+    (tests drive the orchestration with recorded timings through it). ``threads_for(n)``: the
+    CPU threads the profile sets beside ``n`` DataLoader workers, for the passes of training
+    fed by the DataLoader (default: the process's own).
     """
     report = progress or (lambda _phase, _what: None)
     budget = Budget(budget_s, clock, started=started)
     settings = StepSettings.from_profile(rules_only)
     eager_settings = settings.with_compile(None)
-    make = trials or (lambda w, s: TrialRunner(w, s, clock=clock))
+    make = trials or (lambda w, s: FedRunner(w, s, clock=clock))
     runner = make(workload, eager_settings)
     machine = rules_only.provenance.snapshot
     preferences = rules_only.provenance.preferences
     run = _Run(workload, machine, preferences, rules_only, settings, runner, budget, report)
+    run.threads_for = threads_for
     with preserved():
         return _probe(run, max_batch_size=max_batch_size)
 
@@ -149,6 +157,7 @@ class _Run:
     records: list[ThroughputRecord] = field(default_factory=list)
     compile: CompileRecord | None = None
     smallest: Smallest = field(default_factory=lambda: Smallest(1, None))
+    threads_for: ThreadsFor | None = None
 
     @property
     def floor(self) -> int:
@@ -160,7 +169,7 @@ class _Run:
         """Seconds kept for the DataLoader measurement (none when it will not run)."""
         if self.workload.dataset is None or self.preferences.num_workers is not None:
             return 0.0
-        return min(WORKERS_MAX_S, WORKERS_SHARE * self.budget.total_s)
+        return workers_seconds(self.settings.device, self.budget.total_s)
 
     def search(self, max_batch_size: int | None) -> tuple[SearchGuard, Found, int | None]:
         guarded = SearchGuard(self.runner, self.budget, self.report, reserve_s=self.workers_s)
@@ -339,18 +348,27 @@ class _Run:
             reason = f"asked for: the search started at {self.floor}"
         return found.model_copy(update={"min_batch_size": self.floor, "min_batch_reason": reason})
 
-    def workers(
-        self, batch: int, step_rate: float | None
-    ) -> tuple[int | None, tuple[LoaderRecord, ...], str | None]:
+    def workers(self, final: Trials, batch: int, multiple: int) -> WorkersOutcome:
+        """The DataLoader's worker count, measured with ``final`` (the runner of the final
+        settings) at ``batch``, and the batch to recommend: ``batch``, or where loading limits
+        training, the one the passes fed by the DataLoader chose."""
         with self.budget.phase("workers"):
-            return measure_workers(
+            outcome = measure_workers(
                 workload=self.workload,
                 profile=self.rules_only,
+                runner=final,
                 batch_size=batch,
-                step_rate=step_rate,
+                step_rates={
+                    r.batch_size: r.samples_per_s
+                    for r in self.records
+                    if r.compiled == (final is not self.runner)
+                },
                 budget=self.budget,
                 progress=self.report,
+                smaller=halvings(batch, multiple, self.floor),
+                threads_for=self.threads_for,
             )
+        return replace(outcome, batch_size=outcome.batch_size or batch)
 
 
 def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
@@ -384,9 +402,8 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         confirmed = run.confirm(
             final, candidate, step, ran=same_settings, predicted_s=after.confirm_s
         )
-    batch = confirmed[-1].batch_size if confirmed else candidate
-    step_rate = best.samples_per_s if best is not None and best.batch_size == batch else None
-    workers, loader, workers_reason = run.workers(batch, step_rate)
+    workers = run.workers(final, confirmed[-1].batch_size if confirmed else candidate, step)
+    batch = workers.batch_size or candidate  # the step's, or the fed passes' where data-bound
     if run.budget.spent and found.limited_by != "budget":
         run.warnings.append(
             f"the run used {run.budget.elapsed():.0f} s of its {run.budget.total_s:.0f} s "
@@ -402,8 +419,10 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         limit_reason=found.reason,
         search=(*guarded.records, *confirmed),
         throughput=tuple(run.records),
-        loader=loader,
-        workers_reason=workers_reason,
+        loader=workers.loader,
+        workers_reason=workers.reason,
+        fed=workers.fed,
+        fed_reason=workers.batch_reason,
         budget_s=run.budget.total_s,
         elapsed_s=round(run.budget.elapsed(), 3),
         memory_limit_bytes=limit,
@@ -412,7 +431,7 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         warnings=tuple(run.warnings),
         details=run.details(),
     )
-    return ProbeResult(evidence=evidence, num_workers=workers)
+    return ProbeResult(evidence=evidence, num_workers=workers.num_workers)
 
 
 def _phases(budget: Budget) -> tuple[PhaseRecord, ...]:
