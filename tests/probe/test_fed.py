@@ -62,7 +62,6 @@ def test_the_defect_the_plain_two_workers_are_fed_first_and_chosen() -> None:
         step_rates={512: 2800.0},
         threads_for=_threads,
     )
-    assert choice is not None
     assert fake.calls[0] == (512, 2, 1)  # the plain alternative first, with the rules' threads
     assert choice.num_workers == 2
     assert choice.batch_size == 512  # 256 fed at 300: slower beyond 2%
@@ -85,7 +84,6 @@ def test_fewer_workers_within_2_percent_are_chosen() -> None:
         step_rates={64: 1005.0},
         threads_for=_threads,
     )
-    assert choice is not None
     assert choice.num_workers == 2  # 990 >= 1000 * 0.98
     assert choice.batch_size == 64
     assert choice.batch_reason is None  # the step limits (1000 is within 2% of 1005)
@@ -101,7 +99,6 @@ def test_a_smaller_batch_as_fast_is_chosen_where_loading_limits_training() -> No
         step_rates={256: 2000.0, 128: 1500.0, 64: 900.0},
         threads_for=_threads,
     )
-    assert choice is not None
     assert (choice.batch_size, choice.num_workers) == (128, 2)
     assert [c[:2] for c in fake.calls] == [(256, 2), (256, 1), (128, 2), (64, 2)]
     assert choice.batch_reason is not None
@@ -119,7 +116,6 @@ def test_a_smaller_batch_whose_step_alone_is_slower_is_not_fed() -> None:
         step_rates={256: 2000.0, 128: 350.0},  # feeding never makes the step faster
         threads_for=_threads,
     )
-    assert choice is not None
     assert fake.calls == [(256, 2, 1)]
     assert choice.batch_size == 256
     assert choice.batch_reason is not None
@@ -136,7 +132,6 @@ def test_a_failed_pass_is_recorded_and_never_chosen() -> None:
         step_rates={32: 210.0},
         threads_for=_threads,
     )
-    assert choice is not None
     assert choice.num_workers == 1
     assert "2: failed (worker crashed: fake)" in choice.workers_reason
 
@@ -151,7 +146,11 @@ def test_when_every_pass_fails_there_is_no_choice() -> None:
         step_rates={},
         threads_for=_threads,
     )
-    assert choice is None
+    assert choice.num_workers is None
+    assert "every pass failed (2: worker crashed: fake; 0: worker crashed: fake)" in (
+        choice.workers_reason
+    )
+    assert len(choice.trials) == 2  # recorded all the same
 
 
 def test_passes_that_do_not_fit_in_the_time_are_not_started() -> None:
@@ -167,7 +166,6 @@ def test_passes_that_do_not_fit_in_the_time_are_not_started() -> None:
         until=needed * 2.5,  # two passes at 64; one at 512 takes ~20 s
         clock=fake.clock,
     )
-    assert choice is not None
     assert fake.calls[0][:2] == (64, 2)  # the largest size whose passes fit
     assert fake.now <= needed * 2.5
     assert choice.batch_reason is not None
@@ -186,7 +184,8 @@ def test_nothing_fits_in_no_time() -> None:
         until=0.5,
         clock=fake.clock,
     )
-    assert choice is None
+    assert choice.num_workers is None
+    assert choice.workers_reason == "no pass fit in the time left"
     assert fake.calls == []
 
 
@@ -257,7 +256,7 @@ def test_the_choice_is_within_the_tolerance_of_every_pass_measured(
     )
     assert fake.calls[0][1] == cpus
     ran = [t for t in fake_trials(fake) if t.samples_per_s is not None]
-    if choice is None:
+    if choice.num_workers is None:
         assert not ran
         return
     chosen = [t for t in choice.trials if t.ok and t.num_workers == choice.num_workers]

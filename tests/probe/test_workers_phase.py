@@ -9,7 +9,11 @@ import pytest
 from tests.probe.fake_trials import Machine, cpu_machine, recorded, tune_on
 from tests.rules.helpers import snapshot, with_host
 from torch_autotune.probe import workers_phase
-from torch_autotune.probe.fed import FED_WITHIN
+from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.fed import FED_WITHIN, FedTrial
+from torch_autotune.probe.loader import LoaderTrial
+from torch_autotune.probe.trials import StepSettings
+from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.profile import Evidence, Source
 from torch_autotune.rules.engine import build_profile
 
@@ -196,3 +200,71 @@ def test_a_batch_that_trained_fed_by_the_dataloader_ran_and_a_failed_pass_did_no
     ran = _evidence(fed=fed).ran()
     assert 128 in ran
     assert 64 not in ran
+
+
+class _SlowLoader:
+    """A runner whose DataLoader alone takes ``load_s`` of the clock a count, at ``rates``."""
+
+    settings = StepSettings()
+
+    def __init__(self, rates: dict[int, float], load_s: float) -> None:
+        self.rates = rates
+        self.load_s = load_s
+        self.now = 0.0
+        self.fed_calls: list[int] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def load(
+        self, num_workers: int, batch_size: int, *, batches: int, timeout_s: float, seconds: float
+    ) -> LoaderTrial:
+        self.now += self.load_s
+        rate = self.rates[num_workers]
+        return LoaderTrial(num_workers, rate, batches, batches * batch_size, self.load_s)
+
+    def fed(
+        self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
+    ) -> FedTrial:
+        self.fed_calls.append(num_workers)
+        self.now += 5.0
+        rate = 0.8 * self.rates[num_workers]  # the step takes a share of the CPUs
+        return FedTrial(batch_size, num_workers, threads, rate, 5.0)
+
+
+def _phase(runner: _SlowLoader, budget_s: float) -> workers_phase.WorkersOutcome:
+    return workers_phase.measure_workers(
+        workload=resolve_workload("conv"),
+        profile=build_profile(TWO_CPUS),
+        runner=runner,  # type: ignore[arg-type]
+        batch_size=64,
+        step_rates={64: 2000.0},
+        budget=Budget(budget_s, runner.clock, started=0.0),
+        progress=lambda _phase, _what: None,
+    )
+
+
+def test_out_of_time_before_the_plain_alternative_it_is_chosen_and_said_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loading limits training (21 samples/s against a step of 2,000) and the budget ran out
+    after 0 workers alone: 0 is not recommended on that, the usable CPUs are, with why."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    runner = _SlowLoader({0: 21.0, 1: 250.0, 2: 480.0}, load_s=12.0)
+    outcome = _phase(runner, budget_s=10.0)
+    assert [r.num_workers for r in outcome.loader] == [0]
+    assert runner.fed_calls == []
+    assert outcome.num_workers == 2
+    assert outcome.reason is not None
+    assert "not measured for want of time (give autotune more with --budget)" in outcome.reason
+
+
+def test_with_time_the_plain_alternative_is_fed_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    runner = _SlowLoader({0: 21.0, 1: 250.0, 2: 480.0}, load_s=1.0)
+    outcome = _phase(runner, budget_s=60.0)
+    assert [r.num_workers for r in outcome.loader] == [0, 1, 2]
+    assert runner.fed_calls == [2]  # 1 and 0 load slower alone than 2 trains fed (384)
+    assert outcome.num_workers == 2
+    assert outcome.reason is not None
+    assert outcome.reason.startswith("2 worker(s): training fed by the DataLoader ran at 384")

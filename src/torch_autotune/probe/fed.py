@@ -76,10 +76,11 @@ DataLoader."""
 
 @dataclass(frozen=True)
 class FedChoice:
-    """The worker count and batch the fed passes chose, every pass in order, and why."""
+    """The worker count and batch the fed passes chose (None: no pass ran, ``workers_reason``
+    says why), every pass in order, and why."""
 
-    num_workers: int
-    batch_size: int
+    num_workers: int | None
+    batch_size: int | None
     trials: tuple[FedTrial, ...]
     workers_reason: str
     batch_reason: str | None  # None: the batch the step chose stays
@@ -104,12 +105,13 @@ def choose_fed(
     threads_for: Callable[[int], int | None],
     until: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
-) -> FedChoice | None:
+) -> FedChoice:
     """Feed training from each count of ``counts``, then from the best one at other ``sizes``
     where loading limits training; choose (module docstring). ``sizes``: the batch the step
     ran fastest at, then smaller ones, descending. ``loader_rates``: samples/s of each count
     measured alone; ``step_rates``: the step's own samples/s at the sizes it was measured at.
-    None when no pass ran, or none fits in the time left before ``until``."""
+    No choice (``num_workers`` None) when no pass fits in the time left before ``until``, or
+    every pass failed."""
     run = _Passes(
         fed=fed,
         threads_for=threads_for,
@@ -123,7 +125,7 @@ def choose_fed(
     if at is None and run.fits(sizes[-1], counts):
         at = sizes[-1]  # the plain alternative at least
     if at is None:
-        return None
+        return FedChoice(None, None, (), "no pass fit in the time left", None)
     for count in counts:
         alone = loader_rates.get(count)
         if alone is not None and run.best is not None and alone < run.best:
@@ -134,7 +136,9 @@ def choose_fed(
         else:
             run.feed(at, count)
     if run.best is None:
-        return None
+        failed = "; ".join(f"{t.num_workers}: {t.error}" for t in run.trials)
+        why = f"every pass failed ({failed})" if failed else "no pass fit in the time left"
+        return FedChoice(None, None, tuple(run.trials), why, None)
     workers = _pick(run.trials).num_workers
     if run.step_rate is not None and run.best >= run.step_rate * (1 - FED_WITHIN):
         chosen = _pick([t for t in run.trials if t.batch_size == at])  # the step limits

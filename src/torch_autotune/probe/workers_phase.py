@@ -147,9 +147,6 @@ def measure_workers(
         return WorkersOutcome(choice.num_workers, records, alone)
     rates = {t.num_workers: t.samples_per_s for t in choice.trials if t.samples_per_s}
     failed = {t.num_workers for t in choice.trials if not t.ok}
-    if budget.left() <= 0:
-        why = "not fed to training: the time budget ran out"
-        return WorkersOutcome(choice.num_workers, records, f"{alone} The loader was {why}.")
     progress("workers", "training fed by the DataLoader")
     fed = choose_fed(
         lambda b, n, t: runner.fed(b, n, t, seconds=PASS_S),
@@ -161,7 +158,10 @@ def measure_workers(
         until=budget.deadline,
         clock=budget.clock,
     )
-    return _outcome(choice, records, alone, fed, batch_size)
+    behind = step_rate is not None and all(r < step_rate * HEADROOM for r in rates.values())
+    tried = {t.num_workers for t in choice.trials}
+    fallback = most if behind and most not in tried else None
+    return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
 
 
 def _alone(
@@ -197,14 +197,14 @@ def _outcome(
     choice: WorkerChoice,
     records: tuple[LoaderRecord, ...],
     alone: str,
-    fed: FedChoice | None,
+    fed: FedChoice,
+    *,
     batch_size: int,
+    fallback: int | None,
 ) -> WorkersOutcome:
-    if fed is None:
-        why = "no pass of training fed by the DataLoader ran (see the loader's failures)"
-        return WorkersOutcome(choice.num_workers, records, f"{alone} {why}.")
-    reason = f"{fed.workers_reason}. The DataLoader alone, measured first: {alone}"
-    batch = fed.batch_size if fed.batch_size != batch_size else None
+    """The phase's decision from the fed passes; without one, from the loader alone, or
+    ``fallback`` where given: loading limits training and the loader alone never reached the
+    usable CPUs (the plain alternative), for want of time."""
     passes = tuple(
         FedRecord(
             num_workers=t.num_workers,
@@ -216,4 +216,16 @@ def _outcome(
         )
         for t in fed.trials
     )
+    if fed.num_workers is None:
+        why = f"{alone} Training fed by the DataLoader was not measured: {fed.workers_reason}."
+        if fallback is not None:
+            why = (
+                f"{fallback} worker(s), as many as usable CPUs, the plain alternative, not "
+                f"measured for want of time (give autotune more with --budget); the loader "
+                f"alone is slower than the training step at every count it reached. {why}"
+            )
+            return WorkersOutcome(fallback, records, why, passes)
+        return WorkersOutcome(choice.num_workers, records, why, passes)
+    reason = f"{fed.workers_reason}. The DataLoader alone, measured first: {alone}"
+    batch = fed.batch_size if fed.batch_size != batch_size else None
     return WorkersOutcome(fed.num_workers, records, reason, passes, batch, fed.batch_reason)
