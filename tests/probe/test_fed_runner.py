@@ -54,9 +54,10 @@ def _heavy() -> Workload:
     )
 
 
-def test_the_loader_alone_is_cut_short_after_its_seconds() -> None:
+def _slow() -> Workload:
+    """The mlp workload loading ``SlowItems``."""
     workload = resolve_workload("mlp")
-    slow = Workload(
+    return Workload(
         name="slow",
         kind="mlp",
         make_model=workload.make_model,
@@ -65,11 +66,24 @@ def test_the_loader_alone_is_cut_short_after_its_seconds() -> None:
         dataset=SlowItems(),
         train_step=workload.train_step,
     )
-    runner = FedRunner(slow, StepSettings())
+
+
+def test_the_loader_alone_is_cut_short_after_its_seconds() -> None:
+    runner = FedRunner(_slow(), StepSettings())
     trial = runner.load(0, 4, batches=50, timeout_s=5.0, seconds=0.2)
     assert trial.ok
     assert 1 <= trial.batches < 50  # 50 batches of 4 x 5 ms would take a second
     assert trial.seconds >= 0.2
+
+
+def test_a_first_round_as_long_as_the_seconds_is_the_measurement() -> None:
+    runner = FedRunner(_slow(), StepSettings())
+    trial = runner.load(0, 64, batches=8, timeout_s=5.0, seconds=0.2)  # 64 x 5 ms = 0.32 s
+    assert trial.ok
+    assert trial.batches == 1
+    assert trial.samples_per_s is not None
+    assert trial.samples_per_s == pytest.approx(64 / trial.seconds)
+    assert trial.seconds >= 0.32
 
 
 @pytest.mark.parametrize(("workers", "threads"), [(0, None), (2, 1)])

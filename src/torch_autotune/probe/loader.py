@@ -151,7 +151,9 @@ def measure_loader(
 
     With ``seconds``, the timed batches stop early once they have taken that long, at the end
     of a whole round (at least one): a slow dataset (tens of ms a sample, in batches of
-    hundreds) would otherwise take minutes of a time budget for ``batches`` batches.
+    hundreds) would otherwise take minutes of a time budget for ``batches`` batches. Where the
+    first round alone takes that long, it is the measurement, its start-up included (a rate
+    slightly low; in the main process, where nothing starts, the rate).
 
     ``timeout_s`` (seconds, > 0) bounds the wait for each batch with workers, the first batch
     included, so it must cover worker start-up (seconds per worker under spawn). With
@@ -197,6 +199,8 @@ def measure_loader(
             blame_user_code(exc)
             raise
         return LoaderTrial(num_workers, None, 0, 0, 0.0, None, error)
+    if timed == 0:  # the first round alone took ``seconds``: it is the measurement
+        timed, took = per_round, startup_s
     samples = batch_size * timed
     if took <= 0:  # an infinite rate is no measurement (and the evidence refuses it)
         failed = "no time measured: the clock did not move"
@@ -252,7 +256,7 @@ def _timed_pass(
 ) -> tuple[float, float, int]:
     """(seconds for the first ``warmup`` batches, seconds for the timed batches after them,
     how many were timed): ``timed`` of them, or fewer whole rounds of ``per_round`` once
-    ``seconds`` have passed.
+    ``seconds`` have passed; none where the warm-up alone took ``seconds``.
 
     The workers are shut down before this returns or raises, whatever happened.
     """
@@ -266,6 +270,8 @@ def _timed_pass(
                 check()
             first = clock()
             done = 0
+            if seconds is not None and first - start >= seconds:
+                timed = 0  # the first round is the measurement (the caller's)
             while done < timed:
                 next(iterator)
                 check()

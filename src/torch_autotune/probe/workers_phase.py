@@ -38,6 +38,8 @@ WORKERS_MAX_S = 20.0
 CPU_WORKERS_SHARE = 0.2  # on a CPU, where training fed by the loader is measured too
 CPU_WORKERS_MAX_S = 40.0
 LOADER_BATCH_CAP = 64  # loader samples/s barely depend on the batch; large ones take long
+MAIN_PROCESS_BATCH_CAP = 16  # without workers a batch is its samples and a collate, no IPC;
+# a slow dataset loads far slower there (torch's threads: 300 ms a sample on a busy 2-CPU VM)
 LOADER_BATCHES = 8  # timed batches of the loader alone, per count ...
 LOADER_SECONDS = 3.0  # ... cut short after this long (a slow dataset in large batches)
 
@@ -141,8 +143,9 @@ def measure_workers(
         for t in choice.trials
     )
     alone = choice.reason
-    if min(batch_size, LOADER_BATCH_CAP) < batch_size:
-        alone += f" (loaded in batches of {LOADER_BATCH_CAP}: samples/s hardly depend on the batch)"
+    if min(batch_size, MAIN_PROCESS_BATCH_CAP) < batch_size:
+        sizes = f"{min(batch_size, LOADER_BATCH_CAP)}, {MAIN_PROCESS_BATCH_CAP} without workers"
+        alone += f" (loaded in batches of {sizes}: samples/s hardly depend on the batch)"
     if not _needs_feeding(choice, step_rate, profile.device):
         return WorkersOutcome(choice.num_workers, records, alone)
     rates = {t.num_workers: t.samples_per_s for t in choice.trials if t.samples_per_s}
@@ -172,7 +175,7 @@ def _alone(
     return search_workers(
         lambda count: runner.load(
             count,
-            loader_batch,
+            loader_batch if count else min(loader_batch, MAIN_PROCESS_BATCH_CAP),
             batches=LOADER_BATCHES,
             timeout_s=30.0,
             seconds=LOADER_SECONDS,
