@@ -74,19 +74,40 @@ def test_the_defect_the_plain_two_workers_are_fed_first_and_chosen() -> None:
     assert "2,800 samples/s" in choice.batch_reason
 
 
-def test_fewer_workers_within_2_percent_are_chosen() -> None:
-    fake = FakeFed({(64, 4): 1000.0, (64, 2): 990.0, (64, 1): 600.0, (64, 0): 300.0})
+def test_the_plain_alternative_stands_against_a_count_as_fast() -> None:
+    # Recorded on this busy 2-CPU VM: 2 workers fed 228 samples/s and 1 fed 231 while a
+    # neighbour held a core; the bench, later, measured 2 at 1.8x of 1.
+    fake = FakeFed({(512, 2): 228.0, (512, 1): 231.0})
+    choice = choose_fed(
+        fake,
+        sizes=(512,),
+        counts=[2, 1],
+        loader_rates={1: 254.0, 2: 242.0},
+        step_rates={512: 235.0},  # within 2% of the best pass: the step limits
+        threads_for=_threads,
+    )
+    assert choice.num_workers == 2
+    assert choice.batch_size == 512
+    assert choice.batch_reason is None
+    assert "so the plain alternative, as many workers as usable CPUs, stands" in (
+        choice.workers_reason
+    )
+
+
+def test_fewer_workers_faster_beyond_2_percent_are_chosen() -> None:
+    # A CPU where 8 workers take the cores the step needs: fewer feed it faster.
+    fake = FakeFed({(64, 8): 700.0, (64, 4): 1000.0, (64, 2): 990.0, (64, 1): 600.0})
     choice = choose_fed(
         fake,
         sizes=(64,),
-        counts=fed_order(4, {0: 900.0, 1: 1000.0, 2: 1900.0, 4: 2000.0}),
-        loader_rates={0: 900.0, 1: 1000.0, 2: 1900.0, 4: 2000.0},
+        counts=fed_order(8, {1: 1000.0, 2: 1900.0, 4: 2000.0, 8: 2100.0}),
+        loader_rates={1: 1000.0, 2: 1900.0, 4: 2000.0, 8: 2100.0},
         step_rates={64: 1005.0},
         threads_for=_threads,
     )
-    assert choice.num_workers == 2  # 990 >= 1000 * 0.98
-    assert choice.batch_size == 64
-    assert choice.batch_reason is None  # the step limits (1000 is within 2% of 1005)
+    assert [c[1] for c in fake.calls] == [8, 4, 2, 1]
+    assert choice.num_workers == 2  # the fewest within 2% of the best (1000): 990
+    assert "within 2% of the fastest (1,000 samples/s)" in choice.workers_reason
 
 
 def test_a_smaller_batch_as_fast_is_chosen_where_loading_limits_training() -> None:
@@ -235,8 +256,9 @@ _rates = st.floats(min_value=1.0, max_value=10_000.0, allow_nan=False)
 def test_the_choice_is_within_the_tolerance_of_every_pass_measured(
     cpus: int, sizes: list[int], data: st.DataObject
 ) -> None:
-    """For any rates: the plain alternative (as many workers as CPUs) is fed first, and the
-    chosen pass trains within ``FED_WITHIN`` of the best pass measured, that one included."""
+    """For any rates: the plain alternative (as many workers as CPUs) is fed first, the chosen
+    pass is never slower than it beyond ``FED_WITHIN``, and within ``FED_WITHIN`` of the best
+    pass measured, less the tolerance the plain alternative is given."""
     sizes.sort(reverse=True)
     counts = list(range(cpus + 1))
     table: dict[tuple[int, int], float | None] = {
@@ -259,16 +281,16 @@ def test_the_choice_is_within_the_tolerance_of_every_pass_measured(
     if choice.num_workers is None:
         assert not ran
         return
-    chosen = [t for t in choice.trials if t.ok and t.num_workers == choice.num_workers]
-    best = max(t.samples_per_s for t in ran if t.samples_per_s is not None)
-    at = [t for t in chosen if t.batch_size == choice.batch_size]
-    if at:  # the batch was fed: its rate is within the tolerance of every pass
-        assert at[0].samples_per_s is not None
-        assert at[0].samples_per_s >= best * (1 - FED_WITHIN)
-    else:  # the step limits: the batch stays the step's, and the workers are near the best
+    rates = {(t.batch_size, t.num_workers): t.samples_per_s for t in ran}
+    best = max(r for r in rates.values() if r is not None)
+    chosen = rates.get((choice.batch_size, choice.num_workers))
+    if chosen is None:  # the step limits: its batch stays, rated by the workers' pass
         assert choice.batch_size == sizes[0]
-        first = [t.samples_per_s for t in chosen if t.samples_per_s is not None]
-        assert max(first) >= best * (1 - FED_WITHIN)
+        chosen = max(r for (_, n), r in rates.items() if n == choice.num_workers and r is not None)
+    plain = rates.get((fake.calls[0][0], cpus))
+    if plain is not None:  # never slower than the plain alternative beyond the tolerance
+        assert chosen >= plain * (1 - FED_WITHIN)
+    assert chosen >= best * (1 - FED_WITHIN) / (1 + FED_WITHIN)
 
 
 def fake_trials(fake: FakeFed) -> list[FedTrial]:
