@@ -316,7 +316,7 @@ def _workers_reason(
     mine, fastest = at[chosen.num_workers], max(at.values())
     plain = run.trials[0].num_workers  # the first pass: as many workers as usable CPUs
     if mine >= fastest:
-        where = "the fastest"
+        where = "the fastest of"
     elif chosen.num_workers == plain:
         where = (
             f"no other count faster beyond {FED_WITHIN:.0%} (the fastest: "
