@@ -1,10 +1,12 @@
 """Data-bound training on this machine: the tuned profile against every worker count by hand.
 
 The workload (``make_workload``): a small conv net (~7k parameters, 64x64 images, 10 classes)
-that steps far faster on the CPU than its data loads: ``CpuHeavyDataset`` items cost a few ms of
-CPU each (``--passes`` decode rounds; ~3.7 ms at 8 on one thread of this 2-core VM), like
-decoding and augmenting a JPEG. It is the case behind the issue's worst defect: the profile
-chose 0 workers after trying 0 and 1, and trained at 0.51x a plain 2-worker loop.
+that steps far faster on the CPU than its data loads (``--model conv``: the built-in conv net,
+whose step costs about what loading does, so workers and the step compete for the cores).
+``CpuHeavyDataset`` items cost a few ms of CPU each (``--passes`` decode rounds; ~3.7 ms at 8
+on one thread of this 2-core VM), like decoding and augmenting a JPEG. It is the case behind
+the issue's worst defect: the profile chose 0 workers after trying 0 and 1, and trained at
+0.51x a plain 2-worker loop.
 
 1. **Tune** with the real probe (``torch_autotune.tune("data_bound:make_workload")``,
    ``--budget`` seconds).
@@ -23,9 +25,10 @@ The CPU time other processes took during the run is recorded (``neighbour_cpu_sh
 /proc/stat, as in ``benchmarks/workers.py``): on a shared VM it moves every number.
 
     python benchmarks/data_bound.py [--budget 120] [--rounds 3] [--seconds 2]
-        [--bench-rounds 5] [--passes 8]
+        [--bench-rounds 5] [--passes 8] [--model small|conv]
 
-Writes benchmarks/results/data_bound.json and .md; exit status 0 when both targets hold.
+Writes benchmarks/results/data_bound.json and .md (data_bound_conv.* with ``--model conv``);
+exit status 0 when both targets hold.
 """
 
 from __future__ import annotations
@@ -71,11 +74,20 @@ def small_cnn() -> nn.Module:
     )
 
 
+def conv_net() -> nn.Module:
+    """The built-in ``conv`` workload's ResNet-style net (0.7M parameters): on this CPU its step
+    costs about what loading does, so workers and the step compete for the two cores."""
+    from torch_autotune.probe.workloads.models import ResNetLike
+
+    return ResNetLike(num_classes=10)
+
+
 def make_workload() -> dict[str, Any]:
     """The data-bound workload, as a user's factory returns it."""
     passes = int(os.environ.get("DATA_BOUND_PASSES", PASSES))
+    model = conv_net if os.environ.get("DATA_BOUND_MODEL") == "conv" else small_cnn
     return {
-        "model": small_cnn,
+        "model": model,
         "optimizer": functools.partial(torch.optim.AdamW, lr=1e-3),
         "dataset": CpuHeavyDataset(20_000, passes=passes),
         "kind": "conv",
@@ -187,7 +199,8 @@ def _markdown(result: dict[str, Any]) -> str:
         f"{m['cpu_model']}, {m['usable_cpus']} usable CPUs ({m['cpu_cores_physical']} "
         f"physical), torch {m['torch']}, Python {m['python']}, torch-autotune "
         f"{m['torch_autotune']}; {result['date']}. Dataset: CpuHeavyDataset, "
-        f"{result['per_item_ms']:.1f} ms a sample on one thread; model: a small conv net. "
+        f"{result['per_item_ms']:.1f} ms a sample on one thread; model: "
+        f"{'a small conv net' if result['model'] == 'small' else 'the built-in conv net'}. "
         f"Other processes took {_share(result['neighbour_cpu_share'])} of the CPU time "
         "during the run.",
         "",
@@ -291,8 +304,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--bench-rounds", type=int, default=5)
     parser.add_argument("--passes", type=int, default=PASSES)
+    parser.add_argument(
+        "--model", choices=["small", "conv"], default="small", help="conv: the built-in's net"
+    )
     args = parser.parse_args()
     os.environ["DATA_BOUND_PASSES"] = str(args.passes)
+    os.environ["DATA_BOUND_MODEL"] = args.model
+    name = "data_bound" if args.model == "small" else f"data_bound_{args.model}"
 
     started = time.perf_counter()
     cpu_before = _cpu_seconds()
@@ -326,6 +344,7 @@ def main() -> int:
         "machine": machine,
         "per_item_ms": round(item_ms, 2),
         "passes": args.passes,
+        "model": args.model,
         "budget_s": args.budget,
         "tune_s": round(tune_s, 1),
         "tuned": {
@@ -360,8 +379,8 @@ def main() -> int:
     text = _markdown(result)
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "data_bound.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "data_bound.md").write_text(text)
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(text)
     return 0 if result["verdict_by_hand"] == result["verdict_bench"] == "PASS" else 1
 
 

@@ -124,7 +124,7 @@ def test_a_smaller_batch_as_fast_is_chosen_where_loading_limits_training() -> No
     assert (choice.batch_size, choice.num_workers) == (128, 2)
     assert [c[:2] for c in fake.calls] == [(256, 2), (256, 1), (128, 2), (64, 2)]
     assert choice.batch_reason is not None
-    assert choice.batch_reason.startswith("128: loading limits training")
+    assert choice.batch_reason.startswith("128: training fed by the DataLoader runs below")
     assert "256: 400, 128: 396, 64: 300" in choice.batch_reason
 
 

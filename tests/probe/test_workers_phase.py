@@ -122,7 +122,7 @@ def test_data_bound_on_two_cpus_the_plain_two_workers_are_fed_and_chosen(
     assert evidence.fastest_batch_size == 512
     batch = profile.decision("batch.batch_size")
     assert batch is not None
-    assert batch.reason.startswith("256: loading limits training")
+    assert batch.reason.startswith("256: training fed by the DataLoader runs below the step")
     workers = profile.decision("dataloader.num_workers")
     assert workers is not None
     assert workers.source is Source.MEASURED

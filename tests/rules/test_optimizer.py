@@ -122,7 +122,7 @@ def test_measured_batch_size_flows_through() -> None:
 
 
 def test_a_batch_chosen_from_training_fed_by_the_dataloader_says_so() -> None:
-    how = "64: loading limits training (at best 410 samples/s fed by the DataLoader; ...)"
+    how = "64: training fed by the DataLoader runs below the step alone (at best 410 ...)"
     found = _findings("cpu-container-quota-4", Measurements(batch_size=64, batch_reason=how))
     assert found["batch.batch_size"].value == 64
     assert found["batch.batch_size"].reason == how

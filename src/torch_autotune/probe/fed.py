@@ -347,10 +347,11 @@ def _batch_reason(run: _Passes, chosen: FedTrial, batch_size: int) -> str:
     )
     step = "unknown" if run.step_rate is None else f"{_fmt(run.step_rate)} samples/s"
     text = (
-        f"{chosen.batch_size}: loading limits training (at best {_fmt(run.best)} samples/s fed "
-        f"by the DataLoader; the training step alone ran at {step} at batch {batch_size}, its "
-        f"fastest), so the batch is the smallest within {FED_WITHIN:.0%} of the best rate of "
-        f"training fed by {chosen.num_workers} worker(s): {trace} samples/s"
+        f"{chosen.batch_size}: training fed by the DataLoader runs below the step alone (at "
+        f"best {_fmt(run.best)} samples/s; the step alone ran at {step} at batch {batch_size}, "
+        "its fastest: loading limits training, or takes CPUs from it), so the batch is the "
+        f"smallest within {FED_WITHIN:.0%} of the best rate of training fed by "
+        f"{chosen.num_workers} worker(s): {trace} samples/s"
     )
     for note in run.notes:
         text += f"; {note}"
