@@ -4,7 +4,10 @@ simulated machines where loading limits training, or does not."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from rich.console import Console
 
 from tests.probe.fake_trials import Machine, cpu_machine, recorded, tune_on
 from tests.rules.helpers import snapshot, with_host
@@ -15,6 +18,7 @@ from torch_autotune.probe.loader import LoaderTrial
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.profile import Evidence, Source
+from torch_autotune.render.results import render_run
 from torch_autotune.rules.engine import build_profile
 
 
@@ -128,6 +132,11 @@ def test_data_bound_on_two_cpus_the_plain_two_workers_are_fed_and_chosen(
     assert workers.source is Source.MEASURED
     assert "2 worker(s): training fed by the DataLoader ran at 443 samples/s" in workers.reason
     assert evidence.elapsed_s <= evidence.budget_s
+    console = Console(record=True, width=120)
+    render_run(profile, console, None)  # the summary shows the passes that decided
+    summary = console.export_text()
+    assert "Training fed by the DataLoader" in summary
+    assert re.search(r"256 +2 +1 +438\.\d +recommended", summary)
 
 
 def test_a_gpu_whose_loader_keeps_ahead_is_not_fed(monkeypatch: pytest.MonkeyPatch) -> None:
