@@ -168,3 +168,10 @@ def _affinity() -> set[int]:
     import os
 
     return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(1))
+
+
+def test_a_batch_larger_than_the_dataset_fails_the_pass_instead_of_looping() -> None:
+    runner = FedRunner(_slow(), StepSettings())  # 64 samples
+    trial = runner.fed(128, 0, None, seconds=0.1)
+    assert not trial.ok
+    assert trial.error == "the dataset has 64 samples, fewer than a batch"

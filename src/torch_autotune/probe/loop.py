@@ -147,6 +147,10 @@ class TrainingLoop:
         )
         if self.workload.collate_fn is not None:
             kwargs["collate_fn"] = self.workload.collate_fn
+        if len(dataset) < batch_size:  # drop_last: every epoch would be empty, forever
+            from torch_autotune.bench import ArmFailed
+
+            raise ArmFailed(f"the dataset has {len(dataset)} samples, fewer than a batch")
         loader = DataLoader(dataset, shuffle=False, drop_last=True, **kwargs)
         with worker_deaths_between_batches() as check:
             while True:  # epochs; the loader's workers stop when the generator is closed
