@@ -119,9 +119,9 @@ def test_on_a_gpu_machine_tune_of_a_cpu_snapshot_asks_for_trials_on_the_cpu(
     machine = mlp_machine()
     devices: list[str] = []
 
-    def trials(_workload: Workload, step: StepSettings) -> FakeTrials:
+    def trials(workload: Workload, step: StepSettings) -> FakeTrials:
         devices.append(step.device)
-        return FakeTrials(machine, step)
+        return FakeTrials(machine, step, workload=workload)
 
     laptop = snapshot("cpu-laptop-linux")
     with no_cuda_started():

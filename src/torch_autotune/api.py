@@ -212,6 +212,7 @@ def tune(
     if trials is None:
         _import_torch()
     from torch_autotune.probe.run import default_budget_s, measure
+    from torch_autotune.rules.context import Measurements
     from torch_autotune.rules.engine import build_profile
 
     objects = {
@@ -248,6 +249,11 @@ def tune(
         progress=report,
         clock=clock,
         trials=trials,
+        threads_for=lambda workers: (
+            build_profile(  # the threads the rules set beside them
+                machine, Measurements(num_workers=workers), preferences, host_id=host
+            ).settings.cpu_threads
+        ),
     )
     processes = process_count(rules_only)
     measured = compose.measurements(result, target_global_batch, processes)

@@ -116,6 +116,7 @@ def measurements(
         num_workers=result.num_workers,
         grad_accum_steps=accumulation,
         workers_reason=evidence.workers_reason if result.num_workers is not None else None,
+        batch_reason=evidence.fed_reason,
         compile_enabled=(
             compile_record.kept if compile_record is not None and compile_record.measured else None
         ),

@@ -238,7 +238,7 @@ class LoaderRecord(StrictModel):
 
 
 ChosenBy = Literal["fastest point", "largest point", "top candidate"]
-Confirmed = Literal["its point", "ran again", "stepped down", "not run again"]
+Confirmed = Literal["its point", "ran again", "stepped down", "not run again", "its fed pass"]
 
 
 class BatchChoice(StrictModel):
@@ -247,12 +247,16 @@ class BatchChoice(StrictModel):
 
     ``chosen_by``: ``fastest point``, the smallest steady throughput point within 3% of the
     best steady rate; ``largest point``, no point was steady, so the largest size a point
-    measured; ``top candidate``, no point ran, so the top candidate itself. The top candidate
+    measured; ``top candidate``, no point ran, so the top candidate itself. ``fed``: then
+    loading turned out to limit training, and the batch is the smallest within 2% of the best
+    rate of training fed by the DataLoader (``Evidence.fed_reason`` gives the numbers). The top
+    candidate
     is the largest batch that trained, less ``margin`` where memory limited it (catalog K2),
     rounded down to a multiple of ``multiple`` (K4). ``confirmed``: ``its point``, its steady
     point ran after the search with the final settings; ``ran again``, it was run once more;
     ``stepped down``, it no longer ran and a smaller size did; ``not run again``, the budget
-    was spent (it ran once, with these settings).
+    was spent (it ran once, with these settings); ``its fed pass``, it trained fed by the
+    DataLoader with the final settings.
     """
 
     chosen_by: ChosenBy
@@ -269,6 +273,25 @@ class BatchChoice(StrictModel):
     )
     best_batch_size: BatchSize | None = None
     confirmed: Confirmed
+    fed: bool = Field(
+        default=False, description="Loading limits training: the fed passes chose the batch."
+    )
+
+
+class FedRecord(StrictModel):
+    """Training fed by its DataLoader: one worker count at one batch size, loading and the
+    training step measured together, as training runs them (on a CPU they share the cores)."""
+
+    num_workers: WorkerCount
+    batch_size: BatchSize
+    cpu_threads: CpuCount | None = Field(
+        default=None,
+        description="torch's threads in the pass, as the profile sets them with "
+        "this worker count (None: the process's own).",
+    )
+    samples_per_s: float | None = Field(gt=0, description="None: the pass failed.")
+    seconds: float | None = Field(default=None, ge=0, description="Wall time of the pass.")
+    error: str | None = None
 
 
 class WorkloadDetails(StrictModel):
@@ -315,6 +338,16 @@ class Evidence(StrictModel):
     throughput: tuple[ThroughputRecord, ...]
     loader: tuple[LoaderRecord, ...] = ()
     workers_reason: str | None = None
+    fed: tuple[FedRecord, ...] = Field(
+        default=(),
+        description="Training fed by the DataLoader, worker counts and batch sizes measured "
+        "with loading and the step together (where loading limits training, or on a CPU).",
+    )
+    fed_reason: str | None = Field(
+        default=None,
+        description="How the batch was chosen from the rates of loading and training together,"
+        " with the numbers (None: from the training step alone).",
+    )
     budget_s: float = Field(gt=0)
     elapsed_s: float = Field(ge=0)
     memory_limit_bytes: Bytes | None = Field(
@@ -337,9 +370,10 @@ class Evidence(StrictModel):
 
     def ran(self) -> set[int]:
         """Batch sizes that trained on the machine: search trials that fit, steady points
-        (they ran for seconds), and the bench's arms."""
+        (they ran for seconds), passes fed by the DataLoader, and the bench's arms."""
         ran = {t.batch_size for t in self.search if t.fits}
         ran |= {t.batch_size for t in self.throughput}
+        ran |= {t.batch_size for t in self.fed if t.samples_per_s is not None}
         if self.bench is not None:
             ran |= self.bench.ran()  # the bench trains its baseline batch size too
         return ran

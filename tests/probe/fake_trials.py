@@ -9,7 +9,11 @@ effects a real accelerator showed (gpu-h100-2026-11 and the H100 run of this ses
 - the first compiled step pays the compile (80 s for ResNet-50, 30 s for GPT-2 on an H100),
   later sizes on the same dynamic-batch compiled module pay almost nothing;
 - a steady step costs ``fixed + per_sample * batch``;
-- some sizes can be noisy: their timed blocks alternate around the true rate.
+- some sizes can be noisy: their timed blocks alternate around the true rate;
+- with ``load_s`` set, loading costs that many seconds of one CPU a sample: the DataLoader
+  alone (``load``) and training fed by it (``fed``) are simulated, and on a CPU machine
+  (``shares_cpus``) the workers and the step share ``host_cpus`` cores. Without it, ``load``
+  measures the workload's real DataLoader, and ``fed`` trains at the step's own rate.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 
 from torch_autotune.api import tune
 from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.probe.fed import FedTrial, pass_seconds
+from torch_autotune.probe.loader import LoaderTrial, measure_loader
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import MIN_BLOCKS, PointOutcome, StepSettings, spread
 from torch_autotune.probe.workloads import Workload
@@ -51,6 +57,10 @@ class Machine:
     per_sample_bytes: int = 44 << 20
     memory_bytes: int = 80 << 30
     noise: dict[int, float] = field(default_factory=dict)  # batch -> relative amplitude
+    load_s: float | None = None  # seconds of one CPU to load a sample (None: not simulated)
+    host_cpus: int = 2  # the cores the DataLoader's workers (and a CPU step) run on
+    shares_cpus: bool = False  # the step computes on the host CPUs too (a CPU machine)
+    worker_start_s: float = 0.1  # starting one DataLoader worker
     leaves: int = 137
     now: float = 0.0
     started: bool = False
@@ -76,15 +86,46 @@ class Machine:
     def peak(self, batch_size: int) -> int:
         return self.fixed_bytes + self.per_sample_bytes * batch_size
 
+    def loader_rate(self, num_workers: int) -> float:
+        """Samples/s of the DataLoader alone: one core per worker, the main process for 0."""
+        assert self.load_s is not None
+        return max(1, min(num_workers, self.host_cpus)) / self.load_s
+
+    def fed_rate(
+        self, batch_size: int, num_workers: int, threads: int | None, *, compiled: bool
+    ) -> float:
+        """Samples/s of training fed by the DataLoader. Without workers the main process loads,
+        then steps. With them, the slowest of: the workers, the step, and (on a CPU) the cores
+        that both share; the step runs on ``threads`` of them (None: all)."""
+        step = self.step_s(batch_size, compiled=compiled) / batch_size  # wall s a sample
+        load = self.load_s or 0.0
+        if num_workers == 0:
+            return 1 / (load + step)
+        if not self.shares_cpus:
+            return min(self.loader_rate(num_workers), 1 / step) if load else 1 / step
+        cpus = self.host_cpus
+        core_s = step * cpus  # the step's CPU time a sample, on all cores
+        stepping = (threads or cpus) / core_s
+        loading = self.loader_rate(num_workers) if load else math.inf
+        return min(loading, stepping, cpus / (load + core_s))
+
 
 class FakeTrials:
     """``Trials`` over a ``Machine``: what ``TrialRunner`` does, on simulated time."""
 
-    def __init__(self, machine: Machine, settings: StepSettings, *, compiled: bool = False) -> None:
+    def __init__(
+        self,
+        machine: Machine,
+        settings: StepSettings,
+        *,
+        compiled: bool = False,
+        workload: Workload | None = None,
+    ) -> None:
         self.machine = machine
         self.settings = settings
         self.is_compiled = compiled
         self.benchmark = settings.cudnn_benchmark
+        self.workload = workload
 
     # --- the protocol ---
 
@@ -100,7 +141,9 @@ class FakeTrials:
         return self.machine.leaves
 
     def compiled(self, mode: str) -> FakeTrials:
-        runner = FakeTrials(self.machine, self.settings.with_compile(mode), compiled=True)
+        runner = FakeTrials(
+            self.machine, self.settings.with_compile(mode), compiled=True, workload=self.workload
+        )
         runner.benchmark = self.benchmark
         return runner
 
@@ -154,6 +197,43 @@ class FakeTrials:
             seconds=m.now - began,
         )
 
+    def load(
+        self, num_workers: int, batch_size: int, *, batches: int, timeout_s: float, seconds: float
+    ) -> LoaderTrial:
+        m = self.machine
+        m.log.append(f"load {num_workers}")
+        if m.load_s is None:
+            assert self.workload is not None
+            assert self.workload.dataset is not None
+            return measure_loader(
+                self.workload.dataset,
+                batch_size=batch_size,
+                num_workers=num_workers,
+                batches=batches,
+                timeout_s=timeout_s,
+                collate_fn=self.workload.collate_fn,
+                seconds=seconds,
+            )
+        rate = m.loader_rate(num_workers)
+        start = m.worker_start_s * num_workers + max(1, num_workers) * batch_size / rate
+        took = min(batches * batch_size / rate, max(seconds, batch_size / rate))
+        m.advance(start + took)
+        timed = max(1, round(took * rate / batch_size))
+        return LoaderTrial(num_workers, rate, timed, timed * batch_size, took, start)
+
+    def fed(
+        self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
+    ) -> FedTrial:
+        m = self.machine
+        m.log.append(f"fed {batch_size} {num_workers}")
+        if not m.fits(batch_size, compiled=self.is_compiled):
+            m.advance(self._warmup(batch_size))
+            return FedTrial(batch_size, num_workers, threads, None, 0.0, "out of memory")
+        rate = m.fed_rate(batch_size, num_workers, threads, compiled=self.is_compiled)
+        took = self._warmup(batch_size) + pass_seconds(batch_size, num_workers, rate)
+        m.advance(took)
+        return FedTrial(batch_size, num_workers, threads, rate, took)
+
     # --- the simulated costs ---
 
     def _warmup(self, batch_size: int) -> float:
@@ -198,8 +278,8 @@ def tune_on(
     """``tune()`` with its training steps and its clock on ``machine``. A workload with a
     dataset still measures real DataLoaders in the workers phase (``mlp_machine``: ms)."""
 
-    def trials(_workload: Workload, step: StepSettings) -> FakeTrials:
-        return FakeTrials(machine, step)
+    def trials(workload: Workload, step: StepSettings) -> FakeTrials:
+        return FakeTrials(machine, step, workload=workload)
 
     return tune(
         workload,

@@ -72,8 +72,8 @@ def test_tune_leaves_rng_and_flags_as_they_were(monkeypatch: pytest.MonkeyPatch)
     torch.manual_seed(3)
     machine = mlp_machine()
 
-    def trials(_workload: Workload, step: StepSettings) -> _Unruly:
-        return _Unruly(machine, step)
+    def trials(workload: Workload, step: StepSettings) -> _Unruly:
+        return _Unruly(machine, step, workload=workload)
 
     tune("mlp", snapshot=LAPTOP, budget_s=10, max_batch_size=16, clock=machine.clock, trials=trials)
     assert machine.log  # the trials ran, and disturbed

@@ -1,22 +1,34 @@
-"""Which worker counts the workers phase measures: the recorded machine's CPUs, never more than
-this process may run on (the workers start here)."""
+"""The workers phase: which worker counts it measures (the recorded machine's CPUs, never more
+than this process may run on: the workers start here), the time it keeps, and whole runs on
+simulated machines where loading limits training, or does not."""
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+from rich.console import Console
+
+from tests.probe.fake_trials import Machine, cpu_machine, recorded, tune_on
 from tests.rules.helpers import snapshot, with_host
 from torch_autotune.probe import workers_phase
+from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.fed import FED_WITHIN, FedTrial
+from torch_autotune.probe.loader import LoaderTrial
+from torch_autotune.probe.trials import StepSettings
+from torch_autotune.probe.workloads import resolve_workload
+from torch_autotune.profile import Evidence, Source
+from torch_autotune.render.results import render_run
 from torch_autotune.rules.engine import build_profile
 
 
 @pytest.mark.parametrize(
     ("recorded", "here", "expected"),
     [
-        (16, 2, 1),  # a CPU profile measures half the CPUs: 8 on the laptop, 1 on this box
-        (16, 64, 8),
-        (4, 64, 2),
-        (16, None, 8),  # no affinity to read: the recorded machine's own count
+        (16, 2, 2),  # a CPU profile measures all the CPUs: 16 on the laptop, 2 on this box
+        (16, 64, 16),
+        (4, 64, 4),
+        (16, None, 16),  # no affinity to read: the recorded machine's own count
     ],
 )
 def test_a_cpu_profile_measures_at_most_the_cpus_this_process_has(
@@ -41,3 +53,234 @@ def test_a_gpu_profile_shares_the_cpus_among_its_gpus(monkeypatch: pytest.Monkey
 
 def test_this_process_has_at_least_one_cpu() -> None:
     assert (workers_phase._process_cpus() or 1) >= 1
+
+
+# --- the budget and the sizes ----------------------------------------------------------------
+
+
+def test_a_cpu_run_keeps_more_time_for_the_workers_than_a_gpu_run() -> None:
+    assert workers_phase.workers_seconds("cuda", 120.0) == pytest.approx(12.0)
+    assert workers_phase.workers_seconds("cuda", 600.0) == workers_phase.WORKERS_MAX_S
+    assert workers_phase.workers_seconds("cpu", 120.0) == pytest.approx(24.0)
+    assert workers_phase.workers_seconds("cpu", 600.0) == workers_phase.CPU_WORKERS_MAX_S
+
+
+@pytest.mark.parametrize(
+    ("batch", "multiple", "floor", "expected"),
+    [
+        (512, 1, 1, (256, 128, 64)),
+        (100, 8, 1, (48, 24, 8)),  # rounded down to Tensor-Core multiples
+        (64, 1, 16, (32, 16)),  # never below the smallest batch the model trains at
+        (1, 1, 1, ()),
+        (3, 1, 1, (1,)),
+    ],
+)
+def test_the_smaller_sizes_fed_are_halvings_above_the_floor(
+    batch: int, multiple: int, floor: int, expected: tuple[int, ...]
+) -> None:
+    assert workers_phase.halvings(batch, multiple, floor) == expected
+
+
+# --- whole runs on simulated machines --------------------------------------------------------
+
+TWO_CPUS = with_host(
+    "cpu-laptop-linux",
+    cpus_usable=2,
+    cpu_cores_physical=2,
+    cpu_cores_logical=2,
+    cpu_affinity_count=2,
+)
+
+
+def _data_bound_cpu() -> Machine:
+    """This 2-core CPU, a small conv net (~4,000 samples/s at large batches) and a dataset of
+    4 ms of CPU a sample (250 samples/s a core), as in the defect: workers and the step share
+    the two cores."""
+    return cpu_machine(first_s=0.3, autotune_s=0.0, load_s=0.004, shares_cpus=True, host_cpus=2)
+
+
+def test_data_bound_on_two_cpus_the_plain_two_workers_are_fed_and_chosen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The defect: 0 workers chosen after trying 0 and 1, 0.51x a plain 2-worker loop."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    machine = _data_bound_cpu()
+    profile = tune_on(machine, "conv", TWO_CPUS, budget_s=120)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert [r.num_workers for r in evidence.loader] == [0, 1, 2]  # up to the usable CPUs
+    assert (evidence.fed[0].batch_size, evidence.fed[0].num_workers) == (512, 2)
+    assert profile.settings.dataloader.num_workers == 2
+    best = max(r.samples_per_s or 0.0 for r in evidence.fed)
+    chosen = next(
+        r
+        for r in evidence.fed
+        if (r.batch_size, r.num_workers) == (evidence.batch_size, 2) and r.samples_per_s
+    )
+    assert chosen.samples_per_s is not None
+    assert chosen.samples_per_s >= best * (1 - FED_WITHIN)
+    # 2 workers beside the step: the rules' one thread, as the pass trained with
+    assert chosen.cpu_threads == profile.settings.cpu_threads == 1
+    # loading limits training: 256 trains within 2% of 512 (438 against 443), 128 does not
+    assert profile.settings.batch.batch_size == evidence.batch_size == 256
+    assert evidence.fastest_batch_size == 512
+    batch = profile.decision("batch.batch_size")
+    assert batch is not None
+    assert batch.reason.startswith("256: training fed by the DataLoader runs below the step")
+    workers = profile.decision("dataloader.num_workers")
+    assert workers is not None
+    assert workers.source is Source.MEASURED
+    assert "2 worker(s): training fed by the DataLoader ran at 443 samples/s" in workers.reason
+    assert evidence.elapsed_s <= evidence.budget_s
+    console = Console(record=True, width=120)
+    render_run(profile, console, None)  # the summary shows the passes that decided
+    summary = console.export_text()
+    assert "Training fed by the DataLoader" in summary
+    assert re.search(r"256 +2 +1 +438\.\d +recommended", summary)
+    # the batch's facts say the fed passes chose it, and the summary no more than that
+    choice = evidence.batch_choice
+    assert choice is not None
+    assert choice.fed
+    assert choice.confirmed == "its fed pass"
+    assert "loading limits training: the smallest batch as fast fed by the DataLoader" in summary
+    assert "ran again" not in summary
+
+
+def test_a_gpu_whose_loader_keeps_ahead_is_not_fed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 64)
+    machine = Machine(load_s=0.0005, host_cpus=64)  # 2,000 samples/s a worker
+    profile = tune_on(machine, "conv", recorded("h100-80gb-hbm3"), mode="balanced", budget_s=120)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.fed == ()
+    assert not [line for line in machine.log if line.startswith("fed")]
+    assert "keeps 10% ahead of the training step" in (evidence.workers_reason or "")
+
+
+def test_a_data_bound_gpu_feeds_its_share_of_the_cpus_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 64)
+    h100 = recorded("h100-80gb-hbm3")
+    machine = Machine(load_s=0.02, host_cpus=64)  # 50 samples/s a worker: far behind the GPU
+    profile = tune_on(machine, "conv", h100, mode="balanced", budget_s=180)
+    evidence = profile.evidence
+    assert evidence is not None
+    most = min(h100.host.cpus_usable, 64)
+    assert evidence.fed[0].num_workers == most
+    assert profile.settings.dataloader.num_workers == most
+    assert evidence.batch_size in evidence.ran()
+    assert evidence.elapsed_s <= evidence.budget_s
+
+
+# --- the evidence ------------------------------------------------------------------------------
+
+
+def _evidence(**fields: object) -> Evidence:
+    return Evidence.model_validate(
+        {
+            "workload": "conv",
+            "device": "cpu",
+            "max_batch_size": 512,
+            "fastest_batch_size": 512,
+            "batch_size": 512,
+            "limited_by": "cap",
+            "search": [
+                {
+                    "batch_size": 512,
+                    "fits": True,
+                    "peak_memory_bytes": None,
+                    "seconds": 1.0,
+                    "step": "start",
+                }
+            ],
+            "throughput": [],
+            "budget_s": 120,
+            "elapsed_s": 60,
+            **fields,
+        }
+    )
+
+
+def test_evidence_written_before_the_fed_passes_still_loads() -> None:
+    evidence = _evidence()
+    assert evidence.fed == ()
+    assert evidence.fed_reason is None
+
+
+def test_a_batch_that_trained_fed_by_the_dataloader_ran_and_a_failed_pass_did_not() -> None:
+    fed = [
+        {"num_workers": 2, "batch_size": 128, "cpu_threads": 1, "samples_per_s": 410.0},
+        {"num_workers": 2, "batch_size": 64, "samples_per_s": None, "error": "worker crashed"},
+    ]
+    ran = _evidence(fed=fed).ran()
+    assert 128 in ran
+    assert 64 not in ran
+
+
+class _SlowLoader:
+    """A runner whose DataLoader alone takes ``load_s`` of the clock a count, at ``rates``."""
+
+    settings = StepSettings()
+
+    def __init__(self, rates: dict[int, float], load_s: float) -> None:
+        self.rates = rates
+        self.load_s = load_s
+        self.now = 0.0
+        self.fed_calls: list[int] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def load(
+        self, num_workers: int, batch_size: int, *, batches: int, timeout_s: float, seconds: float
+    ) -> LoaderTrial:
+        self.now += self.load_s
+        rate = self.rates[num_workers]
+        return LoaderTrial(num_workers, rate, batches, batches * batch_size, self.load_s)
+
+    def fed(
+        self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
+    ) -> FedTrial:
+        self.fed_calls.append(num_workers)
+        self.now += 5.0
+        rate = 0.8 * self.rates[num_workers]  # the step takes a share of the CPUs
+        return FedTrial(batch_size, num_workers, threads, rate, 5.0)
+
+
+def _phase(runner: _SlowLoader, budget_s: float) -> workers_phase.WorkersOutcome:
+    return workers_phase.measure_workers(
+        workload=resolve_workload("conv"),
+        profile=build_profile(TWO_CPUS),
+        runner=runner,  # type: ignore[arg-type]
+        batch_size=64,
+        step_rates={64: 2000.0},
+        budget=Budget(budget_s, runner.clock, started=0.0),
+        progress=lambda _phase, _what: None,
+    )
+
+
+def test_out_of_time_before_the_plain_alternative_it_is_chosen_and_said_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loading limits training (21 samples/s against a step of 2,000) and the budget ran out
+    after 0 workers alone: 0 is not recommended on that, the usable CPUs are, with why."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    runner = _SlowLoader({0: 21.0, 1: 250.0, 2: 480.0}, load_s=12.0)
+    outcome = _phase(runner, budget_s=10.0)
+    assert [r.num_workers for r in outcome.loader] == [0]
+    assert runner.fed_calls == []
+    assert outcome.num_workers == 2
+    assert outcome.reason is not None
+    assert "not measured for want of time (give autotune more with --budget)" in outcome.reason
+
+
+def test_with_time_the_plain_alternative_is_fed_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    runner = _SlowLoader({0: 21.0, 1: 250.0, 2: 480.0}, load_s=1.0)
+    outcome = _phase(runner, budget_s=60.0)
+    assert [r.num_workers for r in outcome.loader] == [0, 1, 2]
+    assert runner.fed_calls == [2]  # 1 and 0 load slower alone than 2 trains fed (384)
+    assert outcome.num_workers == 2
+    assert outcome.reason is not None
+    assert outcome.reason.startswith("2 worker(s): training fed by the DataLoader ran at 384")

@@ -121,6 +121,14 @@ def test_measured_batch_size_flows_through() -> None:
     assert "96" in found.reason
 
 
+def test_a_batch_chosen_from_training_fed_by_the_dataloader_says_so() -> None:
+    how = "64: training fed by the DataLoader runs below the step alone (at best 410 ...)"
+    found = _findings("cpu-container-quota-4", Measurements(batch_size=64, batch_reason=how))
+    assert found["batch.batch_size"].value == 64
+    assert found["batch.batch_size"].reason == how
+    assert found["batch.batch_size"].source is Source.MEASURED
+
+
 def test_measurements_without_a_batch_size_leave_it_unset() -> None:
     found = _findings("h100-80gb-hbm3", Measurements(num_workers=4))["batch.batch_size"]
     assert found.value is None

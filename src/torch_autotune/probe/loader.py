@@ -129,6 +129,7 @@ def measure_loader(
     timeout_s: float = 20.0,
     collate_fn: Callable[[list[Any]], Any] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    seconds: float | None = None,
 ) -> LoaderTrial:
     """Samples/s a DataLoader over ``dataset`` delivers with ``num_workers`` workers.
 
@@ -147,6 +148,12 @@ def measure_loader(
     Indices cycle over the dataset when it is shorter. Batches are only fetched, not sent
     to a device, so ``pin_memory`` should be True only where pinning is real (a CUDA device;
     catalog F6, F7).
+
+    With ``seconds``, the timed batches stop early once they have taken that long, at the end
+    of a whole round (at least one): a slow dataset (tens of ms a sample, in batches of
+    hundreds) would otherwise take minutes of a time budget for ``batches`` batches. Where the
+    first round alone takes that long, it is the measurement, its start-up included (a rate
+    slightly low; in the main process, where nothing starts, the rate).
 
     ``timeout_s`` (seconds, > 0) bounds the wait for each batch with workers, the first batch
     included, so it must cover worker start-up (seconds per worker under spawn). With
@@ -183,18 +190,22 @@ def measure_loader(
         ),
     )
     try:
-        startup_s, seconds = _timed_pass(loader, clock, warmup=per_round, timed=timed)
+        startup_s, took, timed = _timed_pass(
+            loader, clock, warmup=per_round, timed=timed, per_round=per_round, seconds=seconds
+        )
     except Exception as exc:  # the user's dataset raised, or a worker died
         error = worker_failure(exc) if num_workers > 0 and isinstance(exc, RuntimeError) else None
         if error is None:
             blame_user_code(exc)
             raise
         return LoaderTrial(num_workers, None, 0, 0, 0.0, None, error)
+    if timed == 0:  # the first round alone took ``seconds``: it is the measurement
+        timed, took = per_round, startup_s
     samples = batch_size * timed
-    if seconds <= 0:  # an infinite rate is no measurement (and the evidence refuses it)
+    if took <= 0:  # an infinite rate is no measurement (and the evidence refuses it)
         failed = "no time measured: the clock did not move"
-        return LoaderTrial(num_workers, None, timed, samples, seconds, startup_s, failed)
-    return LoaderTrial(num_workers, samples / seconds, timed, samples, seconds, startup_s)
+        return LoaderTrial(num_workers, None, timed, samples, took, startup_s, failed)
+    return LoaderTrial(num_workers, samples / took, timed, samples, took, startup_s)
 
 
 def _check_arguments(
@@ -235,9 +246,17 @@ def _make_loader(
 
 
 def _timed_pass(
-    loader: Any, clock: Callable[[], float], *, warmup: int, timed: int
-) -> tuple[float, float]:
-    """(seconds for the first ``warmup`` batches, seconds for the ``timed`` after them).
+    loader: Any,
+    clock: Callable[[], float],
+    *,
+    warmup: int,
+    timed: int,
+    per_round: int = 1,
+    seconds: float | None = None,
+) -> tuple[float, float, int]:
+    """(seconds for the first ``warmup`` batches, seconds for the timed batches after them,
+    how many were timed): ``timed`` of them, or fewer whole rounds of ``per_round`` once
+    ``seconds`` have passed; none where the warm-up alone took ``seconds``.
 
     The workers are shut down before this returns or raises, whatever happened.
     """
@@ -250,13 +269,19 @@ def _timed_pass(
                 next(iterator)
                 check()
             first = clock()
-            for _ in range(timed):
+            done = 0
+            if seconds is not None and first - start >= seconds:
+                timed = 0  # the first round is the measurement (the caller's)
+            while done < timed:
                 next(iterator)
                 check()
+                done += 1
+                if seconds is not None and done % per_round == 0 and clock() - first >= seconds:
+                    break
             end = clock()
         finally:
             shut_down(iterator)
-    return first - start, end - first
+    return first - start, end - first, done
 
 
 @contextlib.contextmanager

@@ -11,10 +11,15 @@ torch's defaults: the values the process had when the loop was made; the cuDNN a
 on only where the config asks for it.
 
 A measurement warms up (DataLoader workers start, torch.compile compiles, the cuDNN autotuner
-times its kernels, the optimizer creates its state), then trains for at least ``seconds`` and
-``min_steps`` steps and returns samples per second, timed by the one ``Timer``. Models are
-built once per (memory format, compile mode) and reused across rounds, so compilation is paid
-once, in the first warm-up.
+times its kernels, the optimizer creates its state) and trains through the batches the workers
+loaded ahead meanwhile, then trains for at least ``seconds`` and ``min_steps`` steps and
+returns samples per second, timed by the one ``Timer``. With workers, steps are counted in
+whole rounds of one batch per worker, so a window never counts part of a round that arrived
+together as loaded for free. Models are built once per (memory format, compile mode) and
+reused across rounds, so compilation is paid once, in the first warm-up.
+
+``FedRunner`` is the probe's ``TrialRunner`` with the DataLoader measured too: alone, and
+feeding training through this loop on the probe's own model (``probe.fed`` decides).
 """
 
 from __future__ import annotations
@@ -34,16 +39,19 @@ from torch_autotune.apply import (
     tf32_api,
 )
 from torch_autotune.errors import blame_user_code
-from torch_autotune.knobs import train_settings
+from torch_autotune.knobs import settings_config, train_settings
+from torch_autotune.probe.fed import FedTrial, warmup_steps
 from torch_autotune.probe.loader import (
+    LoaderTrial,
     loader_kwargs,
+    measure_loader,
     shut_down,
     worker_deaths_between_batches,
     worker_failure,
 )
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.timing import Timer
-from torch_autotune.probe.trials import make_optimizer, train_step
+from torch_autotune.probe.trials import TrialRunner, make_optimizer, train_step
 from torch_autotune.settings import Settings, torch_defaults
 
 T = TypeVar("T")
@@ -53,6 +61,7 @@ if TYPE_CHECKING:
     from torch_autotune.probe.workloads import Workload
 
 WARMUP_STEPS = 3
+_TORCH_PREFETCH = 2  # batches per worker when prefetch_factor is None (torch >= 2.0)
 MIN_STEPS = 3
 LOADER_TIMEOUT_S = 60.0
 
@@ -75,7 +84,12 @@ class TrainingLoop:
         clock: Callable[[], float] = time.perf_counter,
         warmup_steps: int = WARMUP_STEPS,
         min_steps: int = MIN_STEPS,
+        model: Any = None,
+        drain_prefetch: bool = True,
     ) -> None:
+        """``model``: one already on ``device`` and prepared, trained in every arm instead of
+        one built per memory format and compile mode (the probe's own). ``drain_prefetch``:
+        the warm-up also trains on the batches the workers load ahead (``_prefetched``)."""
         import torch
 
         self.workload = workload
@@ -89,6 +103,8 @@ class TrainingLoop:
         api = base.matmul.api or tf32_api(torch)
         self._base = base.model_copy(update={"matmul": base.matmul.model_copy(update={"api": api})})
         self._models: dict[tuple[str, str | None], Any] = {}
+        self._given = model
+        self._drain = drain_prefetch
 
     def settings(self, config: TrainConfig) -> Settings:
         """The settings one arm trains with: the base with every knob at ``config``'s value."""
@@ -99,6 +115,8 @@ class TrainingLoop:
     def _model(self, settings: Settings) -> Any:
         import torch
 
+        if self._given is not None:
+            return self._given
         key = (settings.memory_format, settings.compile.mode if settings.compile.enabled else None)
         if key not in self._models:
             torch.manual_seed(0)  # the same weights in every arm
@@ -169,13 +187,25 @@ class TrainingLoop:
                     scaler=scaler,
                 )
 
-            for _ in range(self.warmup_steps):
-                step()
-            steps, elapsed = self.timer.run_for(step, seconds=seconds, min_calls=self.min_steps)
+            # Whole rounds of one batch per worker: workers that start together deliver
+            # their batches together, so a window that began or ended inside a round would
+            # count some of a round's batches and none of its wait.
+            per_round = max(1, settings.dataloader.num_workers) if self.workload.dataset else 1
+            warm = self.warmup_steps + (_prefetched(settings) if self._drain else 0)
+
+            def one_round() -> None:
+                for _ in range(per_round):
+                    step()
+
+            for _ in range(-(-warm // per_round)):
+                one_round()
+            rounds, elapsed = self.timer.run_for(
+                one_round, seconds=seconds, min_calls=-(-self.min_steps // per_round)
+            )
         finally:
             batches.close()
         batch_size = settings.batch.batch_size or 1
-        return steps * batch_size / elapsed if elapsed > 0 else 0.0
+        return rounds * per_round * batch_size / elapsed if elapsed > 0 else 0.0
 
     def measure(self, config: TrainConfig, seconds: float) -> float:
         """Samples per second of training at ``config`` for at least ``seconds``."""
@@ -201,6 +231,88 @@ class TrainingLoop:
         if not rate:
             raise ArmFailed(f"no time measured at {config.describe()}: the clock did not move")
         return rate
+
+
+class FedRunner(TrialRunner):
+    """A ``TrialRunner`` that also measures the workload's DataLoader: alone (``load``), and
+    feeding training (``fed``), through the bench's loop on this runner's own model, so that
+    the probe and ``autotune bench`` measure a worker count the same way."""
+
+    def compiled(self, mode: str) -> FedRunner:
+        """A runner of this (eager) runner's model under ``torch.compile(mode=mode)``."""
+        return FedRunner(
+            self.workload, self.settings.with_compile(mode), clock=self.clock, eager=self
+        )
+
+    def load(
+        self, num_workers: int, batch_size: int, *, batches: int, timeout_s: float, seconds: float
+    ) -> LoaderTrial:
+        """The DataLoader alone (``probe.loader.measure_loader``), pinned as the settings say,
+        its timed batches cut short after ``seconds``."""
+        return measure_loader(
+            self._dataset(),
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=self.settings.settings.dataloader.pin_memory,
+            batches=batches,
+            timeout_s=timeout_s,
+            collate_fn=self.workload.collate_fn,
+            clock=self.clock,
+            seconds=seconds,
+        )
+
+    def fed(
+        self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
+    ) -> FedTrial:
+        """Samples/s of training at ``batch_size`` fed by ``num_workers`` workers, with
+        ``threads`` CPU threads (None: the process's), timed for ``seconds`` after a warm-up
+        of one round of the workers' batches (``probe.fed.warmup_steps``). A worker
+        that died or hung, or out-of-memory, fails the pass; the user's errors propagate."""
+        from torch_autotune.bench import ArmFailed
+
+        self._dataset()
+        settings = self.settings.settings
+        loop = TrainingLoop(
+            self.workload,
+            settings.device,
+            settings=settings,
+            clock=self.clock,
+            warmup_steps=warmup_steps(num_workers),
+            model=self.model,
+            drain_prefetch=False,
+        )
+        dl = settings.dataloader
+        config = settings_config(settings).model_copy(
+            update={
+                "batch_size": batch_size,
+                "num_workers": num_workers,
+                "prefetch_factor": dl.prefetch_factor if num_workers else None,
+                "cpu_threads": threads,
+            }
+        )
+        began = self.clock()
+        try:
+            rate = loop.measure(config, seconds)
+        except ArmFailed as failure:
+            return FedTrial(
+                batch_size, num_workers, threads, None, self.clock() - began, str(failure)
+            )
+        return FedTrial(batch_size, num_workers, threads, rate, self.clock() - began)
+
+    def _dataset(self) -> Any:
+        if self.workload.dataset is None:
+            raise ValueError(f"the {self.workload.name} workload has no dataset to load")
+        return self.workload.dataset
+
+
+def _prefetched(settings: Settings) -> int:
+    """Batches the workers load ahead (``prefetch_factor`` each, torch's 2 by default): the
+    warm-up trains on them too. Workers start together and fill that queue while the first
+    steps run; a timed window that began with it full would count those batches as loaded
+    for free: 4 batches of 2 workers are a third more samples than a 2 s window holds at
+    batch 32 and 200 samples/s."""
+    dl = settings.dataloader
+    return dl.num_workers * (dl.prefetch_factor or _TORCH_PREFETCH) if dl.num_workers else 0
 
 
 def _users(call: Callable[..., T], *args: Any) -> T:

@@ -23,7 +23,10 @@ detection, before them, counts against it too):
    cost is reported with the training time after which it pays off. When the predicted
    compile time does not fit, compile is decided by the rules and marked as not measured;
 4. **confirm**: the recommended size runs once more with the final settings;
-5. **workers**: DataLoader worker counts over the workload's dataset (Windows keeps 0).
+5. **workers**: DataLoader worker counts over the workload's dataset (Windows keeps 0): the
+   loader alone, then, where it cannot decide (loading limits training, or workers on a CPU),
+   training fed by it at the recommended batch; where loading limits training, the batch is
+   chosen from those passes too (``probe.fed``).
 
 Progress is reported through a callback, so the library never prints.
 """
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from torch_autotune.errors import ProbeError, WorkloadError
 from torch_autotune.hardware import HardwareSnapshot
@@ -44,42 +47,47 @@ from torch_autotune.probe.guard import (
     rounded_seconds,
     search_with_guard,
 )
+from torch_autotune.probe.loop import FedRunner
 from torch_autotune.probe.oom import long_lived_objects_frozen
 from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, Plan, cap_reason, multiple, plan, ram_budget
 from torch_autotune.probe.points import (
-    FASTEST_WITHIN,
     batch_choice,
     candidates,
     confirmation,
     fastest,
+    fed_choice,
+    halvings_below,
     measure_compile,
     measure_points,
 )
 from torch_autotune.probe.seam import Progress, Trials
-from torch_autotune.probe.search import confirm, round_down
-from torch_autotune.probe.smallest import Smallest, smallest_batch
+from torch_autotune.probe.search import confirm
+from torch_autotune.probe.smallest import Smallest, smallest_batch, workload_details
 from torch_autotune.probe.timemodel import TimeModel
-from torch_autotune.probe.trials import MAX_SPREAD, StepSettings, TrialRunner, preserved
-from torch_autotune.probe.workers_phase import WORKERS_MAX_S, WORKERS_SHARE, measure_workers
-from torch_autotune.probe.workloads import BUILTIN_WORKLOADS, Workload
+from torch_autotune.probe.trials import MAX_SPREAD, StepSettings, preserved
+from torch_autotune.probe.workers_phase import (
+    ThreadsFor,
+    WorkersOutcome,
+    halvings,
+    measure_workers,
+    workers_seconds,
+)
+from torch_autotune.probe.workloads import Workload
 from torch_autotune.probe.workloads.copies import parked
 from torch_autotune.profile import (
     BatchChoice,
     CompileRecord,
     Evidence,
-    LoaderRecord,
     Preferences,
     Profile,
     SearchTrialRecord,
     ThroughputRecord,
-    WorkloadDetails,
 )
 
 DEFAULT_BUDGET_S = 120.0
 """The budget on the CPU, and on a GPU where torch.compile is not measured."""
 DEFAULT_COMPILE_BUDGET_S = 180.0
 """The budget where torch.compile is measured: a compile alone takes 30-80 s on an H100."""
-EXTRA_HALVINGS = 3  # further halvings while the smallest size is faster beyond noise
 
 
 def default_budget_s(rules_only: Profile) -> float:
@@ -106,6 +114,7 @@ def measure(
     progress: Progress | None = None,
     clock: Callable[[], float] = time.perf_counter,
     trials: Callable[[Workload, StepSettings], Trials] | None = None,
+    threads_for: ThreadsFor | None = None,
 ) -> ProbeResult:
     """Probe ``workload`` with the settings of ``rules_only`` (the rules-only profile of the
     machine, with the preferences it was made with); return what was measured.
@@ -113,17 +122,20 @@ def measure(
     ``budget_s`` bounds the whole run, which began at ``started`` on ``clock`` (detection
     counts against it too). The user's model, optimizer state, RNG and torch's global flags
     are as before when this returns or raises. ``trials`` replaces the real training steps
-    (tests drive the orchestration with recorded timings through it).
+    (tests drive the orchestration with recorded timings through it). ``threads_for(n)``: the
+    CPU threads the profile sets beside ``n`` DataLoader workers, for the passes of training
+    fed by the DataLoader (default: the process's own).
     """
     report = progress or (lambda _phase, _what: None)
     budget = Budget(budget_s, clock, started=started)
     settings = StepSettings.from_profile(rules_only)
     eager_settings = settings.with_compile(None)
-    make = trials or (lambda w, s: TrialRunner(w, s, clock=clock))
+    make = trials or (lambda w, s: FedRunner(w, s, clock=clock))
     runner = make(workload, eager_settings)
     machine = rules_only.provenance.snapshot
     preferences = rules_only.provenance.preferences
     run = _Run(workload, machine, preferences, rules_only, settings, runner, budget, report)
+    run.threads_for = threads_for
     with preserved(), long_lived_objects_frozen(), parked(workload.make_model):
         return _probe(run, max_batch_size=max_batch_size)
 
@@ -144,6 +156,7 @@ class _Run:
     records: list[ThroughputRecord] = field(default_factory=list)
     compile: CompileRecord | None = None
     smallest: Smallest = field(default_factory=lambda: Smallest(1, None))
+    threads_for: ThreadsFor | None = None
 
     @property
     def floor(self) -> int:
@@ -155,7 +168,7 @@ class _Run:
         """Seconds kept for the DataLoader measurement (none when it will not run)."""
         if self.workload.dataset is None or self.preferences.num_workers is not None:
             return 0.0
-        return min(WORKERS_MAX_S, WORKERS_SHARE * self.budget.total_s)
+        return workers_seconds(self.settings.device, self.budget.total_s)
 
     def search(self, max_batch_size: int | None) -> tuple[SearchGuard, Found, int | None]:
         guarded = SearchGuard(self.runner, self.budget, self.report, reserve_s=self.workers_s)
@@ -206,7 +219,15 @@ class _Run:
         left = self.budget.left_in_run() - plan.compile_s - plan.workers_s - plan.confirm_s
         with self.budget.phase("throughput", left):
             measured = measure_points(self.runner, sizes, self.budget, self.report, model)
-            measured += self._below(measured, model, multiple)
+            measured += halvings_below(
+                self.runner,
+                measured,
+                budget=self.budget,
+                progress=self.report,
+                model=model,
+                multiple=multiple,
+                floor=self.floor,
+            )
         self.records = [r for r in measured if isinstance(r, ThroughputRecord)]
         too_big = [r for r in measured if isinstance(r, int)]
         if too_big:
@@ -223,35 +244,6 @@ class _Run:
                 "fastest; run autotune again on a quieter machine"
             )
         return best
-
-    def _below(
-        self, measured: list[ThroughputRecord | int], model: TimeModel, multiple: int
-    ) -> list[ThroughputRecord | int]:
-        """Halvings below the smallest candidate while each is faster than the size above it
-        beyond noise (on this 2-core CPU the small conv net ran 238, 292 and 371 samples/s at
-        512, 256 and 128), up to ``EXTRA_HALVINGS`` of them, in the throughput phase's time.
-        On a plateau this stops at once, so two runs do not drift to ever smaller sizes."""
-        extra: list[ThroughputRecord | int] = []
-        points = sorted(
-            (r for r in measured if isinstance(r, ThroughputRecord) and r.steady),
-            key=lambda r: r.batch_size,
-        )
-        for _ in range(EXTRA_HALVINGS):
-            # go on while the smallest steady size beats the next larger beyond noise
-            if len(points) < 2 or points[0].batch_size < 2 * multiple:
-                break
-            if points[0].samples_per_s <= points[1].samples_per_s * (1 + FASTEST_WITHIN):
-                break
-            size = round_down(points[0].batch_size // 2, multiple)
-            if size < self.floor:
-                break
-            more = measure_points(self.runner, [size], self.budget, self.report, model)
-            extra += more
-            new = [r for r in more if isinstance(r, ThroughputRecord) and r.steady]
-            if not new:
-                break  # no time left for it, or it did not settle
-            points.insert(0, new[0])
-        return extra
 
     def compiled(
         self, best: ThroughputRecord | None, sizes: list[int], plan: Plan
@@ -319,33 +311,27 @@ class _Run:
             for t in confirmed.trials
         ]
 
-    def details(self) -> WorkloadDetails:
-        """What the probe made of the workload, with where the search started and why."""
-        workload = self.workload
-        if workload.details is not None:
-            found = workload.details()
-        else:  # a built-in, or a Workload built by hand
-            found = WorkloadDetails(
-                source="built-in" if workload.name in BUILTIN_WORKLOADS else "factory",
-                batch=workload.sample_shape or "?",
-            )
-        reason = self.smallest.reason
-        if reason is None and self.floor > 1:
-            reason = f"asked for: the search started at {self.floor}"
-        return found.model_copy(update={"min_batch_size": self.floor, "min_batch_reason": reason})
-
-    def workers(
-        self, batch: int, step_rate: float | None
-    ) -> tuple[int | None, tuple[LoaderRecord, ...], str | None]:
+    def workers(self, final: Trials, batch: int, multiple: int) -> WorkersOutcome:
+        """The DataLoader's worker count, measured with ``final`` (the runner of the final
+        settings) at ``batch``, and the batch to recommend: ``batch``, or where loading limits
+        training, the one the passes fed by the DataLoader chose."""
         with self.budget.phase("workers"):
-            return measure_workers(
+            outcome = measure_workers(
                 workload=self.workload,
                 profile=self.rules_only,
+                runner=final,
                 batch_size=batch,
-                step_rate=step_rate,
+                step_rates={
+                    r.batch_size: r.samples_per_s
+                    for r in self.records
+                    if r.compiled == (final is not self.runner)
+                },
                 budget=self.budget,
                 progress=self.report,
+                smaller=halvings(batch, multiple, self.floor),
+                threads_for=self.threads_for,
             )
+        return replace(outcome, batch_size=outcome.batch_size or batch)
 
 
 def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
@@ -389,21 +375,22 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         confirmed=confirmed,
         candidate=candidate,
     )
-    batch = confirmed[-1].batch_size if confirmed else candidate
-    step_rate = best.samples_per_s if best is not None and best.batch_size == batch else None
-    workers, loader, workers_reason = run.workers(batch, step_rate)
-    return ProbeResult(
-        evidence=_evidence(
-            run,
-            found,
-            search=(*guarded.records, *confirmed),
-            batch=batch,
-            fastest=candidate,
-            choice=choice,
-            limit=limit,
-        ).model_copy(update={"loader": loader, "workers_reason": workers_reason}),
-        num_workers=workers,
+    workers = run.workers(final, confirmed[-1].batch_size if confirmed else candidate, step)
+    batch = workers.batch_size or candidate  # the step's, or the fed passes' where data-bound
+    if workers.batch_reason is not None:  # loading limits training: the fed passes chose
+        choice = fed_choice(choice)
+    evidence = _evidence(
+        run,
+        found,
+        search=(*guarded.records, *confirmed),
+        batch=batch,
+        fastest=candidate,
+        choice=choice,
+        limit=limit,
     )
+    update = {"loader": workers.loader, "workers_reason": workers.reason, "fed": workers.fed}
+    update["fed_reason"] = workers.batch_reason
+    return ProbeResult(evidence=evidence.model_copy(update=update), num_workers=workers.num_workers)
 
 
 def _evidence(
@@ -439,6 +426,6 @@ def _evidence(
         phases=run.budget.records(),
         compile=run.compile,
         warnings=tuple(run.warnings),
-        details=run.details(),
+        details=workload_details(run.workload, run.smallest),
         batch_choice=choice,
     )

@@ -1,7 +1,8 @@
 """The seam between the probe's orchestration and real training steps. No torch.
 
-``TrialRunner`` (``probe.trials``) is the real implementation; tests pass a simulated machine
-with recorded timings through ``tune(trials=...)``.
+``FedRunner`` (``probe.loop``: ``probe.trials.TrialRunner`` and the workload's DataLoader) is
+the real implementation; tests pass a simulated machine with recorded timings through
+``tune(trials=...)``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from torch_autotune.probe.fed import FedTrial
+from torch_autotune.probe.loader import LoaderTrial
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import PointOutcome, StepSettings
 
@@ -34,3 +37,15 @@ class Trials(Protocol):
     def leaf_modules(self) -> int: ...
 
     def memory_limit(self) -> int | None: ...
+
+    def load(
+        self, num_workers: int, batch_size: int, *, batches: int, timeout_s: float, seconds: float
+    ) -> LoaderTrial:
+        """The workload's DataLoader alone with ``num_workers`` workers."""
+        ...
+
+    def fed(
+        self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
+    ) -> FedTrial:
+        """Training at ``batch_size`` fed by ``num_workers`` DataLoader workers."""
+        ...

@@ -16,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torch_autotune.errors import raised_by_user_code
+from torch_autotune.evidence import WorkloadDetails
 from torch_autotune.probe.guard import SearchGuard, refused_record
+from torch_autotune.probe.workloads import BUILTIN_WORKLOADS, Workload
 
 GROWTH = (2, 4, 8)
 """Multiples of the first size tried after it raised, before the error counts as the user's."""
@@ -110,3 +112,19 @@ def _bisect(guarded: SearchGuard, failed: int, trains: int) -> int:
         else:
             failed = middle
     return trains
+
+
+def workload_details(workload: Workload, smallest: Smallest) -> WorkloadDetails:
+    """What the probe made of ``workload`` (its own ``details``, or what a built-in or a
+    ``Workload`` built by hand says of itself), with where the search started and why."""
+    if workload.details is not None:
+        found = workload.details()
+    else:
+        found = WorkloadDetails(
+            source="built-in" if workload.name in BUILTIN_WORKLOADS else "factory",
+            batch=workload.sample_shape or "?",
+        )
+    reason = smallest.reason
+    if reason is None and smallest.size > 1:
+        reason = f"asked for: the search started at {smallest.size}"
+    return found.model_copy(update={"min_batch_size": smallest.size, "min_batch_reason": reason})

@@ -1,23 +1,78 @@
-"""The workers phase of a probe run: which DataLoader worker counts to measure, and when not
-to measure them (the user set them, Windows, no dataset, no time left)."""
+"""The workers phase of a probe run: which DataLoader worker counts to measure, when not to
+measure them (the user set them, Windows, no dataset, no time left), and when the loader alone
+is not enough and training must be fed by it to choose (``probe.fed``).
+
+1. **The loader alone** (``probe.workers.search_workers``), at counts up to the CPUs this
+   process may use per training process (its affinity, and the quota detection read), on a CPU-only
+   machine too: it is quick, and where a count keeps ahead of the training step it decides.
+2. **Loading and training together** (``probe.fed.choose_fed``) where the loader alone cannot
+   decide: no count keeps ahead of the step (loading limits training), or the step's rate is
+   unknown, or on a CPU wherever workers would be used, since there they take cores from the
+   training step and a loader measured alone overstates what training gets. The worker count
+   and, where loading limits training, the batch come from those passes.
+
+The time: the phase runs last and has what the earlier phases left. ``workers_seconds`` is
+what they keep for it: 10% of the budget, at most 20 s, on an accelerator, where the loader
+alone usually decides; 20%, at most 40 s, on a CPU, where the passes fed by the DataLoader
+take a few seconds each (a dataset of 4 ms a sample on 2 cores: 3 worker counts and 2 batch
+sizes, about 20 s) and the step's own points matter less once loading limits training.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
+from torch_autotune.evidence import FedRecord
 from torch_autotune.probe.budget import Budget
-from torch_autotune.probe.seam import Progress
+from torch_autotune.probe.fed import PASS_S, FedChoice, choose_fed, fed_order
+from torch_autotune.probe.seam import Progress, Trials
+from torch_autotune.probe.search import round_down
+from torch_autotune.probe.workers import HEADROOM, WorkerChoice, search_workers
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import LoaderRecord, Profile
 
 WORKERS_SHARE = 0.1  # of the budget, at most WORKERS_MAX_S, kept for the DataLoader measurement
 WORKERS_MAX_S = 20.0
-LOADER_BATCH_CAP = 256  # loader samples/s barely depend on the batch; huge batches take long
+CPU_WORKERS_SHARE = 0.2  # on a CPU, where training fed by the loader is measured too
+CPU_WORKERS_MAX_S = 40.0
+LOADER_BATCH_CAP = 64  # loader samples/s barely depend on the batch; large ones take long
+MAIN_PROCESS_BATCH_CAP = 16  # without workers a batch is its samples and a collate, no IPC;
+# a slow dataset loads far slower there (torch's threads: 300 ms a sample on a busy 2-CPU VM)
+LOADER_BATCHES = 8  # timed batches of the loader alone, per count ...
+LOADER_SECONDS = 3.0  # ... cut short after this long (a slow dataset in large batches)
+
+ThreadsFor = Callable[[int], "int | None"]
+"""``threads_for(num_workers)``: torch's CPU threads the profile sets beside that many
+workers (rules G6; None: the process's own)."""
+
+
+def workers_seconds(device: str, total_s: float) -> float:
+    """Seconds the earlier phases keep for the workers phase (module docstring)."""
+    if device == "cpu":
+        return min(CPU_WORKERS_MAX_S, CPU_WORKERS_SHARE * total_s)
+    return min(WORKERS_MAX_S, WORKERS_SHARE * total_s)
+
+
+def halvings(batch_size: int, multiple: int, floor: int, count: int = 3) -> tuple[int, ...]:
+    """Up to ``count`` halvings of ``batch_size``, rounded down to ``multiple``, none below
+    ``floor`` (the smallest batch the model trains at): the smaller sizes fed where loading
+    limits training."""
+    sizes: list[int] = []
+    size = batch_size
+    for _ in range(count):
+        size = round_down(size // 2, multiple)
+        if size < max(floor, 1) or size in sizes:
+            break
+        sizes.append(size)
+    return tuple(sizes)
 
 
 def _max_workers(profile: Profile) -> int:
-    """Worker counts worth measuring: the usable CPUs (quota-aware) per training process on a
-    GPU, half of them on the CPU, where workers compete with the training threads (G6).
+    """Worker counts worth measuring: the usable CPUs (quota-aware) per training
+    process: all of them on the CPU, where the passes fed by the loader measure what the
+    workers take from the training step (G6), and a share per GPU on a GPU (F1).
 
     Never more CPUs than this process may run on: the workers are measured here, also when the
     profile describes a recorded machine with more of them (a test's snapshot, a machine you are
@@ -26,61 +81,154 @@ def _max_workers(profile: Profile) -> int:
     snapshot = profile.provenance.snapshot
     usable = min(snapshot.host.cpus_usable, _process_cpus() or snapshot.host.cpus_usable)
     if profile.device == "cpu":
-        return max(1, usable // 2)
+        return max(1, usable)
     gpus = [a for a in snapshot.accelerators if a.backend.value in ("cuda", "rocm", "mps")]
     return max(1, usable // max(1, len(gpus)))
 
 
 def _process_cpus() -> int | None:
-    """The CPUs this process may run on (its affinity; all of them where there is none)."""
+    """The CPUs this process may run on (its affinity; all of them where there is none). A
+    container's CPU quota comes with the snapshot: detection reads it (``cpus_usable``)."""
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity is not None else os.cpu_count()
+
+
+@dataclass(frozen=True)
+class WorkersOutcome:
+    """What the phase decided: the worker count (None: not measured, the rules decide), the
+    loader alone and the fed passes as measured, why, and the batch where the fed passes
+    chose another than the step's (None: the step's stays) with why."""
+
+    num_workers: int | None
+    loader: tuple[LoaderRecord, ...] = ()
+    reason: str | None = None
+    fed: tuple[FedRecord, ...] = ()
+    batch_size: int | None = None
+    batch_reason: str | None = None
 
 
 def measure_workers(
     *,
     workload: Workload,
     profile: Profile,
+    runner: Trials,
     batch_size: int,
-    step_rate: float | None,
+    step_rates: Mapping[int, float],
     budget: Budget,
     progress: Progress,
-) -> tuple[int | None, tuple[LoaderRecord, ...], str | None]:
-    """The DataLoader worker count to use, what each count measured, and why (None, (), why:
-    not measured, the rules decide)."""
+    smaller: tuple[int, ...] = (),
+    threads_for: ThreadsFor | None = None,
+) -> WorkersOutcome:
+    """Choose the DataLoader worker count (and, where loading limits training, the batch
+    among ``batch_size`` and the ``smaller`` sizes): the module docstring. ``step_rates``:
+    the training step's samples/s alone at the sizes the points measured; ``runner``
+    measures."""
     snapshot = profile.provenance.snapshot
     if workload.dataset is None:
-        return None, (), None
+        return WorkersOutcome(None)
     if profile.provenance.preferences.num_workers is not None:
-        return None, (), "set by the user: not measured"
+        return WorkersOutcome(None, reason="set by the user: not measured")
     if snapshot.host.os_name == "windows":
-        return None, (), "Windows keeps num_workers=0 (--workers N overrides it); not measured"
+        return WorkersOutcome(
+            None, reason="Windows keeps num_workers=0 (--workers N overrides it); not measured"
+        )
     if budget.left() <= 0:
-        return None, (), "not measured: the time budget ran out"
-    from torch_autotune.probe.workers import choose_workers
-
+        return WorkersOutcome(None, reason="not measured: the time budget ran out")
     progress("workers", "DataLoader worker counts")
-    dl = profile.settings.dataloader
-    loader_batch = min(batch_size, LOADER_BATCH_CAP)
-    choice = choose_workers(
-        workload.dataset,
-        batch_size=loader_batch,
-        max_workers=_max_workers(profile),
-        step_rate_samples_per_s=step_rate,
-        pin_memory=dl.pin_memory,
-        persistent_workers=False,
-        prefetch_factor=None,
-        batches=8,
-        timeout_s=30.0,
-        collate_fn=workload.collate_fn,
-        until=budget.deadline,
-        clock=budget.clock,
-    )
+    most = _max_workers(profile)
+    step_rate = step_rates.get(batch_size)
+    choice = _alone(runner, batch_size, most, step_rate, budget)
     records = tuple(
         LoaderRecord(num_workers=t.num_workers, samples_per_s=t.samples_per_s, error=t.error)
         for t in choice.trials
     )
-    reason = choice.reason
-    if loader_batch < batch_size:
-        reason += f" (loaded in batches of {loader_batch}: samples/s hardly depend on the batch)"
-    return choice.num_workers, records, reason
+    alone = choice.reason
+    if min(batch_size, MAIN_PROCESS_BATCH_CAP) < batch_size:
+        sizes = f"{min(batch_size, LOADER_BATCH_CAP)}, {MAIN_PROCESS_BATCH_CAP} without workers"
+        alone += f" (loaded in batches of {sizes}: samples/s hardly depend on the batch)"
+    if not _needs_feeding(choice, step_rate, profile.device):
+        return WorkersOutcome(choice.num_workers, records, alone)
+    rates = {t.num_workers: t.samples_per_s for t in choice.trials if t.samples_per_s}
+    failed = {t.num_workers for t in choice.trials if not t.ok}
+    progress("workers", "training fed by the DataLoader")
+    fed = choose_fed(
+        lambda b, n, t: runner.fed(b, n, t, seconds=PASS_S),
+        sizes=(batch_size, *smaller),
+        counts=[n for n in fed_order(most, rates) if n not in failed],
+        loader_rates=rates,
+        step_rates=step_rates,
+        threads_for=threads_for or (lambda _count: None),
+        until=budget.deadline,
+        clock=budget.clock,
+    )
+    behind = step_rate is not None and all(r < step_rate * HEADROOM for r in rates.values())
+    tried = {t.num_workers for t in choice.trials}
+    fallback = most if behind and most not in tried else None
+    return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
+
+
+def _alone(
+    runner: Trials, batch_size: int, most: int, step_rate: float | None, budget: Budget
+) -> WorkerChoice:
+    """The loader alone at counts up to ``most`` (``search_workers``)."""
+    loader_batch = min(batch_size, LOADER_BATCH_CAP)
+    return search_workers(
+        lambda count: runner.load(
+            count,
+            loader_batch if count else min(loader_batch, MAIN_PROCESS_BATCH_CAP),
+            batches=LOADER_BATCHES,
+            timeout_s=30.0,
+            seconds=LOADER_SECONDS,
+        ),
+        max_workers=most,
+        step_rate_samples_per_s=step_rate,
+        until=budget.deadline,
+        clock=budget.clock,
+    )
+
+
+def _needs_feeding(choice: WorkerChoice, step_rate: float | None, device: str) -> bool:
+    """Whether the loader alone cannot decide: no count keeps ahead of a known step rate, or
+    on a CPU the chosen count uses workers (they take cores from the step)."""
+    chosen = next(t for t in choice.trials if t.num_workers == choice.num_workers and t.ok)
+    rate = chosen.samples_per_s or 0.0
+    keeps_ahead = step_rate is not None and rate >= step_rate * HEADROOM
+    return not keeps_ahead or (device == "cpu" and choice.num_workers > 0)
+
+
+def _outcome(
+    choice: WorkerChoice,
+    records: tuple[LoaderRecord, ...],
+    alone: str,
+    fed: FedChoice,
+    *,
+    batch_size: int,
+    fallback: int | None,
+) -> WorkersOutcome:
+    """The phase's decision from the fed passes; without one, from the loader alone, or
+    ``fallback`` where given: loading limits training and the loader alone never reached the
+    usable CPUs (the plain alternative), for want of time."""
+    passes = tuple(
+        FedRecord(
+            num_workers=t.num_workers,
+            batch_size=t.batch_size,
+            cpu_threads=t.threads,
+            samples_per_s=t.samples_per_s,
+            seconds=round(t.seconds, 3),
+            error=t.error,
+        )
+        for t in fed.trials
+    )
+    if fed.num_workers is None:
+        why = f"{alone} Training fed by the DataLoader was not measured: {fed.workers_reason}."
+        if fallback is not None:
+            why = (
+                f"{fallback} worker(s), as many as usable CPUs, the plain alternative, not "
+                f"measured for want of time (give autotune more with --budget); the loader "
+                f"alone is slower than the training step at every count it reached. {why}"
+            )
+            return WorkersOutcome(fallback, records, why, passes)
+        return WorkersOutcome(choice.num_workers, records, why, passes)
+    reason = f"{fed.workers_reason}. The DataLoader alone, measured first: {alone}"
+    batch = fed.batch_size if fed.batch_size != batch_size else None
+    return WorkersOutcome(fed.num_workers, records, reason, passes, batch, fed.batch_reason)

@@ -23,6 +23,8 @@ def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
         console.print(_throughput_table(evidence))
     if evidence is not None and evidence.loader:
         console.print(_loader_table(evidence))
+    if evidence is not None and evidence.fed:
+        console.print(_fed_table(evidence, profile.settings.dataloader.num_workers))
     for warning in evidence.warnings if evidence is not None else ():
         console.print(Text(f"warning: {warning}", style="yellow"))
     if saved is not None:
@@ -112,6 +114,8 @@ _CONFIRMED = {
     "stepped down": "the candidate did not run again; this smaller size did",
     "not run again": "not run a second time: the budget was spent; it ran once, with these"
     " settings",
+    "its fed pass": "loading limits training: the smallest batch as fast fed by the DataLoader,"
+    " which it trained in with these settings",
 }
 
 
@@ -154,6 +158,23 @@ def _loader_table(evidence: Evidence) -> Table:
     for loader in evidence.loader:
         rate = "-" if loader.samples_per_s is None else f"{loader.samples_per_s:.1f}"
         table.add_row(str(loader.num_workers), rate, loader.error or "")
+    return table
+
+
+def _fed_table(evidence: Evidence, workers: int) -> Table:
+    """The passes of training fed by the DataLoader, the recommended one marked."""
+    table = Table(title="Training fed by the DataLoader", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("batch", "workers", "threads", "samples/s", "note"):
+        table.add_column(column, justify="right" if column != "note" else "left")
+    for fed in evidence.fed:
+        chosen = (fed.batch_size, fed.num_workers) == (evidence.batch_size, workers)
+        table.add_row(
+            str(fed.batch_size),
+            str(fed.num_workers),
+            "default" if fed.cpu_threads is None else str(fed.cpu_threads),
+            "-" if fed.samples_per_s is None else f"{fed.samples_per_s:.1f}",
+            fed.error or ("recommended" if chosen else ""),
+        )
     return table
 
 

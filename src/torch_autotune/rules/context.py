@@ -31,6 +31,7 @@ class Measurements(BaseModel):
     num_workers: WorkerCount | None = None
     grad_accum_steps: AccumSteps | None = None  # set when a target global batch was given
     workers_reason: str | None = None  # how the probe chose num_workers, in words
+    batch_reason: str | None = None  # how the batch was chosen, where not by the step alone
     compile_enabled: bool | None = None  # torch.compile kept or dropped by measurement
     compile_reason: str | None = None  # measured: why, with the numbers; else why not measured
     batch_choice: BatchChoice | None = None  # how the probe chose batch_size, as facts

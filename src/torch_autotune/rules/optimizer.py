@@ -77,6 +77,7 @@ _CONFIRMED = {
     "stepped down": "the candidate did not run when run again, and this smaller size did",
     "not run again": "it was not run a second time (the budget was spent): it ran once, with"
     " these settings",
+    "its fed pass": "it trained fed by the DataLoader, with these settings",
 }
 
 
@@ -113,7 +114,8 @@ def _batch_size(ctx: Context) -> Finding:
             "batch.batch_size",
             measured,
             "K2",
-            batch_reason(measured, ctx.measurements.batch_choice),
+            ctx.measurements.batch_reason  # the fed passes chose it: their numbers
+            or batch_reason(measured, ctx.measurements.batch_choice),
             Source.MEASURED,
         )
     return Finding(
