@@ -85,6 +85,21 @@ def test_console_script_is_installed() -> None:
     )
 
 
+def test_the_installed_package_holds_every_module_of_the_checkout() -> None:
+    """The package this interpreter imports (the checkout's own, or a built wheel installed
+    apart, as CI's last pass runs it) holds every module the checkout has: a module left out
+    of the wheel fails here, not on a user's first import of it."""
+    import torch_autotune
+
+    installed = Path(torch_autotune.__file__).parent
+    checkout = Path(__file__).parent.parent / "src" / "torch_autotune"
+    modules = {p.relative_to(checkout).as_posix() for p in checkout.rglob("*.py")}
+    assert modules, "no checkout beside the tests"
+    missing = sorted(m for m in modules if not (installed / m).is_file())
+    assert not missing, f"{installed} lacks {missing}"
+    assert (installed / "py.typed").is_file()
+
+
 def test_json_round_trips(snapshot: HardwareSnapshot) -> None:
     again = HardwareSnapshot.model_validate_json(snapshot.model_dump_json())
     assert again == snapshot
