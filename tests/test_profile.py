@@ -293,3 +293,23 @@ def test_reference_profiles_match_the_engine() -> None:
         != regenerate.expected(machine)
     ]
     assert drifted == [], "run: python profiles/regenerate.py"
+
+
+@pytest.mark.parametrize("path", sorted(settings_paths() - {"device", "environment"}))
+def test_a_profile_written_before_a_setting_existed_reads_torchs_default_for_it(path: str) -> None:
+    """Every setting has torch's own behaviour as its default, so a profile that lacks one (a
+    profile of an earlier release, before the setting was added) still loads, with torch's
+    default there."""
+    import json
+
+    from torch_autotune.settings import setting_value, torch_defaults
+
+    profile = build_profile(snapshot("cpu-laptop-linux"))
+    data = json.loads(dump_profile(profile, "json"))
+    *parents, leaf = path.split(".")
+    node = data["settings"]
+    for part in parents:
+        node = node[part]
+    node.pop(leaf, None)
+    older = parse_profile(json.dumps(data))
+    assert setting_value(older.settings, path) == setting_value(torch_defaults("cpu"), path)

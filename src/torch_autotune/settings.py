@@ -61,9 +61,9 @@ ALLOWED_ENVIRONMENT: tuple[str, ...] = EnvVar.__args__  # type: ignore[attr-defi
 class Precision(StrictModel):
     """Mixed precision: torch.autocast(device, dtype) and a GradScaler for fp16."""
 
-    autocast: bool
-    dtype: Literal["float32", "float16", "bfloat16"]
-    grad_scaler: bool
+    autocast: bool = False
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    grad_scaler: bool = False
 
 
 class MatmulPrecision(StrictModel):
@@ -74,98 +74,91 @@ class MatmulPrecision(StrictModel):
     torch (rules catalog B2, S5), so a profile holds exactly one. ``None``: set nothing.
     """
 
-    tf32: bool
-    api: Literal["allow_tf32", "fp32_precision"] | None
+    tf32: bool = False
+    api: Literal["allow_tf32", "fp32_precision"] | None = None
 
 
 class Backends(StrictModel):
     """cuDNN autotuner and determinism switches."""
 
-    cudnn_benchmark: bool
-    cudnn_deterministic: bool
-    deterministic_algorithms: bool
+    cudnn_benchmark: bool = False
+    cudnn_deterministic: bool = False
+    deterministic_algorithms: bool = False
 
 
 class Compile(StrictModel):
     """torch.compile."""
 
-    enabled: bool
-    mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None
+    enabled: bool = False
+    mode: (
+        Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None
+    ) = None
 
 
 class DataLoaderSettings(StrictModel):
     """Keyword arguments for torch.utils.data.DataLoader."""
 
-    num_workers: WorkerCount
-    pin_memory: bool
-    persistent_workers: bool
+    num_workers: WorkerCount = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
     prefetch_factor: PrefetchFactor | None = Field(
-        description="Batches each worker loads ahead; None keeps torch's default (2 with workers)."
+        default=None,
+        description="Batches each worker loads ahead; None keeps torch's default (2 with workers).",
     )
-    seed_workers: bool = Field(description="Seed every worker from one generator (reproducible).")
+    seed_workers: bool = Field(
+        default=False, description="Seed every worker from one generator (reproducible)."
+    )
 
 
 class OptimizerSettings(StrictModel):
     """Keyword arguments for the optimizer (Adam/AdamW)."""
 
-    fused: bool
+    fused: bool = False
 
 
 class BatchSettings(StrictModel):
     """Filled by the probe: a batch size is only ever one that ran on this machine."""
 
-    batch_size: BatchSize | None
-    grad_accum_steps: AccumSteps
+    batch_size: BatchSize | None = None
+    grad_accum_steps: AccumSteps = 1
 
 
 class Settings(StrictModel):
-    """Everything a training script applies."""
+    """Everything a training script applies.
+
+    Every setting's default is torch's own behaviour, what a script that sets nothing gets
+    (``torch_defaults``); so a setting added in a later release reads, in a profile written
+    before it, as torch's default.
+    """
 
     device: Literal["cuda", "mps", "cpu"] = Field(
-        description="torch device type; ROCm GPUs are 'cuda' in torch."
+        default="cpu", description="torch device type; ROCm GPUs are 'cuda' in torch."
     )
-    precision: Precision
-    matmul: MatmulPrecision
-    backends: Backends
-    compile: Compile
-    memory_format: Literal["contiguous_format", "channels_last"]
-    dataloader: DataLoaderSettings
-    optimizer: OptimizerSettings
-    cpu_threads: CpuCount | None = Field(description="torch.set_num_threads; None: default.")
-    seed: Seed | None
+    precision: Precision = Precision()
+    matmul: MatmulPrecision = MatmulPrecision()
+    backends: Backends = Backends()
+    compile: Compile = Compile()
+    memory_format: Literal["contiguous_format", "channels_last"] = "contiguous_format"
+    dataloader: DataLoaderSettings = DataLoaderSettings()
+    optimizer: OptimizerSettings = OptimizerSettings()
+    cpu_threads: CpuCount | None = Field(
+        default=None, description="torch.set_num_threads; None: default."
+    )
+    seed: Seed | None = None
     environment: dict[EnvVar, str] = Field(
-        description="Set before torch starts CUDA; only the allow-listed variables."
+        default_factory=dict,
+        description="Set before torch starts CUDA; only the allow-listed variables.",
     )
-    batch: BatchSettings
+    batch: BatchSettings = BatchSettings()
 
 
 def torch_defaults(device: Literal["cuda", "mps", "cpu"] = "cpu") -> Settings:
     """Settings that change nothing: float32, eager, contiguous, no workers, torch's flags.
 
-    What a search trial or a bench arm trains with when no profile says otherwise.
+    What a search trial or a bench arm trains with when no profile says otherwise: every
+    setting at its default, on ``device``.
     """
-    return Settings(
-        device=device,
-        precision=Precision(autocast=False, dtype="float32", grad_scaler=False),
-        matmul=MatmulPrecision(tf32=False, api=None),
-        backends=Backends(
-            cudnn_benchmark=False, cudnn_deterministic=False, deterministic_algorithms=False
-        ),
-        compile=Compile(enabled=False, mode=None),
-        memory_format="contiguous_format",
-        dataloader=DataLoaderSettings(
-            num_workers=0,
-            pin_memory=False,
-            persistent_workers=False,
-            prefetch_factor=None,
-            seed_workers=False,
-        ),
-        optimizer=OptimizerSettings(fused=False),
-        cpu_threads=None,
-        seed=None,
-        environment={},
-        batch=BatchSettings(batch_size=None, grad_accum_steps=1),
-    )
+    return Settings(device=device)
 
 
 def settings_paths() -> set[str]:
