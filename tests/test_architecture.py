@@ -40,6 +40,7 @@ DATA_MODEL = {
         "bounds",
         "thresholds",
         "hardware",
+        "records",
         "settings",
         "evidence",
         "invariants",

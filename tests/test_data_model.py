@@ -31,6 +31,7 @@ GROUND_FLOOR = {
     "torch_autotune.hardware",
     "torch_autotune.invariants",
     "torch_autotune.profile",
+    "torch_autotune.records",
     "torch_autotune.settings",
     "torch_autotune.thresholds",
 }

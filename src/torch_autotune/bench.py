@@ -50,8 +50,8 @@ from torch_autotune.evidence import (
 from torch_autotune.knobs import (
     KNOB_BY_NAME,
     KNOBS,
-    NOT_ABLATED,
     Knob,
+    couples,
     knob_value,
     settings_config,
     show_value,
@@ -66,7 +66,6 @@ __all__ = [
     "KNOBS",
     "MIN_EFFECT",
     "MIN_ROUNDS",
-    "NOT_ABLATED",
     "ArmFailed",
     "ArmRecord",
     "BenchEvidence",
@@ -285,8 +284,8 @@ def apply_bench(profile: Profile, plan: Plan, bench: BenchEvidence) -> Profile:
     value with its measurement as the reason.
 
     A drop the profile cannot hold (a baseline value invalid on this machine, such as a user's
-    bf16 baseline on a V100) is not made; the decision says so. channels_last goes with AMP,
-    as rule H1 asks, when precision is dropped.
+    bf16 baseline on a V100) is not made; the decision says so. The settings a dropped one is
+    coupled with go back with it (its record's ``couples``: channels_last with AMP, rule H1).
     """
     if profile.evidence is None:
         raise ValueError("the bench needs a measured profile (evidence from the probe)")
@@ -300,12 +299,14 @@ def apply_bench(profile: Profile, plan: Plan, bench: BenchEvidence) -> Profile:
     draft = _Draft(profile.settings, profile.decisions)
     for drop in drops:
         rule, reason = ("M2", _reverted_text(bench)) if reverted else ("M1", drop.reason)
-        candidate = _with_drop(draft, KNOB_BY_NAME[drop.setting], plan.baseline, rule, reason)
-        if drop.setting == "precision" and _channels_last_without_amp(candidate.settings):
-            why = f"goes with AMP (rule H1), and precision was dropped: {drop.reason}"
-            candidate = _with_drop(
-                candidate, KNOB_BY_NAME["channels_last"], plan.baseline, "M1", why
-            )
+        knob = KNOB_BY_NAME[drop.setting]
+        candidate = _with_drop(draft, knob, plan.baseline, rule, reason)
+        for coupled, why in couples(knob):
+            now = settings_config(candidate.settings, plan.baseline)
+            if knob_value(now, coupled) == knob_value(plan.baseline, coupled):
+                continue  # already as the baseline has it: nothing goes back
+            reason_ = f"{why}, and {knob.name} was dropped: {drop.reason}"
+            candidate = _with_drop(candidate, coupled, plan.baseline, "M1", reason_)
         try:
             _profile(profile, candidate, evidence)
         except ValidationError as error:
@@ -328,10 +329,6 @@ def _profile(profile: Profile, draft: _Draft, evidence: Evidence) -> Profile:
         measured=measured,
     )
     return type(profile).model_validate(data)
-
-
-def _channels_last_without_amp(settings: Settings) -> bool:
-    return settings.memory_format == "channels_last" and not settings.precision.autocast
 
 
 def _with_drop(draft: _Draft, knob: Knob, baseline: TrainConfig, rule: str, reason: str) -> _Draft:

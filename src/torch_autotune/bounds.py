@@ -99,5 +99,8 @@ Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 PositiveBytes = Annotated[int, Field(ge=1, le=MAX_BYTES)]
 Rounds = Annotated[int, Field(ge=1, le=MAX_ROUNDS)]
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+SettingInt = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+"""A setting's integer held apart from ``Settings`` (a bench arm's): its own bound is checked
+again when it is put into ``Settings``."""
 SmallCount = Annotated[int, Field(ge=0, le=1_000_000)]
 """Bookkeeping counts (timed blocks, MIG instance ids, compute-capability digits)."""

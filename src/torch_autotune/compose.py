@@ -10,8 +10,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from torch_autotune import knobs
 from torch_autotune.bench import (
-    NOT_ABLATED,
     BenchEvidence,
     Plan,
     TrainConfig,
@@ -135,7 +135,7 @@ def bench_plan(
     DataLoader settings in every arm: there is nothing to load."""
     base = baseline or TrainConfig()
     tuned = tuned_config(profile, base)
-    not_ablated = list(NOT_ABLATED)
+    not_ablated = list(knobs.not_ablated(profile.settings))
     if not has_dataset:
         tuned = tuned.model_copy(update={f: getattr(base, f) for f in _LOADER_FIELDS})
         not_ablated.append(

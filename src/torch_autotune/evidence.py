@@ -10,7 +10,7 @@ points, the DataLoader candidates, the compile measurement); ``autotune bench`` 
 from __future__ import annotations
 
 import statistics
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, model_validator
 
@@ -20,10 +20,12 @@ from torch_autotune.bounds import (
     CpuCount,
     PrefetchFactor,
     Rounds,
+    SettingInt,
     SmallCount,
     WorkerCount,
 )
-from torch_autotune.settings import StrictModel
+from torch_autotune.records import on_off
+from torch_autotune.settings import RECORDS, StrictModel, settings_paths
 
 BASELINE_BATCH_SIZE = 32
 
@@ -54,12 +56,25 @@ class TrainConfig(StrictModel):
     prefetch_factor: PrefetchFactor | None = None
     pin_memory: bool = False
     cpu_threads: CpuCount | None = None
+    settings: dict[str, bool | SettingInt | Annotated[str, Field(max_length=256)] | None] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Settings the fields above do not name, by their dotted path in a profile's"
+        " settings (absent: torch's default).",
+    )
 
     @model_validator(mode="after")
     def _loader(self) -> TrainConfig:
         if self.prefetch_factor is not None and self.num_workers == 0:
             raise ValueError("prefetch_factor needs num_workers > 0 (torch refuses it otherwise)")
+        unknown = sorted(set(self.settings) - settings_paths())
+        if unknown:
+            raise ValueError(f"settings names no setting a profile holds: {', '.join(unknown)}")
         return self
+
+    def __hash__(self) -> int:  # the settings mapping is a dict: hash its items
+        fields = tuple(v for k, v in self.__dict__.items() if k != "settings")
+        return hash((fields, tuple(sorted(self.settings.items()))))
 
     def describe(self) -> str:
         """'bfloat16, batch 256, 4 workers, pinned, compiled (default)', the non-defaults."""
@@ -79,6 +94,10 @@ class TrainConfig(StrictModel):
             parts.append("fused optimizer")
         if self.cpu_threads is not None:
             parts.append(f"{self.cpu_threads} thread{'s' if self.cpu_threads != 1 else ''}")
+        for path, value in sorted(self.settings.items()):
+            record = next((r for r in RECORDS if path in r.paths), None)
+            label = record.label if record is not None else path
+            parts.append(f"{label} {on_off(value) if isinstance(value, bool) else value}")
         return ", ".join(parts)
 
 

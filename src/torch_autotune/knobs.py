@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch_autotune.evidence import TrainConfig
-from torch_autotune.settings import Settings
+from torch_autotune.records import SettingRecord, on_off
+from torch_autotune.settings import (
+    RECORD_BY_NAME,
+    RECORDS,
+    Settings,
+    setting_value,
+    torch_defaults,
+)
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,7 @@ class Knob:
     fields: tuple[str, ...]
     put: Callable[[Settings, TrainConfig], Settings]
     paths: Callable[[TrainConfig], tuple[str, ...]]
+    path: str | None = None  # a knob TrainConfig holds in ``settings``: its dotted path
 
 
 def _precision(s: Settings, c: TrainConfig) -> Settings:
@@ -103,48 +111,101 @@ def _fixed(*paths: str) -> Callable[[TrainConfig], tuple[str, ...]]:
     return lambda _config: paths
 
 
-KNOBS: tuple[Knob, ...] = (
-    Knob(
-        "precision",
-        ("precision",),
-        _precision,
-        _fixed("precision.autocast", "precision.dtype", "precision.grad_scaler"),
-    ),
-    Knob("batch_size", ("batch_size",), _batch_size, _fixed("batch.batch_size")),
-    Knob("compile", ("compile_mode",), _compile, _fixed("compile.enabled", "compile.mode")),
-    Knob("channels_last", ("channels_last",), _channels_last, _fixed("memory_format")),
-    Knob("tf32", ("tf32",), _tf32, _tf32_paths),
-    Knob(
-        "cudnn_benchmark",
-        ("cudnn_benchmark",),
-        _cudnn_benchmark,
-        _fixed("backends.cudnn_benchmark"),
-    ),
-    Knob("fused_optimizer", ("fused_optimizer",), _fused, _fixed("optimizer.fused")),
-    Knob("num_workers", ("num_workers", "prefetch_factor"), _workers, _workers_paths),
-    Knob("pin_memory", ("pin_memory",), _pin, _fixed("dataloader.pin_memory")),
-    Knob("cpu_threads", ("cpu_threads",), _threads, _fixed("cpu_threads")),
-)
-"""Every setting the bench can ablate, in the order the report lists them."""
+_CUSTOM: dict[str, Knob] = {
+    knob.name: knob
+    for knob in (
+        Knob(
+            "precision",
+            ("precision",),
+            _precision,
+            _fixed("precision.autocast", "precision.dtype", "precision.grad_scaler"),
+        ),
+        Knob("batch_size", ("batch_size",), _batch_size, _fixed("batch.batch_size")),
+        Knob("compile", ("compile_mode",), _compile, _fixed("compile.enabled", "compile.mode")),
+        Knob("channels_last", ("channels_last",), _channels_last, _fixed("memory_format")),
+        Knob("tf32", ("tf32",), _tf32, _tf32_paths),
+        Knob(
+            "cudnn_benchmark",
+            ("cudnn_benchmark",),
+            _cudnn_benchmark,
+            _fixed("backends.cudnn_benchmark"),
+        ),
+        Knob("fused_optimizer", ("fused_optimizer",), _fused, _fixed("optimizer.fused")),
+        Knob("num_workers", ("num_workers", "prefetch_factor"), _workers, _workers_paths),
+        Knob("pin_memory", ("pin_memory",), _pin, _fixed("dataloader.pin_memory")),
+        Knob("cpu_threads", ("cpu_threads",), _threads, _fixed("cpu_threads")),
+    )
+}
+"""The knobs whose ``TrainConfig`` fields were named before the records: each reads and writes
+its fields as they always did (a ``--baseline`` file names them)."""
+
+
+def _generic(record: SettingRecord) -> Knob:
+    """The knob of a setting that ``TrainConfig`` names by its path only: its value lives in
+    ``TrainConfig.settings`` (absent: torch's default, as in ``Settings``)."""
+    (path,) = record.paths
+
+    def put(settings: Settings, config: TrainConfig) -> Settings:
+        value = config.settings.get(path, setting_value(torch_defaults(settings.device), path))
+        return settings_with(settings, path, value)
+
+    return Knob(record.bench or record.name, (), put, _fixed(path), path)
+
+
+def _knobs() -> tuple[Knob, ...]:
+    return tuple(
+        _CUSTOM[record.bench] if record.bench in _CUSTOM else _generic(record)
+        for record in RECORDS
+        if record.bench is not None
+    )
+
+
+KNOBS: tuple[Knob, ...] = _knobs()
+"""Every setting the bench can ablate (the records with ``bench``), in the records' order."""
 
 KNOB_BY_NAME = {knob.name: knob for knob in KNOBS}
 
-NOT_ABLATED = (
-    "environment (PYTORCH_CUDA_ALLOC_CONF, CUBLAS_WORKSPACE_CONFIG, OMP_NUM_THREADS...): read "
-    "once when CUDA or OpenMP starts, so it cannot change inside one process",
-    "persistent_workers: saves worker start-up between epochs, which a steady-state "
-    "measurement does not include",
-)
+
+def not_ablated(settings: Settings) -> tuple[str, ...]:
+    """Why the bench leaves alone each setting ``settings`` change that it does not switch
+    (the records' ``not_ablated``, where their setting is not torch's default)."""
+    return tuple(
+        record.not_ablated
+        for record in RECORDS
+        if record.not_ablated is not None
+        and record.changed is not None
+        and record.changed(settings)
+    )
+
+
+def couples(knob: Knob) -> tuple[tuple[Knob, str], ...]:
+    """The knobs that go back with ``knob`` when the bench drops it, each with why (its
+    record's ``couples``: channels_last goes with AMP, rule H1)."""
+    record = next((r for r in RECORDS if r.bench == knob.name), None)
+    if record is None:
+        return ()
+    return tuple(
+        (KNOB_BY_NAME[bench], why)
+        for name, why in record.couples.items()
+        if (bench := RECORD_BY_NAME[name].bench) is not None
+    )
 
 
 def knob_value(config: TrainConfig, knob: Knob) -> Any:
     """The knob's value in a config: a scalar for one field, a tuple for several."""
+    if knob.path is not None:
+        return config.settings.get(knob.path)
     values = tuple(getattr(config, name) for name in knob.fields)
     return values[0] if len(values) == 1 else values
 
 
 def with_knob(config: TrainConfig, knob: Knob, source: TrainConfig) -> TrainConfig:
     """``config`` with the knob's fields taken from ``source``."""
+    if knob.path is not None:
+        delta = {k: v for k, v in config.settings.items() if k != knob.path}
+        if knob.path in source.settings:
+            delta[knob.path] = source.settings[knob.path]
+        return config.model_copy(update={"settings": delta})
     return config.model_copy(update={name: getattr(source, name) for name in knob.fields})
 
 
@@ -152,6 +213,11 @@ def show_value(config: TrainConfig, knob: Knob) -> str:
     """The knob's value as the report prints it."""
     if knob.name == "num_workers":
         return str(config.num_workers)
+    if knob.path is not None:
+        value = config.settings.get(knob.path)
+        return (
+            "default" if value is None else on_off(value) if isinstance(value, bool) else str(value)
+        )
     value = getattr(config, knob.fields[0])
     if value is None:
         return "eager" if knob.name == "compile" else "default"
@@ -171,7 +237,10 @@ def settings_config(settings: Settings, baseline: TrainConfig | None = None) -> 
     base = baseline or TrainConfig()
     cuda = s.device == "cuda"
     dl = s.dataloader
+    defaults = torch_defaults(s.device)
+    paths = [k.path for k in KNOBS if k.path is not None]
     return TrainConfig(
+        settings={p: _scalar(setting_value(s, p)) for p in paths if _differs(s, defaults, p)},
         batch_size=s.batch.batch_size or base.batch_size,
         precision=s.precision.dtype if s.precision.autocast else "float32",
         channels_last=s.memory_format == "channels_last",
@@ -184,6 +253,27 @@ def settings_config(settings: Settings, baseline: TrainConfig | None = None) -> 
         pin_memory=dl.pin_memory,
         cpu_threads=s.cpu_threads,
     )
+
+
+def _scalar(value: str | int | float | bool | None) -> str | int | bool | None:
+    if isinstance(value, float):
+        raise TypeError("no setting holds a float")  # TrainConfig.settings holds none
+    return value
+
+
+def _differs(settings: Settings, defaults: Settings, path: str) -> bool:
+    return setting_value(settings, path) != setting_value(defaults, path)
+
+
+def settings_with(settings: Settings, path: str, value: Any) -> Settings:
+    """``settings`` with the leaf at the dotted ``path`` set to ``value`` (validated)."""
+    data = settings.model_dump()
+    *parents, leaf = path.split(".")
+    node = data
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    return Settings.model_validate(data)
 
 
 def train_settings(config: TrainConfig, base: Settings) -> Settings:

@@ -22,6 +22,7 @@ from torch_autotune.bounds import (
     Seed,
     WorkerCount,
 )
+from torch_autotune.records import SettingRecord, on_off
 
 
 class StrictModel(BaseModel):
@@ -150,6 +151,182 @@ class Settings(StrictModel):
         description="Set before torch starts CUDA; only the allow-listed variables.",
     )
     batch: BatchSettings = BatchSettings()
+
+
+def _workers(s: Settings) -> str:
+    count = s.dataloader.num_workers
+    text = f"{count} worker{'s' if count != 1 else ''}"
+    if s.dataloader.prefetch_factor is not None:
+        text += f", {s.dataloader.prefetch_factor} batches ahead each"
+    return text
+
+
+RECORDS: tuple[SettingRecord, ...] = (
+    SettingRecord(
+        "device",
+        ("device",),
+        "device",
+        lambda s: s.device,
+        applied_by=None,
+        summary=False,  # the summary's first rows say it, with the machine
+    ),
+    SettingRecord(
+        "precision",
+        ("precision.autocast", "precision.dtype", "precision.grad_scaler"),
+        "precision",
+        lambda s: s.precision.dtype + (" + GradScaler" if s.precision.grad_scaler else ""),
+        applied_by="autocast",
+        bench="precision",
+        couples={"memory_format": "goes with AMP (rule H1)"},
+        changed=lambda s: s.precision.autocast,
+    ),
+    SettingRecord(
+        "batch_size",
+        ("batch.batch_size",),
+        "batch size",
+        lambda s: "not measured" if s.batch.batch_size is None else str(s.batch.batch_size),
+        applied_by=None,  # the script's own DataLoader(batch_size=profile.batch_size)
+        summary=False,  # the summary's "recommended" row says it, with how it was chosen
+        bench="batch_size",
+    ),
+    SettingRecord(
+        "compile",
+        ("compile.enabled", "compile.mode"),
+        "compile",
+        lambda s: str(s.compile.mode or "default") if s.compile.enabled else "off",
+        applied_by="prepare_model",
+        bench="compile",
+        changed=lambda s: s.compile.enabled,
+    ),
+    SettingRecord(
+        "memory_format",
+        ("memory_format",),
+        "memory format",
+        lambda s: s.memory_format,
+        applied_by="prepare_model",
+        bench="channels_last",
+        changed=lambda s: s.memory_format == "channels_last",
+    ),
+    SettingRecord(
+        "tf32",
+        ("matmul.tf32", "matmul.api"),
+        "TF32",
+        lambda s: on_off(s.matmul.tf32),
+        applied_by="apply",
+        bench="tf32",
+        changed=lambda s: s.matmul.api is not None,
+    ),
+    SettingRecord(
+        "cudnn_benchmark",
+        ("backends.cudnn_benchmark",),
+        "cuDNN autotuner",
+        lambda s: on_off(s.backends.cudnn_benchmark),
+        applied_by="apply",
+        bench="cudnn_benchmark",
+        changed=lambda s: s.backends.cudnn_benchmark,
+    ),
+    SettingRecord(
+        "fused_optimizer",
+        ("optimizer.fused",),
+        "fused optimizer",
+        lambda s: on_off(s.optimizer.fused),
+        applied_by="optimizer_kwargs",
+        bench="fused_optimizer",
+        changed=lambda s: s.optimizer.fused,
+    ),
+    SettingRecord(
+        "num_workers",
+        ("dataloader.num_workers", "dataloader.prefetch_factor"),
+        "DataLoader workers",
+        _workers,
+        applied_by="dataloader_kwargs",
+        bench="num_workers",
+        changed=lambda s: s.dataloader.num_workers > 0,
+    ),
+    SettingRecord(
+        "pin_memory",
+        ("dataloader.pin_memory",),
+        "pin_memory",
+        lambda s: on_off(s.dataloader.pin_memory),
+        applied_by="dataloader_kwargs",
+        bench="pin_memory",
+        changed=lambda s: s.dataloader.pin_memory,
+    ),
+    SettingRecord(
+        "cpu_threads",
+        ("cpu_threads",),
+        "CPU threads",
+        lambda s: "default" if s.cpu_threads is None else str(s.cpu_threads),
+        applied_by="apply",
+        bench="cpu_threads",
+        changed=lambda s: s.cpu_threads is not None,
+    ),
+    SettingRecord(
+        "grad_accum_steps",
+        ("batch.grad_accum_steps",),
+        "gradient accumulation",
+        lambda s: str(s.batch.grad_accum_steps),
+        applied_by=None,  # the script's own loop (profile.grad_accum_steps)
+        summary=False,
+    ),
+    SettingRecord(
+        "persistent_workers",
+        ("dataloader.persistent_workers",),
+        "persistent workers",
+        lambda s: on_off(s.dataloader.persistent_workers),
+        applied_by="dataloader_kwargs",
+        summary=False,
+        not_ablated="persistent_workers: saves worker start-up between epochs, which a"
+        " steady-state measurement does not include",
+        changed=lambda s: s.dataloader.persistent_workers,
+    ),
+    SettingRecord(
+        "seed_workers",
+        ("dataloader.seed_workers",),
+        "seeded workers",
+        lambda s: on_off(s.dataloader.seed_workers),
+        applied_by="dataloader_kwargs",
+        summary=False,
+        not_ablated="seeded workers: what the reproducible mode asks for, not a speed setting",
+        changed=lambda s: s.dataloader.seed_workers,
+    ),
+    SettingRecord(
+        "determinism",
+        ("backends.cudnn_deterministic", "backends.deterministic_algorithms"),
+        "deterministic algorithms",
+        lambda s: on_off(s.backends.deterministic_algorithms),
+        applied_by="apply",
+        summary=False,
+        not_ablated="determinism: what the reproducible mode asks for, not a speed setting",
+        changed=lambda s: s.backends.deterministic_algorithms or s.backends.cudnn_deterministic,
+    ),
+    SettingRecord(
+        "seed",
+        ("seed",),
+        "seed",
+        lambda s: "not set" if s.seed is None else str(s.seed),
+        applied_by="apply",
+        summary=False,
+        not_ablated="the seed: what the reproducible mode asks for, not a speed setting",
+        changed=lambda s: s.seed is not None,
+    ),
+    SettingRecord(
+        "environment",
+        ("environment", *(f"environment.{name}" for name in ALLOWED_ENVIRONMENT)),
+        "environment variables",
+        lambda s: ", ".join(f"{k}={v}" for k, v in sorted(s.environment.items())) or "none",
+        applied_by="environment",
+        summary=False,
+        not_ablated="environment (PYTORCH_CUDA_ALLOC_CONF, CUBLAS_WORKSPACE_CONFIG,"
+        " OMP_NUM_THREADS...): read once when CUDA or OpenMP starts, so it cannot change"
+        " inside one process",
+        fresh_process=True,
+        changed=lambda s: bool(s.environment),
+    ),
+)
+"""Every setting's record (``records.SettingRecord``), in the order reports list them."""
+
+RECORD_BY_NAME = {record.name: record for record in RECORDS}
 
 
 def torch_defaults(device: Literal["cuda", "mps", "cpu"] = "cpu") -> Settings:

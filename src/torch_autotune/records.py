@@ -1,0 +1,106 @@
+"""What a setting is, apart from its value: one declarative record per setting.
+
+``settings.RECORDS`` holds one ``SettingRecord`` for every setting a profile holds, beside the
+fields it owns; everything that used to list the settings by hand reads them from there:
+
+- the bench: which settings it switches (``bench``, by the name of the knob that switches it),
+  how a value shows in its tables, and why it leaves the others alone (``not_ablated``);
+- couplings: what goes back with a setting when the bench drops it, and why (``couples``:
+  channels_last goes with AMP, rule H1);
+- the run's summary: a row for each record with ``summary`` set, shown by ``show``;
+- the exporters: what a tool writes for it (``exports``: its arguments, or the line that tells
+  the user where to set it), and, for a tool the record does not name, one generated line
+  naming the profile's helper that applies it (``applied_by``);
+- the environment: settings read once when a process starts (``fresh_process``).
+
+The ground floor of the data model: the standard library only (a record's functions take
+``Settings``, a ``Profile`` or a ``TrainConfig`` and return plain values). A test holds that
+every leaf of ``Settings`` belongs to exactly one record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from torch_autotune.profile import Profile
+    from torch_autotune.settings import Settings
+
+__all__ = ["TOOLS", "AppliedBy", "Export", "SettingRecord", "Tool", "on_off"]
+
+Tool = Literal["hf", "lightning", "accelerate"]
+TOOLS: tuple[Tool, ...] = ("hf", "lightning", "accelerate")
+"""The tools ``autotune export`` writes for, as the records name them."""
+
+AppliedBy = Literal[
+    "apply", "prepare_model", "dataloader_kwargs", "optimizer_kwargs", "autocast", "environment"
+]
+"""The profile's helper that applies a setting in a training script (``Profile.apply()``,
+``Profile.prepare_model()``, ...; ``environment``: ``autotune export --format env``)."""
+
+_HOW_APPLIED: Mapping[str, str] = {
+    "apply": "call profile.apply()",
+    "prepare_model": "model = profile.prepare_model(model)",
+    "dataloader_kwargs": "DataLoader(..., **profile.dataloader_kwargs())",
+    "optimizer_kwargs": "the optimizer's **profile.optimizer_kwargs()",
+    "autocast": "with profile.autocast():",
+    "environment": "source 'autotune export --format env' first",
+}
+
+
+def on_off(value: object) -> str:
+    """A switch as the reports show it: 'on', 'off', or 'default' for torch's (None)."""
+    if value is None:
+        return "default"
+    return "on" if value else "off"
+
+
+@dataclass(frozen=True)
+class Export:
+    """How one tool writes a setting: ``args(profile)``, its arguments for the tool (an empty
+    dict where it writes none for this profile), and ``note(profile)``, the line that tells the
+    user where to set what the tool has no argument for (None where nothing needs saying)."""
+
+    args: Callable[[Profile], dict[str, Any]] | None = None
+    note: Callable[[Profile], str | None] | None = None
+
+
+@dataclass(frozen=True)
+class SettingRecord:
+    """One setting: the leaves of ``Settings`` it owns, and what everything else needs to know
+    about it (see the module docstring).
+
+    ``changed(settings)`` says whether the setting differs from torch's default, for the
+    generated notes: a tool the record names no ``Export`` for gets the line "{label}: {shown}
+    ({how it is applied})" where ``changed`` is true.
+    """
+
+    name: str
+    paths: tuple[str, ...]
+    label: str
+    show: Callable[[Settings], str]
+    applied_by: AppliedBy | None
+    summary: bool = True
+    bench: str | None = None
+    not_ablated: str | None = None
+    couples: Mapping[str, str] = field(default_factory=dict)
+    fresh_process: bool = False
+    exports: Mapping[Tool, Export] = field(default_factory=dict)
+    changed: Callable[[Settings], bool] | None = None
+
+    def export(self, tool: Tool) -> Export:
+        """How ``tool`` writes this setting: the record's own, else a generated note."""
+        own = self.exports.get(tool)
+        if own is not None:
+            return own
+        if self.applied_by is None or self.changed is None:
+            return Export()
+        changed, how = self.changed, _HOW_APPLIED[self.applied_by]
+
+        def note(profile: Profile) -> str | None:
+            settings = profile.settings
+            return f"{self.label}: {self.show(settings)} ({how})" if changed(settings) else None
+
+        return Export(note=note)

@@ -1,0 +1,133 @@
+"""One record per setting: every leaf of ``Settings`` has exactly one, and what reads the
+records (the bench's knobs, couplings, the notes of what it leaves alone) follows them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from torch_autotune.evidence import TrainConfig
+from torch_autotune.knobs import (
+    KNOB_BY_NAME,
+    KNOBS,
+    _generic,
+    couples,
+    knob_value,
+    not_ablated,
+    settings_config,
+    show_value,
+    train_settings,
+    with_knob,
+)
+from torch_autotune.records import SettingRecord, on_off
+from torch_autotune.settings import (
+    RECORD_BY_NAME,
+    RECORDS,
+    DataLoaderSettings,
+    Settings,
+    settings_paths,
+    torch_defaults,
+)
+
+
+def test_every_leaf_of_settings_belongs_to_exactly_one_record() -> None:
+    owners = Counter(path for record in RECORDS for path in record.paths)
+    assert set(owners) == settings_paths()
+    assert [path for path, count in owners.items() if count > 1] == []
+
+
+def test_record_names_are_unique_and_what_they_name_exists() -> None:
+    assert len(RECORD_BY_NAME) == len(RECORDS)
+    for record in RECORDS:
+        assert set(record.couples) <= set(RECORD_BY_NAME), record.name
+        assert record.bench is None or record.bench in KNOB_BY_NAME, record.name
+        # a setting the bench leaves alone says why, one it switches needs no such line
+        assert record.bench is None or record.not_ablated is None, record.name
+
+
+def test_every_setting_the_bench_switches_is_a_knob_in_the_records_order() -> None:
+    switched = [record.bench for record in RECORDS if record.bench is not None]
+    assert [knob.name for knob in KNOBS] == switched
+
+
+def test_a_record_shows_torchs_default_and_a_changed_value() -> None:
+    defaults = torch_defaults("cuda")
+    for record in RECORDS:
+        assert isinstance(record.show(defaults), str), record.name
+        if record.changed is not None:
+            assert not record.changed(defaults), f"{record.name} reads torch's default as changed"
+
+
+def test_the_bench_says_why_it_leaves_alone_only_the_settings_a_profile_changes() -> None:
+    assert not_ablated(torch_defaults()) == ()
+    changed = torch_defaults().model_copy(
+        update={
+            "seed": 7,
+            "dataloader": DataLoaderSettings(num_workers=2, persistent_workers=True),
+        }
+    )
+    reasons = not_ablated(changed)
+    assert len(reasons) == 2
+    assert reasons[0].startswith("persistent_workers")
+    assert reasons[1].startswith("the seed")
+
+
+def test_dropping_precision_brings_back_the_memory_format_it_couples_with() -> None:
+    (pair,) = couples(KNOB_BY_NAME["precision"])
+    knob, why = pair
+    assert knob.name == "channels_last"
+    assert "H1" in why
+    assert couples(KNOB_BY_NAME["batch_size"]) == ()
+
+
+# A setting the bench switches by its path alone: what a new measured setting gets by
+# declaring ``bench`` in its record, with no code in the knobs.
+PERSISTENT = SettingRecord(
+    "persistent_workers",
+    ("dataloader.persistent_workers",),
+    "persistent workers",
+    lambda s: on_off(s.dataloader.persistent_workers),
+    applied_by="dataloader_kwargs",
+    bench="persistent_workers",
+    changed=lambda s: s.dataloader.persistent_workers,
+)
+
+
+def test_a_setting_switched_by_its_path_round_trips_between_settings_and_an_arm() -> None:
+    knob = _generic(PERSISTENT)
+    on = TrainConfig(num_workers=2, settings={"dataloader.persistent_workers": True})
+    off = TrainConfig(num_workers=2)
+    base = torch_defaults()
+
+    assert knob.put(base, on).dataloader.persistent_workers is True
+    assert knob.put(base, off).dataloader.persistent_workers is False  # absent: torch's
+    assert knob_value(on, knob) is True
+    assert knob_value(off, knob) is None
+    assert show_value(on, knob) == "on"
+    assert show_value(off, knob) == "default"
+    assert with_knob(on, knob, off).settings == {}
+    assert with_knob(off, knob, on).settings == {"dataloader.persistent_workers": True}
+    assert knob.paths(on) == ("dataloader.persistent_workers",)
+    assert "persistent workers on" in on.describe()
+
+
+def test_an_arm_names_only_settings_a_profile_holds() -> None:
+    with pytest.raises(ValueError, match="names no setting"):
+        TrainConfig(settings={"dataloader.turbo": True})
+
+
+def test_arms_that_differ_only_in_a_setting_by_path_are_told_apart() -> None:
+    on = TrainConfig(settings={"seed": 3})
+    assert {on, TrainConfig(), TrainConfig(settings={"seed": 3})} == {on, TrainConfig()}
+
+
+def test_a_profiles_settings_read_back_through_the_knobs_unchanged() -> None:
+    settings = Settings(
+        device="cuda",
+        precision={"autocast": True, "dtype": "bfloat16", "grad_scaler": False},
+        memory_format="channels_last",
+        dataloader={"num_workers": 4, "prefetch_factor": 2, "pin_memory": True},
+        batch={"batch_size": 256},
+    )
+    assert train_settings(settings_config(settings), settings) == settings
