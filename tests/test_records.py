@@ -3,11 +3,17 @@ records (the bench's knobs, couplings, the notes of what it leaves alone) follow
 
 from __future__ import annotations
 
+import io
+import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from torch_autotune.evidence import TrainConfig
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.integrations import EXPORTS, render_accelerate, tool_notes
 from torch_autotune.knobs import (
     KNOB_BY_NAME,
     KNOBS,
@@ -20,7 +26,10 @@ from torch_autotune.knobs import (
     train_settings,
     with_knob,
 )
-from torch_autotune.records import SettingRecord, on_off
+from torch_autotune.profile import Mode, Preferences, Profile
+from torch_autotune.records import TOOLS, SettingRecord, Tool, on_off
+from torch_autotune.render.results import render_run
+from torch_autotune.rules.engine import build_profile
 from torch_autotune.settings import (
     RECORD_BY_NAME,
     RECORDS,
@@ -29,6 +38,8 @@ from torch_autotune.settings import (
     settings_paths,
     torch_defaults,
 )
+
+H100 = Path(__file__).parent / "fixtures" / "snapshots" / "h100-80gb-hbm3.json"
 
 
 def test_every_leaf_of_settings_belongs_to_exactly_one_record() -> None:
@@ -131,3 +142,91 @@ def test_a_profiles_settings_read_back_through_the_knobs_unchanged() -> None:
         batch={"batch_size": 256},
     )
     assert train_settings(settings_config(settings), settings) == settings
+
+
+# --- the exporters read the records -------------------------------------------------------------
+
+
+def _every_setting_changed() -> Profile:
+    """A profile whose settings all differ from torch's default (built unvalidated: no rule
+    would pair determinism with the cuDNN autotuner, but each exporter line stands alone)."""
+    snapshot = HardwareSnapshot.model_validate_json(H100.read_text())
+    profile = build_profile(snapshot, preferences=Preferences(mode=Mode.SPEED))
+    s = profile.settings
+    settings = s.model_copy(
+        update={
+            "memory_format": "channels_last",
+            "cpu_threads": 4,
+            "seed": 11,
+            "environment": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
+            "matmul": s.matmul.model_copy(update={"api": "flags", "tf32": False}),
+            "backends": s.backends.model_copy(
+                update={"cudnn_benchmark": True, "deterministic_algorithms": True}
+            ),
+            "optimizer": s.optimizer.model_copy(update={"fused": True}),
+            "dataloader": s.dataloader.model_copy(
+                update={
+                    "num_workers": 4,
+                    "pin_memory": True,
+                    "persistent_workers": True,
+                    "seed_workers": True,
+                }
+            ),
+            "batch": s.batch.model_copy(update={"batch_size": 256, "grad_accum_steps": 4}),
+        }
+    )
+    return profile.model_copy(update={"settings": settings})
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_every_tool_writes_or_says_every_setting_a_profile_changes(tool: Tool) -> None:
+    profile = _every_setting_changed()
+    table = EXPORTS[tool]
+    assert set(table) <= set(RECORD_BY_NAME)
+    notes = tool_notes(profile, tool)
+    for record in RECORDS:
+        entry = table.get(record.name)
+        if entry is None:
+            assert record.note(profile.settings) in notes, (tool, record.name)
+            continue
+        said = (
+            entry.itself is not None
+            or (entry.args is not None and entry.args(profile))
+            or (entry.note is not None and entry.note(profile) in notes)
+        )
+        if entry.covered_by is not None:
+            carrier = table[entry.covered_by]
+            said = bool(carrier.note and carrier.note(profile)) or bool(
+                carrier.args and carrier.args(profile)
+            )
+        assert said, f"{tool} neither writes nor says {record.name}"
+
+
+def test_accelerate_says_what_its_config_cannot_hold() -> None:
+    """The accelerate header once forgot channels_last, the threads and the seed."""
+    text = render_accelerate(_every_setting_changed())
+    for said in (
+        "memory format: channels_last",
+        "CPU threads: 4",
+        "seed: 11",
+        "batch_size=256",
+        "gradient_accumulation_steps=4",
+        "pin_memory: on",
+    ):
+        assert said in text, said
+
+
+def test_a_setting_a_tool_has_no_entry_for_gets_its_records_line() -> None:
+    settings = torch_defaults().model_copy(update={"cpu_threads": 3})
+    assert RECORD_BY_NAME["cpu_threads"].note(settings) == "CPU threads: 3 (call profile.apply())"
+    assert RECORD_BY_NAME["cpu_threads"].note(torch_defaults()) is None
+
+
+def test_the_summary_has_a_row_for_every_record_that_asks_for_one() -> None:
+    profile = _every_setting_changed()
+    out = io.StringIO()
+    render_run(profile, Console(file=out, width=400, color_system=None), saved=None)
+    text = out.getvalue()
+    for record in (r for r in RECORDS if r.summary):
+        rows = re.findall(rf"^{re.escape(record.label)} +(.*)$", text, re.MULTILINE)
+        assert [row.strip() for row in rows] == [record.show(profile.settings)], record.name

@@ -8,9 +8,9 @@ fields it owns; everything that used to list the settings by hand reads them fro
 - couplings: what goes back with a setting when the bench drops it, and why (``couples``:
   channels_last goes with AMP, rule H1);
 - the run's summary: a row for each record with ``summary`` set, shown by ``show``;
-- the exporters: what a tool writes for it (``exports``: its arguments, or the line that tells
-  the user where to set it), and, for a tool the record does not name, one generated line
-  naming the profile's helper that applies it (``applied_by``);
+- the exporters: a tool with an argument for the setting names it in ``integrations``' table
+  (``Export``); every other tool writes the record's generated line (``note``), naming the
+  profile's helper that applies it (``applied_by``), so a new setting is never left unsaid;
 - the environment: settings read once when a process starts (``fresh_process``).
 
 The ground floor of the data model: the standard library only (a record's functions take
@@ -59,12 +59,20 @@ def on_off(value: object) -> str:
 
 @dataclass(frozen=True)
 class Export:
-    """How one tool writes a setting: ``args(profile)``, its arguments for the tool (an empty
-    dict where it writes none for this profile), and ``note(profile)``, the line that tells the
-    user where to set what the tool has no argument for (None where nothing needs saying)."""
+    """How one tool writes a setting (``integrations``' tables, by record name).
+
+    ``args(profile)``: its arguments for the tool (empty where it writes none for this
+    profile). ``note(profile)``: the line that tells the user where to set what the tool has no
+    argument for (None where nothing needs saying). ``covered_by``: the record whose arguments
+    or note carry this setting too (Lightning's DataLoader line carries pin_memory).
+    ``itself``: why the tool needs nothing for it (the Trainer seeds its workers itself). A
+    setting a tool has no entry for gets its record's generated ``note``.
+    """
 
     args: Callable[[Profile], dict[str, Any]] | None = None
     note: Callable[[Profile], str | None] | None = None
+    covered_by: str | None = None
+    itself: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,9 +80,8 @@ class SettingRecord:
     """One setting: the leaves of ``Settings`` it owns, and what everything else needs to know
     about it (see the module docstring).
 
-    ``changed(settings)`` says whether the setting differs from torch's default, for the
-    generated notes: a tool the record names no ``Export`` for gets the line "{label}: {shown}
-    ({how it is applied})" where ``changed`` is true.
+    ``changed(settings)`` says whether the setting differs from torch's default: the bench
+    explains why it leaves alone only what changed, and an exporter says where to set only that.
     """
 
     name: str
@@ -87,20 +94,11 @@ class SettingRecord:
     not_ablated: str | None = None
     couples: Mapping[str, str] = field(default_factory=dict)
     fresh_process: bool = False
-    exports: Mapping[Tool, Export] = field(default_factory=dict)
     changed: Callable[[Settings], bool] | None = None
 
-    def export(self, tool: Tool) -> Export:
-        """How ``tool`` writes this setting: the record's own, else a generated note."""
-        own = self.exports.get(tool)
-        if own is not None:
-            return own
-        if self.applied_by is None or self.changed is None:
-            return Export()
-        changed, how = self.changed, _HOW_APPLIED[self.applied_by]
-
-        def note(profile: Profile) -> str | None:
-            settings = profile.settings
-            return f"{self.label}: {self.show(settings)} ({how})" if changed(settings) else None
-
-        return Export(note=note)
+    def note(self, settings: Settings) -> str | None:
+        """The line an exporter without an argument for this setting writes: "{label}: {value}
+        ({the profile's helper that applies it})", where the setting is not torch's default."""
+        if self.applied_by is None or self.changed is None or not self.changed(settings):
+            return None
+        return f"{self.label}: {self.show(settings)} ({_HOW_APPLIED[self.applied_by]})"

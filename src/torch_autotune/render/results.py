@@ -12,7 +12,8 @@ from rich.text import Text
 
 from torch_autotune.bench import BenchEvidence, Effect
 from torch_autotune.profile import CompileRecord, Evidence, Profile
-from torch_autotune.render.machine import facts_table, plain_value
+from torch_autotune.render.machine import facts_table
+from torch_autotune.settings import RECORDS
 
 
 def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
@@ -57,17 +58,7 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
         if evidence.compile is not None:
             facts.append(("torch.compile", _compile_text(evidence.compile)))
     s = profile.settings
-    facts += [
-        ("precision", s.precision.dtype + (" + GradScaler" if s.precision.grad_scaler else "")),
-        ("TF32", plain_value(s.matmul.tf32)),
-        ("compile", str(s.compile.mode) if s.compile.enabled else "off"),
-        ("memory format", s.memory_format),
-        (
-            "DataLoader",
-            f"{s.dataloader.num_workers} workers, pin_memory "
-            f"{plain_value(s.dataloader.pin_memory)}",
-        ),
-    ]
+    facts += [(record.label, record.show(s)) for record in RECORDS if record.summary]
     return facts
 
 

@@ -1,0 +1,95 @@
+"""A profile as an accelerate config file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from torch_autotune.integrations.common import (
+    always,
+    arguments,
+    header,
+    line,
+    notes,
+    process_count,
+    to_yaml,
+)
+from torch_autotune.records import Export
+
+if TYPE_CHECKING:
+    from torch_autotune.profile import Profile
+
+
+_ACCELERATE_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
+
+
+def accelerate_config(profile: Profile) -> dict[str, Any]:
+    """An accelerate config file's content (``accelerate config``'s keys, one machine)."""
+    s = profile.settings
+    processes = process_count(profile)
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": "MULTI_GPU" if s.device == "cuda" and processes > 1 else "NO",
+        "downcast_bf16": "no",
+        "enable_cpu_affinity": False,
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "num_machines": 1,
+        "num_processes": processes,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+        "use_cpu": s.device == "cpu",
+    }
+    if s.device == "cuda":
+        config["gpu_ids"] = "all"
+    config.update(arguments(profile, ACCELERATE))
+    return dict(sorted(config.items()))
+
+
+def _accelerate_compile(profile: Profile) -> dict[str, Any]:
+    c = profile.settings.compile
+    if not c.enabled:
+        return {}
+    return {"dynamo_config": {"dynamo_backend": "INDUCTOR", "dynamo_mode": c.mode or "default"}}
+
+
+def render_accelerate(profile: Profile) -> str:
+    """YAML for ``accelerate launch --config_file FILE``."""
+    lines = header(profile, "accelerate config")
+    lines += [
+        "# Use: accelerate launch --config_file THIS.yaml train.py",
+    ]
+    said = notes(profile, ACCELERATE)
+    if said:
+        lines.append("# accelerate has no setting for these; set them in your training script:")
+        lines += [f"#   {note}" for note in said]
+    return "\n".join(lines) + "\n" + to_yaml(accelerate_config(profile))
+
+
+_BATCH = "DataLoader(dataset, batch_size={}) (profile.batch_size)"
+
+ACCELERATE: Mapping[str, Export] = {
+    "device": Export(itself="use_cpu, gpu_ids and the processes: accelerate_config"),
+    "precision": always(
+        lambda s: {
+            "mixed_precision": _ACCELERATE_PRECISION[s.precision.dtype]
+            if s.precision.autocast
+            else "no"
+        }
+    ),
+    "batch_size": line(
+        lambda s: None if s.batch.batch_size is None else _BATCH.format(s.batch.batch_size)
+    ),
+    "compile": Export(args=_accelerate_compile),
+    "grad_accum_steps": line(
+        lambda s: (
+            None
+            if s.batch.grad_accum_steps == 1
+            else f"Accelerator(gradient_accumulation_steps={s.batch.grad_accum_steps})"
+        )
+    ),
+}
+"""What accelerate writes for each setting, by record name (``Export``)."""

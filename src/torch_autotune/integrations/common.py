@@ -1,0 +1,95 @@
+"""What every exporter shares: the process count, the file header, YAML, and the two walks
+over the records that give a tool's arguments and its notes from its table of ``Export``s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from torch_autotune.records import Export
+from torch_autotune.settings import RECORDS, Settings
+
+if TYPE_CHECKING:
+    from torch_autotune.profile import Profile
+
+
+def process_count(profile: Profile) -> int:
+    """Training processes on this node: one per target GPU (or the DDP ranks asked for), else 1."""
+    from torch_autotune.profile import target_accelerators
+
+    if profile.settings.device != "cuda":
+        return 1
+    asked = profile.provenance.preferences.processes_per_node
+    if asked is not None:
+        return asked
+    return max(1, len(target_accelerators(profile.settings, profile.provenance.snapshot)))
+
+
+def header(profile: Profile, tool: str) -> list[str]:
+    snapshot = profile.provenance.snapshot
+    machine = ", ".join(a.name for a in snapshot.accelerators) or snapshot.host.cpu_model or "CPU"
+    return [
+        f"# {tool}, from torch-autotune's {profile.mode.value} profile "
+        f"(fingerprint {profile.provenance.fingerprint}).",
+        f"# Machine: {machine}; device {profile.settings.device}.",
+    ]
+
+
+def to_yaml(data: Mapping[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=False)
+
+
+def arguments(profile: Profile, table: Mapping[str, Export]) -> dict[str, Any]:
+    """Every argument a tool's ``table`` has for the profile's settings, in the records' order."""
+    args: dict[str, Any] = {}
+    for record in RECORDS:
+        entry = table.get(record.name)
+        if entry is not None and entry.args is not None:
+            args.update(entry.args(profile))
+    return args
+
+
+def notes(profile: Profile, table: Mapping[str, Export]) -> list[str]:
+    """A line for each setting a tool has no argument for, where the profile changes it: the
+    tool's own wording where its ``table`` has one, else the record's generated line."""
+    lines = []
+    for record in RECORDS:
+        entry = table.get(record.name)
+        if entry is None:
+            note = record.note(profile.settings)
+        else:
+            note = entry.note(profile) if entry.note is not None else None
+        if note is not None:
+            lines.append(note)
+    return lines
+
+
+def always(make: Callable[[Settings], dict[str, Any]]) -> Export:
+    """An argument the tool always writes, from the settings alone."""
+    return Export(args=lambda profile: make(profile.settings))
+
+
+def line(make: Callable[[Settings], str | None]) -> Export:
+    """A line in the tool's own words, from the settings alone."""
+    return Export(note=lambda profile: make(profile.settings))
+
+
+def with_workers(make: Callable[[Settings], dict[str, Any]]) -> Export:
+    """An argument the tool writes only with workers (torch refuses it without)."""
+    return always(lambda s: make(s) if s.dataloader.num_workers > 0 else {})
+
+
+def tf32_note(on: str) -> Callable[[Profile], str | None]:
+    """TF32 on (``on``: where else the tool's users set it) or off, through profile.apply()."""
+
+    def note(profile: Profile) -> str | None:
+        matmul = profile.settings.matmul
+        if matmul.tf32:
+            return f"TF32: call profile.apply(){on}"
+        if matmul.api is not None:
+            return "TF32 off: call profile.apply() (tf32 is left unset here)"
+        return None
+
+    return note
