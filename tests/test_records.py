@@ -22,6 +22,7 @@ from torch_autotune.knobs import (
     knob_value,
     not_ablated,
     settings_config,
+    settings_with,
     show_value,
     train_settings,
     with_knob,
@@ -35,6 +36,7 @@ from torch_autotune.settings import (
     RECORDS,
     DataLoaderSettings,
     Settings,
+    setting_value,
     settings_paths,
     torch_defaults,
 )
@@ -159,7 +161,7 @@ def _every_setting_changed() -> Profile:
             "cpu_threads": 4,
             "seed": 11,
             "environment": {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
-            "matmul": s.matmul.model_copy(update={"api": "flags", "tf32": False}),
+            "matmul": s.matmul.model_copy(update={"api": "fp32_precision", "tf32": False}),
             "backends": s.backends.model_copy(
                 update={"cudnn_benchmark": True, "deterministic_algorithms": True}
             ),
@@ -175,6 +177,13 @@ def _every_setting_changed() -> Profile:
             "batch": s.batch.model_copy(update={"batch_size": 256, "grad_accum_steps": 4}),
         }
     )
+    for record in RECORDS:  # a switch added since: flipped, so no test lists them by hand
+        if record.changed is not None and not record.changed(settings):
+            for path in record.paths:
+                value = setting_value(settings, path)
+                if isinstance(value, bool):
+                    settings = settings_with(settings, path, not value)
+    assert all(r.changed(settings) for r in RECORDS if r.changed is not None)
     return profile.model_copy(update={"settings": settings})
 
 
