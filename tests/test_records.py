@@ -57,6 +57,8 @@ def test_record_names_are_unique_and_what_they_name_exists() -> None:
         assert record.bench is None or record.bench in KNOB_BY_NAME, record.name
         # a setting the bench leaves alone says why, one it switches needs no such line
         assert record.bench is None or record.not_ablated is None, record.name
+        # the bench's arms share one process: what is read when it starts cannot be switched
+        assert not (record.fresh_process and record.bench), record.name
 
 
 def test_every_setting_the_bench_switches_is_a_knob_in_the_records_order() -> None:
