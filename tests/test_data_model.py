@@ -107,7 +107,6 @@ def test_the_rules_and_the_invariants_share_one_copy_of_each_threshold() -> None
     assert compile_rules.MAX_AUTOTUNE_MIN_SMS is thresholds.MAX_AUTOTUNE_MIN_SMS
     assert compile_rules.FULL_TRITON_CC is thresholds.FULL_TRITON_CC
     assert invariants.BF16_MIN_CC is thresholds.BF16_MIN_CC
-    assert invariants.MAX_AUTOTUNE_MIN_SMS is thresholds.MAX_AUTOTUNE_MIN_SMS
     assert invariants.TF32_MIN_CC is thresholds.TF32_MIN_CC
 
 

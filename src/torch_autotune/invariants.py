@@ -4,6 +4,11 @@ A hand-edited file that asks for bf16 on a V100 or persistent workers without wo
 refused with a message that names the problem, never applied. The checks read the settings,
 the snapshot the profile was made from and the evidence, so they can be made on any machine;
 the hardware thresholds are the rules' own (``torch_autotune.thresholds``), written once.
+
+Advice is not an invariant: what runs but is slower (channels_last without AMP, pinned memory
+without CUDA, max-autotune on a GPU too small for its GEMM autotuning) is the rules' to decide
+(H1, the DataLoader's and compile's rules), with a reason; a hand-edited profile that asks for
+it loads. Only what cannot run, or contradicts itself, is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from torch_autotune.thresholds import (
     BF16_MIN_CC,
     COMPILE_MIN_TORCH,
     FP32_PRECISION_API_MIN_TORCH,
-    MAX_AUTOTUNE_MIN_SMS,
     TF32_MIN_CC,
 )
 
@@ -74,7 +78,7 @@ class _Scope:
 
 
 def _dataloader_problems(scope: _Scope) -> list[str]:
-    dl, device = scope.settings.dataloader, scope.settings.device
+    dl = scope.settings.dataloader
     problems = []
     if dl.num_workers == 0 and dl.persistent_workers:
         problems.append(
@@ -84,11 +88,6 @@ def _dataloader_problems(scope: _Scope) -> list[str]:
     if dl.num_workers == 0 and dl.prefetch_factor is not None:
         problems.append(
             "settings.dataloader.prefetch_factor: needs num_workers > 0 (set prefetch_factor: null)"
-        )
-    if dl.pin_memory and device != "cuda":
-        problems.append(
-            f"settings.dataloader.pin_memory: pinning helps only CUDA/ROCm, device is "
-            f"'{device}' (set pin_memory: false)"
         )
     return problems
 
@@ -119,10 +118,6 @@ def _precision_problems(scope: _Scope) -> list[str]:
             f"settings.precision.dtype: bfloat16 needs compute capability "
             f"{_cc_text(BF16_MIN_CC)} or newer; {', '.join(emulated)} would only emulate it "
             "(use float16)"
-        )
-    if scope.settings.memory_format == "channels_last" and not p.autocast:
-        problems.append(
-            "settings.memory_format: channels_last is slower without AMP (use contiguous_format)"
         )
     return problems
 
@@ -158,16 +153,6 @@ def _compile_problems(scope: _Scope) -> list[str]:
         )
     if c.enabled != (c.mode is not None):
         problems.append("settings.compile.mode: set exactly when compile is enabled")
-    small = [
-        a.name
-        for a in scope.targets
-        if a.sm_count is not None and a.sm_count < MAX_AUTOTUNE_MIN_SMS
-    ]
-    if c.mode in ("max-autotune", "max-autotune-no-cudagraphs") and small:
-        problems.append(
-            f"settings.compile.mode: max-autotune needs {MAX_AUTOTUNE_MIN_SMS} or more SMs; "
-            f"{', '.join(small)} has fewer, so it only compiles longer (use 'default')"
-        )
     if b.deterministic_algorithms and b.cudnn_benchmark:
         problems.append(
             "settings.backends.cudnn_benchmark: the autotuner picks algorithms by timing, "
