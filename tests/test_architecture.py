@@ -43,6 +43,7 @@ DATA_MODEL = {
         "settings",
         "evidence",
         "invariants",
+        "topology",
         "profile",
     )
 }

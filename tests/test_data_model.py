@@ -33,6 +33,7 @@ GROUND_FLOOR = {
     "torch_autotune.profile",
     "torch_autotune.settings",
     "torch_autotune.thresholds",
+    "torch_autotune.topology",
 }
 THIRD_PARTY = {"pydantic", "typing_extensions"}
 

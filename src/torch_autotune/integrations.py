@@ -52,15 +52,9 @@ __all__ = [
 
 
 def process_count(profile: Profile) -> int:
-    """Training processes on this node: one per target GPU (or the DDP ranks asked for), else 1."""
-    from torch_autotune.profile import target_accelerators
-
-    if profile.settings.device != "cuda":
-        return 1
-    asked = profile.provenance.preferences.processes_per_node
-    if asked is not None:
-        return asked
-    return max(1, len(target_accelerators(profile.settings, profile.provenance.snapshot)))
+    """Training processes on this node, as the profile's topology says (one per target GPU,
+    one on the CPU and on MPS, or the DDP ranks asked for)."""
+    return profile.topology.processes_per_node
 
 
 def _header(profile: Profile, tool: str) -> list[str]:
@@ -339,7 +333,7 @@ def accelerate_config(profile: Profile) -> dict[str, Any]:
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
-        "distributed_type": "MULTI_GPU" if s.device == "cuda" and processes > 1 else "NO",
+        "distributed_type": _distributed_type(s.device, processes),
         "downcast_bf16": "no",
         "enable_cpu_affinity": False,
         "machine_rank": 0,
@@ -363,6 +357,14 @@ def accelerate_config(profile: Profile) -> dict[str, Any]:
             "dynamo_mode": s.compile.mode or "default",
         }
     return dict(sorted(config.items()))
+
+
+def _distributed_type(device: str, processes: int) -> str:
+    """accelerate's ``distributed_type``: several processes are DDP ranks on the GPUs
+    (``MULTI_GPU``) or on the CPU over gloo (``MULTI_CPU``); one process is ``NO``."""
+    if processes == 1:
+        return "NO"
+    return "MULTI_CPU" if device == "cpu" else "MULTI_GPU"
 
 
 def render_accelerate(profile: Profile) -> str:
