@@ -370,3 +370,19 @@ def test_the_probe_rounds_its_sizes_to_the_topologys_multiple() -> None:
     assert sizes
     assert all(size % 8 == 0 for size in sizes), sizes
     assert evidence.batch_size % 8 == 0
+
+
+@pytest.mark.parametrize("missing", ["settings", "provenance", "both"])
+def test_a_profile_without_settings_or_provenance_is_refused_for_them(missing: str) -> None:
+    """pydantic derives the missing topology even where a required field is missing: the
+    profile is still refused, for that field, as one ProfileFileError."""
+    data = json.loads(dump_profile(_profile("h100-80gb-hbm3"), "json"))
+    del data["topology"]
+    for key in ("settings", "provenance") if missing == "both" else (missing,):
+        del data[key]
+    with pytest.raises(
+        ProfileFileError, match="settings" if missing != "provenance" else "provenance"
+    ):
+        parse_profile(json.dumps(data))
+    with pytest.raises(ProfileFileError):
+        parse_profile("{}")

@@ -132,11 +132,28 @@ class Provenance(StrictModel):
     snapshot: HardwareSnapshot
 
 
+_UNREAD = Topology(
+    device="cpu",
+    processes_per_node=1,
+    processes_reason="1: the profile was refused",
+    devices_per_process=0,
+    devices_reason="0: the profile was refused",
+    cpus_per_process=1,
+    cpus_reason="1: the profile was refused",
+    batch_multiple=1,
+    multiple_reason="1: the profile was refused",
+)
+"""What ``_derived_topology`` gives a profile without settings or provenance, which is refused
+for them: pydantic calls a default factory even where a required field is missing."""
+
+
 def _derived_topology(data: dict[str, Any]) -> Topology:
     """The topology of a profile that has none (written before it was stored), from its
     settings, snapshot and preferences, as the rules engine derives it."""
-    settings: Settings = data["settings"]
-    provenance: Provenance = data["provenance"]
+    settings: Settings | None = data.get("settings")
+    provenance: Provenance | None = data.get("provenance")
+    if settings is None or provenance is None:
+        return _UNREAD  # never kept: the profile lacks a required field
     return derive_topology(
         provenance.snapshot,
         provenance.preferences.processes_per_node,
