@@ -44,6 +44,7 @@ DATA_MODEL = {
         "settings",
         "evidence",
         "invariants",
+        "topology",
         "profile",
     )
 }

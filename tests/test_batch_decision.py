@@ -28,9 +28,8 @@ from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
 from torch_autotune.profile_io import dump_profile
 from torch_autotune.render.results import render_run
-from torch_autotune.rules.context import Measurements
 from torch_autotune.rules.engine import build_profile
-from torch_autotune.rules.optimizer import accumulation_reason, batch_reason
+from torch_autotune.rules.optimizer import accumulation, batch_reason
 
 H100 = recorded("h100-80gb-hbm3")
 LAPTOP = recorded("cpu-laptop-linux")
@@ -153,13 +152,9 @@ def test_the_batch_reason_states_exactly_what_was_done(
 def test_accumulation_says_the_global_batch_and_when_the_target_was_rounded(
     target: int, batch: int, processes: int, steps: int, text: str
 ) -> None:
-    measured = Measurements(
-        batch_size=batch,
-        grad_accum_steps=steps,
-        target_global_batch=target,
-        processes=processes,
-    )
-    assert text in accumulation_reason(measured)
+    made, reason = accumulation(batch, target, processes)
+    assert made == steps
+    assert text in reason
 
 
 def test_accumulation_counts_the_processes_that_train_not_the_gpus_in_the_box() -> None:

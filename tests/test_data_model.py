@@ -34,6 +34,7 @@ GROUND_FLOOR = {
     "torch_autotune.records",
     "torch_autotune.settings",
     "torch_autotune.thresholds",
+    "torch_autotune.topology",
 }
 THIRD_PARTY = {"pydantic", "typing_extensions"}
 

@@ -33,7 +33,6 @@ from torch_autotune.errors import (
     UnusableGpuWarning,
 )
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.integrations import process_count
 from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS, Measure
 from torch_autotune.profile import Mode, Preferences, Profile, fingerprint
 from torch_autotune.store import Lookup, ProfileStore, machine_id
@@ -179,6 +178,7 @@ def tune(
     target_global_batch: int | None = None,
     fixed_shapes: bool = True,
     num_workers: int | None = None,
+    processes_per_node: int | None = None,
     progress: Progress | None = None,
     clock: Callable[[], float] = time.perf_counter,
     trials: Callable[[Workload, StepSettings], Trials] | None = None,
@@ -199,15 +199,23 @@ def tune(
     the model's class).
     ``min_batch_size`` is where the search starts. ``snapshot`` describes the machine instead
     of detecting it. ``budget_s`` bounds the whole run, detection included (default 120 s,
-    180 s where torch.compile is measured). The user's model, optimizer state, RNG and torch's
-    global flags are as before when this returns or raises. ``trials`` replaces the real
-    training steps and ``clock`` the timer (tests drive the orchestration with recorded
-    timings through them).
+    180 s where torch.compile is measured). ``processes_per_node``: the training processes
+    the profile is for (DDP ranks, torchrun's ``--nproc-per-node``; default one per GPU, one
+    on the CPU): they share the CPUs, the workers are measured per process and the global
+    batch is spread over them (``Profile.topology``). The user's model, optimizer state, RNG
+    and torch's global flags are as before when this returns or raises. ``trials`` replaces
+    the real training steps and ``clock`` the timer (tests drive the orchestration with
+    recorded timings through them).
 
     Long by design: the signature is the public API's, a keyword argument a line.
     """
     compose.check_tune_arguments(
-        budget_s, max_batch_size, target_global_batch, num_workers, min_batch_size
+        budget_s,
+        max_batch_size,
+        target_global_batch,
+        num_workers,
+        min_batch_size,
+        processes_per_node=processes_per_node,
     )
     if trials is None:
         _import_torch()
@@ -235,7 +243,12 @@ def tune(
         workload, machine, host, objects=objects, name=name, min_batch_size=min_batch_size
     )
     preferences = compose.preferences(
-        chosen, Mode(mode), fixed_shapes, num_workers, target_global_batch
+        chosen,
+        Mode(mode),
+        fixed_shapes,
+        num_workers,
+        target_global_batch,
+        processes_per_node=processes_per_node,
     )
     rules_only = build_profile(machine, preferences=preferences, host_id=host)
     total = budget_s if budget_s is not None else default_budget_s(rules_only)
@@ -255,8 +268,7 @@ def tune(
             ).settings.cpu_threads
         ),
     )
-    processes = process_count(rules_only)
-    measured = compose.measurements(result, target_global_batch, processes)
+    measured = compose.measurements(result)
     return build_profile(machine, measured, preferences, evidence=result.evidence, host_id=host)
 
 

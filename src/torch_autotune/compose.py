@@ -20,6 +20,7 @@ from torch_autotune.bench import (
 )
 from torch_autotune.bounds import (
     MAX_BATCH_SIZE,
+    MAX_CPUS,
     MAX_GLOBAL_BATCH,
     MAX_ROUNDS,
     MAX_SECONDS,
@@ -47,6 +48,8 @@ def check_tune_arguments(
     target_global_batch: int | None,
     num_workers: int | None,
     min_batch_size: int | None = None,
+    *,
+    processes_per_node: int | None = None,
 ) -> None:
     """ValueError for a number no run can use: a budget that is not finite and positive, a
     count that is not an int or is outside what a machine can have (``torch_autotune.bounds``)."""
@@ -59,6 +62,7 @@ def check_tune_arguments(
         ("min_batch_size", min_batch_size, 1, MAX_BATCH_SIZE),
         ("target_global_batch", target_global_batch, 1, MAX_GLOBAL_BATCH),
         ("num_workers", num_workers, 0, MAX_WORKERS),
+        ("processes_per_node", processes_per_node, 1, MAX_CPUS),
     ):
         if value is None:
             continue
@@ -74,9 +78,12 @@ def preferences(
     fixed_shapes: bool,
     num_workers: int | None,
     target_global_batch: int | None,
+    *,
+    processes_per_node: int | None = None,
 ) -> Preferences:
     """What the rules are told about ``workload`` and what the user asked for: its kind, its
-    optimizer, and whether its shapes are fixed (asked by the user, and seen in its data)."""
+    optimizer, whether its shapes are fixed (asked by the user, and seen in its data), the
+    workers, the global batch and the training processes per node."""
     return Preferences(
         mode=mode,
         model_kind=workload.kind,
@@ -84,6 +91,7 @@ def preferences(
         optimizer=workload.optimizer,
         num_workers=num_workers,
         target_global_batch=target_global_batch,
+        processes_per_node=processes_per_node,
     )
 
 
@@ -96,25 +104,17 @@ def check_bench_arguments(rounds: int, seconds: float) -> None:
         )
 
 
-def measurements(
-    result: ProbeResult, target_global_batch: int | None, processes: int = 1
-) -> Measurements:
+def measurements(result: ProbeResult) -> Measurements:
     """What the rules engine takes from a probe run: the batch size and how it was chosen, the
-    worker count, the gradient accumulation that makes up ``target_global_batch`` over
-    ``processes`` training processes (``integrations.process_count`` of the profile: one per
-    target GPU, one on the CPU), and the compile decision."""
+    worker count and the compile decision. The gradient accumulation that keeps a target
+    global batch is the batch rule's (L1), over the processes of the profile's topology."""
     from torch_autotune.rules.context import Measurements
 
     evidence = result.evidence
-    batch = evidence.batch_size
-    accumulation = None
-    if target_global_batch is not None:
-        accumulation = max(1, math.ceil(target_global_batch / (batch * processes)))
     compile_record = evidence.compile
     return Measurements(
-        batch_size=batch,
+        batch_size=evidence.batch_size,
         num_workers=result.num_workers,
-        grad_accum_steps=accumulation,
         workers_reason=evidence.workers_reason if result.num_workers is not None else None,
         batch_reason=evidence.fed_reason,
         compile_enabled=(
@@ -122,8 +122,6 @@ def measurements(
         ),
         compile_reason=None if compile_record is None else compile_record.reason,
         batch_choice=evidence.batch_choice,
-        target_global_batch=target_global_batch,
-        processes=processes,
     )
 
 

@@ -56,6 +56,7 @@ from torch_autotune.settings import (
     StrictModel,
     settings_paths,
 )
+from torch_autotune.topology import Topology, derive_topology, topology_problems
 
 __all__ = [
     "ALLOWED_ENVIRONMENT",
@@ -82,6 +83,7 @@ __all__ = [
     "Settings",
     "Source",
     "ThroughputRecord",
+    "Topology",
     "WorkloadDetails",
     "fingerprint",
     "profile_problems",
@@ -101,7 +103,7 @@ class Preferences(StrictModel):
     model_kind: Literal["conv", "transformer", "mlp", "other"] = "other"
     fixed_shapes: bool = True  # every batch has the same input shape (images of one size)
     optimizer: Literal["adam", "adamw", "sgd", "other"] = "adamw"
-    processes_per_node: CpuCount | None = None  # DDP ranks; default: one per GPU
+    processes_per_node: CpuCount | None = None  # DDP ranks; default: one per GPU (topology)
     seed: Seed = 0  # used by the reproducible mode
     allow_p100_fp16: bool = False  # catalog A5: fp16 on P100 only as an opt-in
     num_workers: WorkerCount | None = None  # the user's own DataLoader worker count
@@ -130,6 +132,36 @@ class Provenance(StrictModel):
     snapshot: HardwareSnapshot
 
 
+_UNREAD = Topology(
+    device="cpu",
+    processes_per_node=1,
+    processes_reason="1: the profile was refused",
+    devices_per_process=0,
+    devices_reason="0: the profile was refused",
+    cpus_per_process=1,
+    cpus_reason="1: the profile was refused",
+    batch_multiple=1,
+    multiple_reason="1: the profile was refused",
+)
+"""What ``_derived_topology`` gives a profile without settings or provenance, which is refused
+for them: pydantic calls a default factory even where a required field is missing."""
+
+
+def _derived_topology(data: dict[str, Any]) -> Topology:
+    """The topology of a profile that has none (written before it was stored), from its
+    settings, snapshot and preferences, as the rules engine derives it."""
+    settings: Settings | None = data.get("settings")
+    provenance: Provenance | None = data.get("provenance")
+    if settings is None or provenance is None:
+        return _UNREAD  # never kept: the profile lacks a required field
+    return derive_topology(
+        provenance.snapshot,
+        provenance.preferences.processes_per_node,
+        device=settings.device,
+        tensor_core_math=settings.precision.autocast or settings.matmul.tf32,
+    )
+
+
 class Profile(StrictModel):
     """A validated optimization profile for one machine."""
 
@@ -140,6 +172,12 @@ class Profile(StrictModel):
     decisions: tuple[Decision, ...]
     notes: tuple[str, ...] = ()
     provenance: Provenance
+    topology: Topology = Field(
+        default_factory=_derived_topology,
+        description="Where it trains: the training processes on this node, the devices and "
+        "CPUs of each, the batch's multiple. A profile written before it was stored gets the "
+        "one its settings, snapshot and preferences give.",
+    )
     evidence: Evidence | None = Field(default=None, description="The probe's measurements.")
 
     @model_validator(mode="after")
@@ -219,6 +257,7 @@ def profile_problems(profile: Profile) -> list[str]:
     problems += settings_problems(
         settings, profile.provenance.snapshot, profile.provenance.torch_version
     )
+    problems += topology_problems(profile.topology, settings.device, profile.provenance.snapshot)
     problems += batch_problems(settings, profile.evidence)
     unknown = sorted({d.setting for d in profile.decisions} - settings_paths())
     if unknown:

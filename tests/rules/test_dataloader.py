@@ -309,7 +309,8 @@ def test_findings_keep_the_profile_invariants(
     if host.os_name == "windows":
         assert workers == 0
     assert threads is None or 1 <= threads <= host.cpus_usable
-    if threads is not None and ctx.device == "cpu" and ctx.processes == 1 and workers > 0:
+    one_process = ctx.topology.processes_per_node == 1
+    if threads is not None and ctx.device == "cpu" and one_process and workers > 0:
         assert workers + threads <= host.cpus_usable
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         assert variable in ALLOWED_ENVIRONMENT

@@ -41,6 +41,7 @@ _NOT_OURS = r"(?!torch_autotune(\.|$))"
 @options.mode(default="speed")
 @options.variable_shapes()
 @options.workers()
+@options.processes_per_node()
 @options.plot(
     "Also draw the charts into a PNG file (needs the 'plot' extra; without it they are drawn "
     "in the terminal)."
@@ -59,6 +60,7 @@ def cli(  # click passes options by name
     mode: str,
     variable_shapes: bool,
     workers: int | None,
+    processes_per_node: int | None,
     plot_file: Path | None,
     no_save: bool,
     store: Path | None,
@@ -94,6 +96,7 @@ def cli(  # click passes options by name
                 target_global_batch=target_batch,
                 fixed_shapes=not variable_shapes,
                 num_workers=workers,
+                processes_per_node=processes_per_node,
                 progress=report,
             )
 

@@ -18,6 +18,7 @@ import click
 
 from torch_autotune.bounds import (
     MAX_BATCH_SIZE,
+    MAX_CPUS,
     MAX_GLOBAL_BATCH,
     MAX_ROUNDS,
     MAX_SECONDS,
@@ -226,6 +227,17 @@ def workers() -> Decorator:
         "--workers",
         type=click.IntRange(0, MAX_WORKERS),
         help="Use this many DataLoader workers instead of measuring (Windows measures none).",
+    )
+
+
+def processes_per_node() -> Decorator:
+    """``--processes-per-node N``: the training processes (DDP ranks) the profile is for."""
+    return click.option(
+        "--processes-per-node",
+        type=click.IntRange(1, MAX_CPUS),
+        help="Training processes on this node, as torchrun --nproc-per-node starts them "
+        "(default: one per GPU, one on the CPU): they share the CPUs, the global batch is "
+        "spread over them, and the exports launch that many.",
     )
 
 

@@ -58,6 +58,7 @@ def detect_command(as_json: bool, deep: bool, snapshot_file: Path | None) -> Non
     show_default=True,
     help="The optimizer the script trains with (fused kernels are trusted for Adam/AdamW).",
 )
+@options.processes_per_node()
 @options.as_json("Print the profile as JSON.")
 @click.option("--save", is_flag=True, help="Store the profile for this machine.")
 @click.option(
@@ -74,6 +75,7 @@ def recommend_command(  # click passes options by name
     model_kind: str,
     variable_shapes: bool,
     optimizer: str,
+    processes_per_node: int | None,
     as_json: bool,
     save: bool,
     force: bool,
@@ -89,6 +91,7 @@ def recommend_command(  # click passes options by name
         model_kind=model_kind,  # type: ignore[arg-type]
         fixed_shapes=not variable_shapes,
         optimizer=optimizer,  # type: ignore[arg-type]
+        processes_per_node=processes_per_node,
     )
     profile = api.rules_profile(snapshot, preferences)
     warn_unused_gpu(profile)

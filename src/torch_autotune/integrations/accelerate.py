@@ -30,7 +30,7 @@ def accelerate_config(profile: Profile) -> dict[str, Any]:
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
-        "distributed_type": "MULTI_GPU" if s.device == "cuda" and processes > 1 else "NO",
+        "distributed_type": _distributed_type(s.device, processes),
         "downcast_bf16": "no",
         "enable_cpu_affinity": False,
         "machine_rank": 0,
@@ -47,6 +47,14 @@ def accelerate_config(profile: Profile) -> dict[str, Any]:
         config["gpu_ids"] = "all"
     config.update(arguments(profile, ACCELERATE))
     return dict(sorted(config.items()))
+
+
+def _distributed_type(device: str, processes: int) -> str:
+    """accelerate's ``distributed_type``: several processes are DDP ranks on the GPUs
+    (``MULTI_GPU``) or on the CPU over gloo (``MULTI_CPU``); one process is ``NO``."""
+    if processes == 1:
+        return "NO"
+    return "MULTI_CPU" if device == "cpu" else "MULTI_GPU"
 
 
 def _accelerate_compile(profile: Profile) -> dict[str, Any]:

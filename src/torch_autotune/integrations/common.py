@@ -14,15 +14,9 @@ if TYPE_CHECKING:
 
 
 def process_count(profile: Profile) -> int:
-    """Training processes on this node: one per target GPU (or the DDP ranks asked for), else 1."""
-    from torch_autotune.profile import target_accelerators
-
-    if profile.settings.device != "cuda":
-        return 1
-    asked = profile.provenance.preferences.processes_per_node
-    if asked is not None:
-        return asked
-    return max(1, len(target_accelerators(profile.settings, profile.provenance.snapshot)))
+    """Training processes on this node, as the profile's topology says (one per target GPU,
+    one on the CPU and on MPS, or the DDP ranks asked for)."""
+    return profile.topology.processes_per_node
 
 
 def header(profile: Profile, tool: str) -> list[str]:

@@ -1,6 +1,6 @@
 """The bounds of a probe run and its plan after the search: the largest batch tried and why,
-the host RAM a CPU probe may fill, the multiple batch sizes are rounded to, and the seconds set
-aside for each phase after the search. No torch.
+the host RAM a CPU probe may fill, and the seconds set aside for each phase after the search
+(the multiple batch sizes are rounded to is the profile's, ``Profile.topology``). No torch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from torch_autotune.probe.points import THROUGHPUT_POINTS, compile_seconds
 from torch_autotune.probe.seam import Trials
 from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.trials import MIN_BLOCKS, StepSettings
-from torch_autotune.profile import Profile
 
 CPU_CAP = 512  # on the CPU memory rarely limits; throughput flattens long before this
 GPU_CAP = 1 << 16
@@ -34,15 +33,6 @@ def ram_budget(machine: HardwareSnapshot) -> int | None:
     host = machine.host
     known = [v for v in (host.memory_available_bytes, host.memory_limit_bytes) if v]
     return int(0.7 * min(known)) if known else None
-
-
-def multiple(profile: Profile) -> int:
-    """Catalog K4: multiples of 8 on NVIDIA Tensor-Core GPUs with AMP or TF32."""
-    snapshot = profile.provenance.snapshot
-    gpus = [a for a in snapshot.accelerators if a.backend.value == "cuda"]
-    uses_tc = profile.settings.precision.autocast or profile.settings.matmul.tf32
-    tensor_cores = bool(gpus) and all(a.tensor_cores for a in gpus)
-    return 8 if profile.settings.device == "cuda" and tensor_cores and uses_tc else 1
 
 
 @dataclass

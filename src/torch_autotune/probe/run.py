@@ -49,7 +49,7 @@ from torch_autotune.probe.guard import (
 )
 from torch_autotune.probe.loop import FedRunner
 from torch_autotune.probe.oom import long_lived_objects_frozen
-from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, Plan, cap_reason, multiple, plan, ram_budget
+from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, Plan, cap_reason, plan, ram_budget
 from torch_autotune.probe.points import (
     batch_choice,
     candidates,
@@ -338,7 +338,7 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     """The phases after detection, in order (the module docstring), and what they found."""
     guarded, found, limit = run.search(max_batch_size)
     assert found.largest is not None  # search() raised otherwise
-    step = multiple(run.rules_only)
+    step = run.rules_only.topology.batch_multiple  # K4
     fixed = run.preferences.fixed_shapes
     sizes = candidates(found.largest, found.limited_by, step, fixed, floor=run.floor)
     after = plan(

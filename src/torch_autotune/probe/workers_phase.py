@@ -2,9 +2,10 @@
 measure them (the user set them, Windows, no dataset, no time left), and when the loader alone
 is not enough and training must be fed by it to choose (``probe.fed``).
 
-1. **The loader alone** (``probe.workers.search_workers``), at counts up to the CPUs this
-   process may use per training process (its affinity, and the quota detection read), on a CPU-only
-   machine too: it is quick, and where a count keeps ahead of the training step it decides.
+1. **The loader alone** (``probe.workers.search_workers``), at counts up to the CPUs of one
+   training process (the profile's topology: the quota detection read, shared by the processes
+   on the node; never more than this process's affinity allows), on a CPU-only machine too:
+   it is quick, and where a count keeps ahead of the training step it decides.
 2. **Loading and training together** (``probe.fed.choose_fed``) where the loader alone cannot
    decide: no count keeps ahead of the step (loading limits training), or the step's rate is
    unknown, or on a CPU wherever workers would be used, since there they take cores from the
@@ -70,20 +71,20 @@ def halvings(batch_size: int, multiple: int, floor: int, count: int = 3) -> tupl
 
 
 def _max_workers(profile: Profile) -> int:
-    """Worker counts worth measuring: the usable CPUs (quota-aware) per training
-    process: all of them on the CPU, where the passes fed by the loader measure what the
-    workers take from the training step (G6), and a share per GPU on a GPU (F1).
+    """Worker counts worth measuring: the CPUs of one training process (``Profile.topology``:
+    the usable CPUs, quota-aware, shared by the processes on the node): all of them on the
+    CPU in one process, where the passes fed by the loader measure what the workers take
+    from the training step (G6), and one process's share where several train (F1).
 
-    Never more CPUs than this process may run on: the workers are measured here, also when the
-    profile describes a recorded machine with more of them (a test's snapshot, a machine you are
-    not on), and torch warns about more workers than CPUs.
+    Never more CPUs than this process may run on, shared the same way: the workers are
+    measured here, also when the profile describes a recorded machine with more of them (a
+    test's snapshot, a machine you are not on), and torch warns about more workers than CPUs.
     """
-    snapshot = profile.provenance.snapshot
-    usable = min(snapshot.host.cpus_usable, _process_cpus() or snapshot.host.cpus_usable)
-    if profile.device == "cpu":
-        return max(1, usable)
-    gpus = [a for a in snapshot.accelerators if a.backend.value in ("cuda", "rocm", "mps")]
-    return max(1, usable // max(1, len(gpus)))
+    topology = profile.topology
+    here = _process_cpus()
+    if here is None:
+        return topology.cpus_per_process
+    return max(1, min(topology.cpus_per_process, here // topology.processes_per_node))
 
 
 def _process_cpus() -> int | None:

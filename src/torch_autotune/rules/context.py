@@ -13,11 +13,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from torch_autotune.bounds import STRICT, AccumSteps, BatchSize, CpuCount, GlobalBatch, WorkerCount
+from torch_autotune.bounds import STRICT, BatchSize, WorkerCount
 from torch_autotune.evidence import BatchChoice
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
 from torch_autotune.invariants import device_accelerators
 from torch_autotune.profile import Mode, Preferences, Source, torch_release
+from torch_autotune.topology import Topology, derive_topology
 
 __all__ = ["Context", "Finding", "Measurements", "Preferences"]
 
@@ -29,14 +30,11 @@ class Measurements(BaseModel):
 
     batch_size: BatchSize | None = None
     num_workers: WorkerCount | None = None
-    grad_accum_steps: AccumSteps | None = None  # set when a target global batch was given
     workers_reason: str | None = None  # how the probe chose num_workers, in words
     batch_reason: str | None = None  # how the batch was chosen, where not by the step alone
     compile_enabled: bool | None = None  # torch.compile kept or dropped by measurement
     compile_reason: str | None = None  # measured: why, with the numbers; else why not measured
     batch_choice: BatchChoice | None = None  # how the probe chose batch_size, as facts
-    target_global_batch: GlobalBatch | None = None  # what grad_accum_steps makes up
-    processes: CpuCount = 1  # training processes the global batch is spread over
 
 
 @dataclass(frozen=True)
@@ -114,12 +112,17 @@ class Context:
         return min(counts) if counts else None
 
     @property
-    def processes(self) -> int:
-        """Training processes on this node: one per GPU unless the user said otherwise."""
-        if self.preferences.processes_per_node is not None:
-            return self.preferences.processes_per_node
-        return max(1, len(self.gpus)) if self.device == "cuda" else 1
-
-    @property
-    def cpus_per_process(self) -> int:
-        return max(1, self.snapshot.host.cpus_usable // self.processes)
+    def topology(self) -> Topology:
+        """Where the profile trains (``topology.derive_topology``): the training processes on
+        this node, the CPUs of each, the batch's multiple; from the snapshot, the preferences
+        and the device, precision and TF32 decided so far (the multiple is K4's once the
+        precision and TF32 rules ran; the engine stores the one of the final settings)."""
+        tensor_core_math = bool(self.decided.get("precision.autocast")) or bool(
+            self.decided.get("matmul.tf32")
+        )
+        return derive_topology(
+            self.snapshot,
+            self.preferences.processes_per_node,
+            device=self.device,
+            tensor_core_math=tensor_core_math,
+        )

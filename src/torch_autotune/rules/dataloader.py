@@ -48,10 +48,13 @@ def _restriction(host: Host) -> str:
 
 def cpu_budget(ctx: Context) -> str:
     """The CPUs each training process may keep busy, in words, e.g. '4 usable CPUs (...)'."""
-    host = ctx.snapshot.host
+    host, topology = ctx.snapshot.host, ctx.topology
     text = f"{host.cpus_usable} usable CPU(s){_restriction(host)}"
-    if ctx.processes > 1:
-        text += f" shared by {ctx.processes} training processes: {ctx.cpus_per_process} CPU(s) each"
+    processes = topology.processes_per_node
+    if processes > 1:
+        text += (
+            f" shared by {processes} training processes: {topology.cpus_per_process} CPU(s) each"
+        )
     return text
 
 
@@ -86,7 +89,7 @@ def _workers(ctx: Context) -> tuple[int, str, str, Source]:
             "yourself (with persistent_workers) if loading is the bottleneck",
             Source.INFERRED,
         )
-    cpus = ctx.cpus_per_process
+    cpus = ctx.topology.cpus_per_process
     if ctx.device in ("cuda", "mps"):
         workers = min(max(1, cpus - 1), MAX_GPU_WORKERS)
         return (
@@ -259,11 +262,12 @@ def _cpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
     host = ctx.snapshot.host
     default = _torch_default_threads(host)
     workers = int(ctx.get("dataloader.num_workers"))
-    want = max(1, ctx.cpus_per_process - workers)
+    topology = ctx.topology
+    want = max(1, topology.cpus_per_process - workers)
     budget = f"{cpu_budget(ctx)}, less {workers} DataLoader worker(s): {want} thread(s) for compute"
     if default is not None and want >= default:
         return None, "G1", f"left to torch: {_default_text(host)}, which fits in {budget}"
-    if ctx.processes > 1:
+    if topology.processes_per_node > 1:
         rule = "G3"
     elif default is None or host.cpus_usable < default:
         rule = "G2"  # a quota or affinity mask, not the workers, is what makes it too many
@@ -276,17 +280,15 @@ def _gpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
     """G2/G3: the GPU computes; threads are only capped where the CPUs per process are fewer."""
     host = ctx.snapshot.host
     default = _torch_default_threads(host)
-    want = max(1, ctx.cpus_per_process)
+    topology = ctx.topology
+    want = topology.cpus_per_process
+    ranks = topology.processes_per_node > 1
     if default is not None and want >= default:
-        note = (
-            "; torchrun sets OMP_NUM_THREADS=1 per rank when it is unset (G3)"
-            if ctx.processes > 1
-            else ""
-        )
+        note = "; torchrun sets OMP_NUM_THREADS=1 per rank when it is unset (G3)" if ranks else ""
         return None, "G1", f"left to torch: {_default_text(host)}, within {cpu_budget(ctx)}{note}"
     return (
         want,
-        "G3" if ctx.processes > 1 else "G2",
+        "G3" if ranks else "G2",
         f"{cpu_budget(ctx)}: {want} thread(s) per process; {_default_text(host)}, more than this "
         "process may use, which oversubscribes the CPUs and gets throttled",
     )

@@ -131,6 +131,7 @@ def build_profile(
             preferences=ctx.preferences,
             snapshot=snapshot,
         ),
+        topology=ctx.topology,  # read by the rules above, stored for the probe and exporters
         evidence=evidence,
     )
 

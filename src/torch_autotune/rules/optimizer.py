@@ -7,11 +7,12 @@ yields one finding per setting it owns, every time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from torch_autotune.evidence import BatchChoice
 from torch_autotune.profile import Mode, Source
-from torch_autotune.rules.context import Context, Finding, Measurements
+from torch_autotune.rules.context import Context, Finding
 
 _FUSED_OPTIMIZERS = ("adam", "adamw")
 
@@ -128,46 +129,52 @@ def _batch_size(ctx: Context) -> Finding:
     )
 
 
-def accumulation_reason(measured: Measurements) -> str:
-    """Why ``grad_accum_steps`` is what it is: the global batch it makes, and whether the
-    target had to be rounded up to whole batches."""
-    steps = measured.grad_accum_steps or 1
-    batch = measured.batch_size or 1
-    processes = measured.processes
+def accumulation(batch: int, target: int, processes: int) -> tuple[int, str]:
+    """(grad_accum_steps, why) that make up the global batch ``target`` from ``batch`` samples
+    in each of ``processes`` training processes (L1): ceil(target / (batch x processes)), the
+    global batch it makes, and whether the target had to be rounded up to whole batches."""
+    steps = max(1, math.ceil(target / (batch * processes)))
     made = batch * steps * processes
     spread = f" x {processes} processes" if processes > 1 else ""
     text = f"{steps}: batch {batch} x {steps} steps{spread} = a global batch of {made}"
-    target = measured.target_global_batch
-    if target is None:
-        return text
     if made == target:
-        return text + f", the target ({target})"
-    return text + (
+        return steps, text + f", the target ({target})"
+    return steps, text + (
         f"; the target {target} is not a whole number of batches of {batch * processes}, so it"
         " is rounded up"
+    )
+
+
+def _accumulation(ctx: Context) -> Finding:
+    """L1: the steps that keep the target global batch (``--target-batch``) with the measured
+    batch over the training processes of the topology; 1 without a target or a batch."""
+    target = ctx.preferences.target_global_batch
+    batch = ctx.measurements.batch_size if ctx.measurements is not None else None
+    if target is not None and batch is not None:
+        steps, why = accumulation(batch, target, ctx.topology.processes_per_node)
+        return Finding("batch.grad_accum_steps", steps, "L1", why, Source.MEASURED)
+    if target is not None:
+        return Finding(
+            "batch.grad_accum_steps",
+            1,
+            "L1",
+            f"1: the target global batch {target} is made up from the batch size, which is "
+            "only ever measured: run autotune to probe it; until then every step updates the "
+            "weights",
+        )
+    return Finding(
+        "batch.grad_accum_steps",
+        1,
+        "L1",
+        "1: no target global batch is given, so every step updates the weights; with one, "
+        "accumulation would be ceil(target / batch size)",
     )
 
 
 def batch(ctx: Context) -> Iterator[Finding]:
     """K1-K2, L1, C4: the batch size (only measured), accumulation steps and the seed."""
     yield _batch_size(ctx)
-    measured = ctx.measurements
-    if measured is not None and measured.grad_accum_steps is not None:
-        yield Finding(
-            "batch.grad_accum_steps",
-            measured.grad_accum_steps,
-            "L1",
-            accumulation_reason(measured),
-            Source.MEASURED,
-        )
-    else:
-        yield Finding(
-            "batch.grad_accum_steps",
-            1,
-            "L1",
-            "1: no target global batch is given, so every step updates the weights; with one, "
-            "accumulation would be ceil(target / batch size)",
-        )
+    yield _accumulation(ctx)
     if ctx.mode is Mode.REPRODUCIBLE:
         yield Finding(
             "seed",
