@@ -109,6 +109,15 @@ def test_with_no_steady_point_the_largest_point_is_kept_and_run_again() -> None:
 # --- the sentences, for every way the batch can be chosen ----------------------------------------
 
 
+_CONFIRMED_TEXT = {
+    "its point": "with these settings",
+    "ran again": "with these settings",
+    "stepped down": "",
+    "not run again": "with these settings",
+}
+"""Whether each way of confirming the batch speaks of 'these settings' (stepped down does not)."""
+
+
 @given(
     chosen_by=st.sampled_from(["fastest point", "largest point", "top candidate"]),
     confirmed=st.sampled_from(["its point", "ran again", "stepped down", "not run again"]),
@@ -139,6 +148,16 @@ def test_the_batch_reason_states_exactly_what_was_done(
     assert ("fastest batch measured" in reason) is fastest
     assert ("compiled" in reason) is (compiled and fastest)
     assert ("within 3%" in reason) is fastest  # 896 was faster, 448 within 3% of it
+    ran_compiled = compiled and fastest
+    for compiles in (False, True):
+        told = batch_reason(448, choice, compiles)
+        says_these = "with these settings" in _CONFIRMED_TEXT[confirmed]
+        assert ("these settings but eager" in told) is (
+            says_these and compiles and not ran_compiled
+        )
+        assert ("these settings but compiled" in told) is (
+            says_these and ran_compiled and not compiles
+        )
 
 
 @pytest.mark.parametrize(

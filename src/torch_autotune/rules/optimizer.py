@@ -82,9 +82,13 @@ _CONFIRMED = {
 }
 
 
-def batch_reason(size: int, choice: BatchChoice | None) -> str:
+def batch_reason(size: int, choice: BatchChoice | None, compiles: bool | None = None) -> str:
     """Why the profile's batch is ``size``, from how the probe chose it (``choice``): what was
-    measured, how the candidates were made, and whether it ran again; nothing it did not do."""
+    measured, how the candidates were made, and whether it ran again; nothing it did not do.
+
+    ``compiles``: whether the profile compiles. Where the batch ran otherwise (eager, in a
+    profile whose rules keep torch.compile unmeasured), it is not said to have run "with these
+    settings"."""
     if choice is None:
         return f"{size}: a batch the probe ran on this machine"
     how = _HOW[choice.chosen_by]
@@ -104,7 +108,20 @@ def batch_reason(size: int, choice: BatchChoice | None) -> str:
     if choice.top != choice.largest:
         top += f": {choice.top}"
     top += ", and halvings of it were the candidates"
-    return f"{size}: {how}; {top}; {_CONFIRMED[choice.confirmed]}"
+    confirmed = _CONFIRMED[choice.confirmed]
+    if compiles is not None and compiles != choice.compiled:
+        confirmed = confirmed.replace("with these settings", _but(choice.compiled))
+    return f"{size}: {how}; {top}; {confirmed}"
+
+
+def _but(compiled: bool) -> str:
+    """'with these settings', but for torch.compile, which the batch ran without (or with)."""
+    if compiled:
+        return "with these settings but compiled (this profile does not compile)"
+    return (
+        "with these settings but eager: this profile compiles, and torch.compile was not"
+        " measured at this size"
+    )
 
 
 def _batch_size(ctx: Context) -> Finding:
@@ -116,7 +133,9 @@ def _batch_size(ctx: Context) -> Finding:
             measured,
             "K2",
             ctx.measurements.batch_reason  # the fed passes chose it: their numbers
-            or batch_reason(measured, ctx.measurements.batch_choice),
+            or batch_reason(
+                measured, ctx.measurements.batch_choice, ctx.decided.get("compile.enabled")
+            ),
             Source.MEASURED,
         )
     return Finding(
