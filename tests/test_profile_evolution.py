@@ -70,7 +70,7 @@ def test_the_golden_file_of_schema_1_is_a_measured_and_benched_profile() -> None
 
 # --- a key added with a default: older files load, no new version ---------------------------------
 
-# Keys issue 18 added, each with a default: a schema-1 file written before them still loads.
+# Keys added to schema 1 with a default: a schema-1 file written before them still loads.
 ADDED_WITH_A_DEFAULT = [
     ("provenance", "preferences", "target_global_batch"),
     ("evidence", "details"),
@@ -97,7 +97,7 @@ def test_a_file_written_before_a_key_with_a_default_loads_with_the_default(
     assert getattr(model, key) == field.get_default(call_default_factory=True)
 
 
-def test_the_measured_h100_profile_written_before_issue_18_still_loads() -> None:
+def test_the_measured_h100_profile_written_before_those_keys_still_loads() -> None:
     path = Path(__file__).parents[1] / "benchmarks/results/h100-2026-11-23/profile-gpt2-speed.json"
     assert "batch_choice" not in path.read_text()
     profile = load_profile(path)
