@@ -14,7 +14,14 @@ The limits, and why:
   up to the limit and no further.
 - ``MAX_NESTING`` (64 levels): the schema nests 6 deep. Checked on the text before parsing: a
   scan of JSON's brackets, and YAML's event stream (libyaml's parser keeps its own stack; only
-  the composer recurses).
+  the composer recurses). The messages stay ours whichever PyYAML reads the events: libyaml
+  0.2.6, inside PyYAML 6.0.4's wheels, refuses nesting past 1,000 levels itself, and its
+  scanner reads up to 1,024 characters ahead of the event it hands over (a simple key may be
+  that long), so ``[`` repeated stops it before the 65th level reaches us. Where the C parser
+  stops on an error, the events are walked once more by PyYAML's pure-Python parser, which
+  checks nothing of the kind in any release from 6.0 to 6.0.4: a limit broken before the error
+  is the one reported, else the parser's error stands. It costs nothing on a good file and under
+  a second on a broken one of 1 MiB.
 - ``MAX_VALUES`` (20,000 keys and values, YAML aliases expanded): the largest measured profile
   holds 962. An alias bomb (each level repeating the last ten times) is small text and a huge tree;
   a flat mapping of 50,000 unknown keys costs seconds of validation errors.
@@ -22,6 +29,7 @@ The limits, and why:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -107,7 +115,7 @@ def parse_yaml(text: str, source: str, error: _ErrorClass, remedy: str) -> Any:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     _check_length(text, source, error)
     try:
-        _check_yaml_events(text, loader, source, error, remedy)
+        _check_yaml_limits(text, loader, source, error, remedy)
         data = yaml.load(text, Loader=loader)  # a safe loader (C or Python), chosen above
     except yaml.constructor.ConstructorError as exc:
         if "could not determine a constructor" in str(exc.problem):
@@ -205,6 +213,28 @@ def _check_json_nesting(text: str, source: str, error: _ErrorClass, remedy: str)
         and max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > MAX_NESTING
     ):
         raise error(_too_deep(source, remedy))
+
+
+def _check_yaml_limits(
+    text: str, loader: Any, source: str, error: _ErrorClass, remedy: str
+) -> None:
+    """Refuse YAML over the nesting or value limits with our message, whichever PyYAML parses.
+
+    The C parser walks the events first (fast). Where it stops on an error of its own (libyaml's
+    nesting limit, which its look-ahead reaches before our count does, or plain bad syntax), the
+    pure-Python parser walks them again: our limit is reported where the text breaks it before
+    the error, and the C parser's error otherwise.
+    """
+    import yaml
+
+    try:
+        _check_yaml_events(text, loader, source, error, remedy)
+    except yaml.YAMLError:
+        if loader is yaml.SafeLoader:
+            raise
+        with contextlib.suppress(yaml.YAMLError):  # the same bad syntax: the C parser's report
+            _check_yaml_events(text, yaml.SafeLoader, source, error, remedy)
+        raise
 
 
 def _check_yaml_events(

@@ -5,13 +5,32 @@ before YAML). YAML is read with the safe loader only: a tag that would construct
 is refused.
 A key that is not in the schema gets "did you mean ...?". A file from a newer release asks for an
 upgrade. ``dump(load(x)) == x`` for every file this module writes.
+
+How profiles evolve. ``schema_version`` names the written form of a profile, and a release reads
+every form up to its own:
+
+- A key added with a default, or a value added to a choice, needs no new version: a file
+  written before it lacks the key and gets the default. (``preferences.target_global_batch``,
+  ``evidence.details``, ``evidence.batch_choice`` and ``evidence.fed`` came so, in schema 1.)
+- A key renamed, moved or removed, or a value whose type, unit or meaning changes, bumps
+  ``PROFILE_SCHEMA_VERSION`` to N+1 and adds the step ``MIGRATIONS[N]``: a pure function from a
+  schema-N profile's data to schema N+1's (the version number is set by ``migrate``). The steps
+  run in order before validation, so a file of any earlier schema loads. The golden file of
+  every version stays in ``tests/fixtures/profiles/`` (``schema-N.yaml``, never edited), and
+  each must load through the steps.
+- A file of a newer schema is refused in one line that names both versions and the upgrade. A
+  newer release's file of the same schema, with a key or a value this one does not know, is
+  refused with that upgrade too, named from ``provenance.tool_version``: every model forbids
+  unknown keys, so the added key that needs no new version is still an error here, never
+  silently dropped.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -21,9 +40,17 @@ from torch_autotune.input_files import Format, kind_of, parse_data, read_input
 if TYPE_CHECKING:
     from torch_autotune.bench import TrainConfig
 from torch_autotune.profile import PROFILE_SCHEMA_VERSION, Profile
+from torch_autotune.version import __version__
 
 _REGENERATE = "regenerate it with 'autotune export'"
 _BASELINE_HINT = "write a YAML mapping such as 'batch_size: 64'"
+_UPGRADE = "upgrade with 'pip install -U torch-autotune'"
+
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+
+MIGRATIONS: Mapping[int, Migration] = {}
+"""``MIGRATIONS[n]``: the data of a schema-n profile as schema n+1 writes it, a pure function
+(its argument left as it was). Empty while schema 1 is the only one."""
 
 
 def dump_profile(profile: Profile, fmt: Format = "yaml") -> str:
@@ -84,16 +111,64 @@ def parse_profile(text: str, source: str = "profile", fmt: Format | None = None)
     raw = parse_data(text, source, ProfileFileError, _REGENERATE, fmt)
     if not isinstance(raw, dict):
         raise ProfileFileError(f"{source} is {kind_of(raw)}, not a profile; {_REGENERATE}")
-    version = raw.get("schema_version")
-    if isinstance(version, int) and version > PROFILE_SCHEMA_VERSION:
+    data = migrate(raw, source)
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        newer = _newer_release(data)
+        if newer is not None:
+            raise ProfileFileError(
+                f"{source}: {_explain(exc)}; it was written by torch-autotune {newer}, newer "
+                f"than this one ({__version__}): {_UPGRADE}"
+            ) from None
+        raise ProfileFileError(f"{source}: {_explain(exc)}") from None
+
+
+def migrate(
+    data: dict[str, Any],
+    source: str = "profile",
+    *,
+    current: int = PROFILE_SCHEMA_VERSION,
+    steps: Mapping[int, Migration] = MIGRATIONS,
+) -> dict[str, Any]:
+    """A profile's parsed data brought to schema ``current`` through ``steps``, one per version.
+
+    Data of the current schema, or with no usable ``schema_version`` (validation names that),
+    is returned as it is; a newer schema is one ProfileFileError, as is a step that cannot read
+    the data it is given.
+    """
+    version = data.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        return data
+    if version > current:
         raise ProfileFileError(
             f"{source} uses profile schema {version}, newer than this torch-autotune reads "
-            f"({PROFILE_SCHEMA_VERSION}); upgrade with 'pip install -U torch-autotune'"
+            f"({current}); {_UPGRADE}"
         )
+    for step in range(version, current):
+        to_next = steps[step]  # a missing step is this release's bug, never the file's
+        try:
+            data = {**to_next(data), "schema_version": step + 1}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ProfileFileError(
+                f"{source}: a schema-{step} profile that cannot be brought to schema {step + 1} "
+                f"({type(exc).__name__}: {exc}); {_REGENERATE}"
+            ) from None
+    return data
+
+
+def _newer_release(data: dict[str, Any]) -> str | None:
+    """The release that wrote ``data`` when it is newer than this one, else None."""
+    provenance = data.get("provenance")
+    written_by = provenance.get("tool_version") if isinstance(provenance, dict) else None
+    if not isinstance(written_by, str):
+        return None
+    from packaging.version import InvalidVersion, Version  # only on this error path
+
     try:
-        return Profile.model_validate(raw)
-    except ValidationError as exc:
-        raise ProfileFileError(f"{source}: {_explain(exc)}") from None
+        return written_by if Version(written_by) > Version(__version__) else None
+    except InvalidVersion:
+        return None
 
 
 def load_profile(path: str | Path) -> Profile:
