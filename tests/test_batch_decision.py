@@ -16,13 +16,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from tests.probe.fake_trials import Machine, cpu_machine, recorded, tune_on
+from tests.probe.fake_trials import cpu_machine, recorded, tune_on
 from torch_autotune import api
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_USAGE
 from torch_autotune.evidence import BatchChoice
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import process_count
+from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
 from torch_autotune.profile_io import dump_profile
@@ -58,7 +59,7 @@ def _summary(profile: Profile) -> str:
 def test_the_h100_batch_is_the_fastest_point_and_says_so_not_the_largest_less_a_margin() -> None:
     """The H100 profile read '832: the largest batch the probe ran, less its safety margin, and
     run once more': 832 was the fastest steady point, and ran once, as that point."""
-    profile = tune_on(Machine(), _workload(), H100, mode="balanced")
+    profile = tune_on(SimulatedMachine(), _workload(), H100, mode="balanced")
     evidence = profile.evidence
     assert evidence is not None
     choice = evidence.batch_choice
@@ -91,7 +92,7 @@ def test_a_batch_limited_by_the_cap_claims_no_memory_margin() -> None:
 
 def test_with_no_steady_point_the_largest_point_is_kept_and_run_again() -> None:
     noisy = dict.fromkeys(range(1, 2000), 0.5)  # every point alternates by 50%
-    profile = tune_on(Machine(noise=noisy, leaves=1), _workload(), H100, mode="balanced")
+    profile = tune_on(SimulatedMachine(noise=noisy, leaves=1), _workload(), H100, mode="balanced")
     evidence = profile.evidence
     assert evidence is not None
     choice = evidence.batch_choice
