@@ -23,7 +23,7 @@ from torch_autotune.errors import EXIT_USAGE
 from torch_autotune.evidence import BatchChoice
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import process_count
-from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.simulated import SimulatedMachine, preset
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
 from torch_autotune.profile_io import dump_profile
@@ -251,3 +251,27 @@ def test_save_is_public_and_its_file_exports(
     result = CliRunner().invoke(cli, ["export", "--profile", str(saved)])
     assert result.exit_code == 0, result.output
     assert "batch_size: " in result.stdout
+
+
+# --- found by the property over simulated runs (tests/test_claims.py) -----------------------------
+
+
+def test_a_batch_that_ran_eager_only_in_a_compiling_profile_is_not_said_to_have_run_with_it() -> (
+    None
+):
+    """ResNet-50 on the H100 in speed mode with 90 s: no time to measure torch.compile, so the
+    rules keep it, and the batch ran eager only. The summary said its point ran 'with these
+    settings'."""
+    machine = preset("h100-resnet50", load_s=None)
+    profile = tune_on(machine, _workload(), H100, mode="speed", budget_s=90)
+    assert profile.settings.compile.enabled
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.compile is not None
+    assert not evidence.compile.measured
+    assert evidence.batch_choice is not None
+    assert not evidence.batch_choice.compiled
+    assert (
+        "recommended    832 (its throughput point ran after the search, with these settings but"
+        " eager: this profile compiles, and torch.compile was not measured at this size)"
+    ) in _summary(profile)
