@@ -79,6 +79,8 @@ def disagreements(profile: Profile) -> list[str]:
     assert evidence is not None
     text = summary(profile)
     found = _batch_claims(profile, evidence, text)
+    found += _compile_claims(evidence, text)
+    found += _fed_batch_claims(profile, evidence)
     found += _accumulation_claims(profile, text)
     found += _worker_claims(profile, evidence, text)
     return found
@@ -130,14 +132,98 @@ def _batch_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
     rate = re.search(r"the fastest batch measured here \(" + _RATE, reason)
     if rate and not _same_rate(rate.group(1), choice.samples_per_s):
         found.append(f"the reason's rate {rate.group(1)} is not the point's")
-    fastest = _row(text, "fastest batch") or ""
-    if fastest and not fastest.startswith("not measured"):
-        size = int(fastest.split()[0])
-        if not _points(evidence, size, compiled=choice.compiled):
-            found.append(f"the summary's fastest batch {size}: no steady point of its kind")
+    if (choice.chosen_by == "fastest point") != fastest_claim and not choice.fed:
+        found.append(f"chosen by {choice.chosen_by}; the reason says otherwise")
+    if choice.confirmed == "stepped down":
+        failed = [t for t in again if not t.fits and t.batch_size > (batch or 0)]
+        if not failed or not any(t.fits and t.batch_size == batch for t in again):
+            found.append(f"'stepped down' to {batch} is claimed; the confirmations say otherwise")
+    found += _fastest_row(evidence, _row(text, "fastest batch") or "")
     recommended = _row(text, "recommended") or ""
     if not recommended.startswith(f"{evidence.batch_size} ("):
         found.append(f"the summary recommends '{recommended[:40]}'")
+    return found
+
+
+def _fastest_row(evidence: Evidence, row: str) -> list[str]:
+    """The summary's 'fastest batch': 'N at X samples/s (within 3% of the best, Y samples/s at
+    M), compiled', each number a steady point's of the chosen kind; or 'not measured'."""
+    choice = evidence.batch_choice
+    assert choice is not None
+    if row.startswith("not measured"):
+        return [] if choice.chosen_by != "fastest point" else ["the fastest is 'not measured'"]
+    said = re.match(rf"(\d+) at {_RATE}(?: \(within 3% of the best, {_RATE} at (\d+)\))?", row)
+    if said is None:
+        return [f"the fastest batch reads '{row}'"]
+    found = []
+    kind = choice.compiled
+    size, rate, best, at = said.groups()
+    if not any(
+        _same_rate(rate, p.samples_per_s) for p in _points(evidence, int(size), compiled=kind)
+    ):
+        found.append(f"the summary's fastest batch {size} at {rate}: no steady point of its kind")
+    if best is not None and not any(
+        _same_rate(best, p.samples_per_s) for p in _points(evidence, int(at), compiled=kind)
+    ):
+        found.append(f"the summary's best {best} at {at}: no steady point of its kind")
+    if row.endswith(", compiled") != kind:
+        found.append(f"the fastest batch says compiled: {row.endswith(', compiled')}")
+    return found
+
+
+def _compile_claims(evidence: Evidence, text: str) -> list[str]:
+    """The summary's torch.compile row: its two rates are points of their kind at the batch
+    named, and the speedup is their ratio."""
+    said = re.search(
+        r"([\d.]+)x \(([\d,]+) samples/s compiled at batch (\d+) against ([\d,]+) eager at "
+        r"batch (\d+)\)",
+        _row(text, "torch.compile") or "",
+    )
+    if said is None:
+        return []
+    speedup, compiled, at, eager, eager_at = said.groups()
+    ran = {
+        kind: [r for r in evidence.throughput if r.compiled == kind and r.batch_size == int(size)]
+        for kind, size in ((True, at), (False, eager_at))
+    }
+    found = []
+    for kind, rate in ((True, compiled), (False, eager)):
+        if not any(_same_rate(rate, r.samples_per_s) for r in ran[kind]):
+            found.append(f"torch.compile: no {'compiled' if kind else 'eager'} point at {rate}")
+    for c in ran[True]:
+        for e in ran[False]:
+            if _same_rate(speedup, c.samples_per_s / e.samples_per_s):
+                return found
+    return [*found, f"torch.compile: {speedup}x is no ratio of the points"]
+
+
+def _fed_batch_claims(profile: Profile, evidence: Evidence) -> list[str]:
+    """Where the fed passes chose the batch, its reason: the best fed rate, the step's rate at
+    its fastest batch, and the trace of the chosen worker count, each as the passes ran."""
+    reason = _reason(profile, "batch.batch_size")
+    said = re.search(
+        rf"at best {_RATE}; the step alone ran at (?:{_RATE}|unknown) at batch (\d+).*"
+        rf"training fed by (\d+) worker\(s\): (.*?) samples/s",
+        reason,
+    )
+    if said is None:
+        return []
+    best, step, at, workers, trace = said.groups()
+    fed = [f for f in evidence.fed if f.samples_per_s is not None]
+    found = []
+    if not _same_rate(best, max((f.samples_per_s or 0.0 for f in fed), default=None)):
+        found.append(f"the fed batch reason's best {best} is not the best pass")
+    steps = [r.samples_per_s for r in evidence.throughput if r.batch_size == int(at)]
+    if step is not None and not any(_same_rate(step, r) for r in steps):
+        found.append(f"the fed batch reason's step {step} at {at}: no point ran at that rate")
+    if int(workers) != profile.settings.dataloader.num_workers:
+        found.append(f"the fed batch reason's {workers} worker(s) are not the profile's")
+    for size, rate in re.findall(r"(\d+): (\d{1,3}(?:,\d{3})*(?:\.\d+)?|failed)", trace):
+        passes = [
+            f for f in evidence.fed if (f.num_workers, f.batch_size) == (int(workers), int(size))
+        ]
+        if not any(rate == "failed" or _same_rate(rate, f.samples_per_s) for f in passes):
+            found.append(f"the fed batch reason's pass at {size}: none ran at {rate}")
     return found
 
 
@@ -177,7 +263,7 @@ def _worker_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]
     if not reason.startswith(f"{workers} worker(s)"):
         found.append(f"the workers reason does not begin with {workers}: '{reason[:60]}'")
     fed_at = re.search(
-        rf"{workers} worker\(s\): training fed by the DataLoader ran at {_RATE} samples/s "
+        rf"{workers} worker\(s\): training fed by the DataLoader ran at {_RATE} "
         r"with them at batch (\d+)",
         reason,
     )
@@ -195,6 +281,20 @@ def _worker_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]
         rates = [r.samples_per_s for r in evidence.loader if r.num_workers == workers]
         if not any(_same_rate(alone.group(1), r) for r in rates):
             found.append(f"the loader alone never ran {workers} worker(s) at {alone.group(1)}")
+    for step in re.findall(rf"the training step's {_RATE}", reason):
+        if not any(_same_rate(step, r.samples_per_s) for r in evidence.throughput):
+            found.append(f"the training step's {step} samples/s: no point ran at that rate")
+    trace = re.search(r"together \(samples/s, [^)]*\): (.*?)(?:; |\. |$)", reason)
+    at = fed_at.group(2) if fed_at else None
+    for count, rate in re.findall(
+        r"(\d+): (\d{1,3}(?:,\d{3})*(?:\.\d+)?)", trace.group(1) if trace else ""
+    ):
+        if at is not None and not any(
+            _same_rate(rate, f.samples_per_s)
+            for f in evidence.fed
+            if (f.num_workers, f.batch_size) == (int(count), int(at))
+        ):
+            found.append(f"the fed pass of {count} worker(s) at batch {at} did not run at {rate}")
     if f"DataLoader  {workers} workers" not in re.sub(r" {2,}", "  ", text):
         found.append(f"the summary's DataLoader row is not {workers} workers")
     choice = evidence.batch_choice
@@ -357,12 +457,111 @@ def _with_target(profile: Profile, target: int) -> Profile:
     return profile.model_copy(update={"provenance": provenance})
 
 
+def _with_choice(profile: Profile, **facts: object) -> Profile:
+    """The profile with its batch's facts changed, the reasons as they were written."""
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.batch_choice is not None
+    choice = evidence.batch_choice.model_copy(update=facts)
+    return profile.model_copy(
+        update={"evidence": evidence.model_copy(update={"batch_choice": choice})}
+    )
+
+
 @pytest.fixture(scope="module")
 def steady() -> Profile:
     """A steady run on the H100 preset, eager (balanced), memory-bound, no target batch."""
     profile = tune_on(preset("h100-resnet50", load_s=None), _workload(False), H100, mode="balanced")
     assert disagreements(profile) == []
     return profile
+
+
+@pytest.fixture(scope="module")
+def data_bound() -> Profile:
+    """The data-bound 2-core CPU (``probe/test_workers_phase.py``): 2 workers fed at 512, 256
+    and 128, 256 chosen by the fed passes."""
+    machine = SimulatedMachine(
+        limit=10**6,
+        leaves=1,
+        fixed_bytes=300 << 20,
+        per_sample_bytes=int(2.3 * 2**20),
+        first_s=0.3,
+        autotune_s=0.0,
+        load_s=0.004,
+        shares_cpus=True,
+        host_cpus=2,
+    )
+    profile = run(machine, "laptop", budget_s=120)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.batch_choice is not None
+    assert evidence.batch_choice.fed
+    assert disagreements(profile) == []
+    return profile
+
+
+def _rate_changed(profile: Profile, setting: str, old: str, new: str) -> Profile:
+    reason = _reason(profile, setting)
+    assert old in reason
+    return _with_reason(profile, setting, reason.replace(old, new, 1))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "found"),
+    [
+        ("ran at 443 samples/s", "ran at 450 samples/s", "no fed pass of 2 worker(s)"),
+        ("counts measured", "counts measured", None),
+        ("beside each count): 2: 443", "beside each count): 2: 400", "did not run at 400"),
+        ("2 worker(s)", "3 worker(s)", "does not begin with 2"),
+        ("training step's 3,869", "training step's 3,000", "no point ran at that rate"),
+    ],
+)
+def test_the_checker_finds_a_wrong_worker_claim(
+    data_bound: Profile, old: str, new: str, found: str | None
+) -> None:
+    wrong = disagreements(_rate_changed(data_bound, "dataloader.num_workers", old, new))
+    if found is None:  # unchanged: nothing to find
+        assert wrong == []
+    else:
+        assert any(found in d for d in wrong), wrong
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "found"),
+    [
+        ("at best 443", "at best 500", "the fed batch reason's best 500"),
+        ("ran at 3,869", "ran at 3,000", "the fed batch reason's step 3,000"),
+        ("256: 438", "256: 400", "the fed batch reason's pass at 256: none ran at 400"),
+        ("by 2 worker(s)", "by 1 worker(s)", "the fed batch reason's 1 worker(s)"),
+    ],
+)
+def test_the_checker_finds_a_wrong_fed_batch_claim(
+    data_bound: Profile, old: str, new: str, found: str
+) -> None:
+    wrong = disagreements(_rate_changed(data_bound, "batch.batch_size", old, new))
+    assert any(found in d for d in wrong), wrong
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "found"),
+    [
+        ("1.18x", "1.50x", "1.50x is no ratio of the points"),
+        ("4,960 samples/s compiled", "5,500 samples/s compiled", "no compiled point at 5,500"),
+        ("4,204 eager at batch 832", "4,204 eager at batch 416", "no eager point at 4,204"),
+    ],
+)
+def test_the_checker_finds_a_wrong_compile_claim(old: str, new: str, found: str) -> None:
+    profile = tune_on(preset("h100-resnet50", load_s=None), _workload(False), H100, mode="speed")
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.compile is not None
+    assert disagreements(profile) == []
+    assert old in evidence.compile.reason
+    record = evidence.compile.model_copy(
+        update={"reason": evidence.compile.reason.replace(old, new)}
+    )
+    wrong = profile.model_copy(update={"evidence": evidence.model_copy(update={"compile": record})})
+    assert any(found in d for d in disagreements(wrong)), disagreements(wrong)
 
 
 @pytest.mark.parametrize(
@@ -379,6 +578,8 @@ def steady() -> Profile:
             "is not the evidence's",
         ),
         (lambda p: _with_target(p, 4096), "accumulation reads"),
+        (lambda p: _with_choice(p, samples_per_s=9999.0), "the summary's fastest batch 832"),
+        (lambda p: _with_choice(p, chosen_by="largest point"), "chosen by largest point"),
         (
             lambda p: _with_reason(
                 p, "batch.batch_size", "832: the fastest batch measured here (9,999 samples/s)"
