@@ -31,7 +31,9 @@ effects a real accelerator showed (the H100 runs of ``benchmarks/results/h100-20
   measures the workload's real DataLoader, and ``fed`` trains at the step's own rate.
 
 The worker counts the probe tries are still bounded by the CPUs of the process that runs it
-(``probe.workers_phase``): workers are measured on this machine, also for a recorded one.
+(``probe.workers_phase``), also for a recorded machine: on a laptop with 2 CPUs, the 16-CPU
+H100's loading runs on 2 workers and limits training, and the batch follows (the tests patch
+``workers_phase._process_cpus`` to the preset's ``host_cpus`` for the recorded run's shape).
 ``PRESETS`` are recorded machines: the ResNet-50 and GPT-2 runs on an H100 and the conv net on
 a 2-core CPU. A test holds ``SimulatedTrials`` to the seam, method by method.
 """
