@@ -17,13 +17,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from tests.probe.fake_trials import Machine, cpu_machine, recorded, tune_on
+from tests.probe.fake_trials import cpu_machine, recorded, tune_on
 from torch_autotune import api
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_USAGE
 from torch_autotune.evidence import BatchChoice
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import process_count
+from torch_autotune.probe.simulated import SimulatedMachine, preset
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
 from torch_autotune.profile_io import dump_profile
@@ -58,7 +59,7 @@ def _summary(profile: Profile) -> str:
 def test_the_h100_batch_is_the_fastest_point_and_says_so_not_the_largest_less_a_margin() -> None:
     """The H100 profile read '832: the largest batch the probe ran, less its safety margin, and
     run once more': 832 was the fastest steady point, and ran once, as that point."""
-    profile = tune_on(Machine(), _workload(), H100, mode="balanced")
+    profile = tune_on(SimulatedMachine(), _workload(), H100, mode="balanced")
     evidence = profile.evidence
     assert evidence is not None
     choice = evidence.batch_choice
@@ -91,7 +92,7 @@ def test_a_batch_limited_by_the_cap_claims_no_memory_margin() -> None:
 
 def test_with_no_steady_point_the_largest_point_is_kept_and_run_again() -> None:
     noisy = dict.fromkeys(range(1, 2000), 0.5)  # every point alternates by 50%
-    profile = tune_on(Machine(noise=noisy, leaves=1), _workload(), H100, mode="balanced")
+    profile = tune_on(SimulatedMachine(noise=noisy, leaves=1), _workload(), H100, mode="balanced")
     evidence = profile.evidence
     assert evidence is not None
     choice = evidence.batch_choice
@@ -266,3 +267,27 @@ def test_save_is_public_and_its_file_exports(
     result = CliRunner().invoke(cli, ["export", "--profile", str(saved)])
     assert result.exit_code == 0, result.output
     assert "batch_size: " in result.stdout
+
+
+# --- found by the property over simulated runs (tests/test_claims.py) -----------------------------
+
+
+def test_a_batch_that_ran_eager_only_in_a_compiling_profile_is_not_said_to_have_run_with_it() -> (
+    None
+):
+    """ResNet-50 on the H100 in speed mode with 90 s: no time to measure torch.compile, so the
+    rules keep it, and the batch ran eager only. The summary said its point ran 'with these
+    settings'."""
+    machine = preset("h100-resnet50", load_s=None)
+    profile = tune_on(machine, _workload(), H100, mode="speed", budget_s=90)
+    assert profile.settings.compile.enabled
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.compile is not None
+    assert not evidence.compile.measured
+    assert evidence.batch_choice is not None
+    assert not evidence.batch_choice.compiled
+    assert (
+        "recommended    832 (its throughput point ran after the search, with these settings but"
+        " eager: this profile compiles, and torch.compile was not measured at this size)"
+    ) in _summary(profile)

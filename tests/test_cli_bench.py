@@ -1,5 +1,5 @@
 """`autotune bench` and `autotune report` through click's runner: a profile file measured on the
-simulated machine of ``fake_trials``, and the bench's arms measured by a speed model (the real
+simulated machine of ``probe.simulated``, and the bench's arms measured by a speed model (the real
 training loop runs in ``tests/probe/test_ablation.py`` and the system tier)."""
 
 from __future__ import annotations

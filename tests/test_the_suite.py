@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import as_gpu_machine
-from tests.probe.fake_trials import FakeTrials, mlp_machine
+from tests.probe.fake_trials import mlp_machine
 from tests.rules.helpers import snapshot
 from torch_autotune import detect
 from torch_autotune.api import bench, tune
@@ -26,6 +26,7 @@ from torch_autotune.bench import TrainConfig
 from torch_autotune.detect import nvml
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.loop import TrainingLoop
+from torch_autotune.probe.simulated import SimulatedTrials
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, resolve_workload
 
@@ -119,9 +120,9 @@ def test_on_a_gpu_machine_tune_of_a_cpu_snapshot_asks_for_trials_on_the_cpu(
     machine = mlp_machine()
     devices: list[str] = []
 
-    def trials(workload: Workload, step: StepSettings) -> FakeTrials:
+    def trials(workload: Workload, step: StepSettings) -> SimulatedTrials:
         devices.append(step.device)
-        return FakeTrials(machine, step, workload=workload)
+        return SimulatedTrials(machine, step, workload=workload)
 
     laptop = snapshot("cpu-laptop-linux")
     with no_cuda_started():

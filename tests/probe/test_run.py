@@ -1,6 +1,6 @@
 """``tune()`` from the outside: the measured profile, its budget and errors, the phases it
 reports, the user's settings, and the state it leaves. On the simulated machine of
-``fake_trials`` (milliseconds), and once end to end with real training on this CPU (slow)."""
+``probe.simulated`` (milliseconds), and once end to end with real training on this CPU (slow)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.probe.fake_trials import FakeTrials, mlp_machine, recorded, tune_on
+from tests.probe.fake_trials import mlp_machine, recorded, tune_on
 from torch_autotune.api import tune
 from torch_autotune.errors import EXIT_PROBE, ProbeError
 from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.simulated import SimulatedTrials
 from torch_autotune.probe.trials import PointOutcome, StepSettings
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import Profile, Source
@@ -45,7 +46,7 @@ def test_tune_measures_the_batch_and_says_so() -> None:
     _assert_measured_within(_tune(budget_s=20, max_batch_size=64), 64)
 
 
-class _Unruly(FakeTrials):
+class _Unruly(SimulatedTrials):
     """Simulated trials that change what real training changes: the RNG, torch's thread
     count and the cuDNN autotuner."""
 

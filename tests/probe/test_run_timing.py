@@ -9,11 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.probe.fake_trials import FakeTrials, Machine, cpu_machine, recorded, tune_on
+from tests.probe.fake_trials import cpu_machine, recorded, tune_on
 from torch_autotune.api import tune
 from torch_autotune.errors import ProbeError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.points import compile_seconds, payoff_minutes
+from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
@@ -27,7 +28,9 @@ def _workload() -> Workload:
     return dataclasses.replace(resolve_workload("conv"), dataset=None, name="simulated")
 
 
-def _tune(machine: Machine, snapshot: HardwareSnapshot = H100, **options: object) -> Profile:
+def _tune(
+    machine: SimulatedMachine, snapshot: HardwareSnapshot = H100, **options: object
+) -> Profile:
     return tune_on(machine, _workload(), snapshot, **options)
 
 
@@ -39,7 +42,7 @@ def _ran(profile: Profile) -> set[int]:
 def test_a_slow_first_step_does_not_stop_the_search_short() -> None:
     # The bug the first GPU run found: a sticky seconds-per-sample from the first trial
     # refused every size above 9. Here the first step is 10x slower than everything else.
-    machine = Machine(first_s=10 * 0.012 * 3, leaves=1)
+    machine = SimulatedMachine(first_s=10 * 0.012 * 3, leaves=1)
     profile = _tune(machine, mode="balanced", budget_s=120)
     evidence = profile.evidence
     assert evidence is not None
@@ -50,7 +53,8 @@ def test_a_slow_first_step_does_not_stop_the_search_short() -> None:
 
 
 def test_the_h100_resnet_run_finds_the_limit_measures_compile_and_fits_180_s() -> None:
-    machine = Machine()  # ResNet-50 on an H100: 14 s first step, 7 s autotuner, 80 s compile
+    # ResNet-50 on an H100: 14 s first step, 7 s autotuner, 80 s compile
+    machine = SimulatedMachine()
     profile = _tune(machine)
     evidence = profile.evidence
     assert evidence is not None
@@ -83,7 +87,7 @@ def test_the_h100_resnet_run_finds_the_limit_measures_compile_and_fits_180_s() -
 
 
 def test_compile_that_is_not_faster_is_dropped_with_the_numbers() -> None:
-    machine = Machine(compiled_speedup=1.01)
+    machine = SimulatedMachine(compiled_speedup=1.01)
     profile = _tune(machine)
     decision = profile.decision("compile.enabled")
     assert decision is not None
@@ -95,7 +99,7 @@ def test_compile_that_is_not_faster_is_dropped_with_the_numbers() -> None:
 
 
 def test_a_compile_that_cannot_fit_the_budget_is_decided_by_the_rules_and_says_so() -> None:
-    machine = Machine(compile_s=60, leaves=400)  # predicted 240 s: more than the budget
+    machine = SimulatedMachine(compile_s=60, leaves=400)  # predicted 240 s: more than the budget
     profile = _tune(machine, budget_s=120)
     evidence = profile.evidence
     assert evidence is not None
@@ -113,7 +117,7 @@ def test_a_compile_that_cannot_fit_the_budget_is_decided_by_the_rules_and_says_s
 def test_a_compiled_model_needing_more_memory_is_measured_at_a_smaller_size() -> None:
     # On the H100, dynamic-batch compiled ResNet-50 reserved 74.1 GiB at 1536 where eager
     # reserved 68.5 GiB: the eager limit does not carry over to the compiled model.
-    machine = Machine(compiled_limit=1000)
+    machine = SimulatedMachine(compiled_limit=1000)
     profile = _tune(machine)
     evidence = profile.evidence
     assert evidence is not None
@@ -125,7 +129,8 @@ def test_a_compiled_model_needing_more_memory_is_measured_at_a_smaller_size() ->
 
 
 def test_noisy_points_are_not_chosen_and_the_summary_warns() -> None:
-    machine = Machine(noise={1664: 0.2}, leaves=1)  # the top candidate (1850 - 10%, by 8) is noisy
+    # the top candidate (1850 - 10%, by 8) is noisy
+    machine = SimulatedMachine(noise={1664: 0.2}, leaves=1)
     profile = _tune(machine, mode="balanced")
     evidence = profile.evidence
     assert evidence is not None
@@ -135,7 +140,7 @@ def test_noisy_points_are_not_chosen_and_the_summary_warns() -> None:
 
 
 def test_when_no_point_is_steady_the_largest_that_ran_is_recommended_with_a_warning() -> None:
-    machine = Machine(noise={1664: 0.2, 832: 0.2, 416: 0.2}, leaves=1)
+    machine = SimulatedMachine(noise={1664: 0.2, 832: 0.2, 416: 0.2}, leaves=1)
     profile = _tune(machine, mode="balanced")
     evidence = profile.evidence
     assert evidence is not None
@@ -145,7 +150,7 @@ def test_when_no_point_is_steady_the_largest_that_ran_is_recommended_with_a_warn
 
 def test_a_size_too_slow_for_the_time_left_is_skipped_with_its_prediction() -> None:
     # A slow machine: 2 s per sample. Batch 64 would take 6+ minutes: not in a 120 s budget.
-    machine = Machine(fixed_s=0.05, per_sample_s=2.0, first_s=1.0, limit=10_000, leaves=1)
+    machine = SimulatedMachine(fixed_s=0.05, per_sample_s=2.0, first_s=1.0, limit=10_000, leaves=1)
     profile = _tune(machine, snapshot=LAPTOP, budget_s=120)
     evidence = profile.evidence
     assert evidence is not None
@@ -194,7 +199,7 @@ def test_a_cpu_that_gets_more_efficient_with_the_batch_still_reaches_the_cap() -
     assert evidence.elapsed_s <= 120
     # With half the time, 512 is not refused on the word of sizes 1 and 8: sizes in between
     # run first ("time model"), and the search ends at the cap or says what the time allowed.
-    machine.now, machine.started, machine.shapes, machine.autotuned = 0.0, False, set(), set()
+    machine.restart()
     profile = _tune(machine, snapshot=LAPTOP, budget_s=60)
     evidence = profile.evidence
     assert evidence is not None
@@ -228,7 +233,7 @@ def test_when_the_smallest_candidate_is_fastest_smaller_sizes_are_measured_too()
 
 
 machines = st.builds(
-    Machine,
+    SimulatedMachine,
     limit=st.integers(1, 5000),
     fixed_s=st.floats(0.001, 0.5),
     per_sample_s=st.floats(1e-5, 0.2),
@@ -244,7 +249,7 @@ machines = st.builds(
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(machine=machines, budget_s=st.floats(30.0, 300.0), cpu=st.booleans())
 def test_the_budget_is_never_overrun_or_blamed_falsely(
-    machine: Machine, budget_s: float, cpu: bool
+    machine: SimulatedMachine, budget_s: float, cpu: bool
 ) -> None:
     profile = _tune(machine, snapshot=LAPTOP if cpu else H100, budget_s=budget_s)
     evidence = profile.evidence
@@ -262,11 +267,11 @@ def test_the_budget_is_never_overrun_or_blamed_falsely(
 
 
 def test_a_budget_gone_before_the_first_trial_is_a_probe_error() -> None:
-    machine = Machine()
+    machine = SimulatedMachine()
     ticks = iter(range(0, 10_000, 100))  # every clock read is 100 s later
 
-    def trials(_workload: Workload, step: StepSettings) -> FakeTrials:
-        return FakeTrials(machine, step)
+    def trials(_workload: Workload, step: StepSettings) -> SimulatedTrials:
+        return SimulatedTrials(machine, step)
 
     with pytest.raises(ProbeError, match="--budget"):
         tune(_workload(), snapshot=H100, budget_s=50, clock=lambda: next(ticks), trials=trials)

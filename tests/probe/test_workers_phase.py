@@ -9,12 +9,13 @@ import re
 import pytest
 from rich.console import Console
 
-from tests.probe.fake_trials import Machine, cpu_machine, recorded, tune_on
+from tests.probe.fake_trials import cpu_machine, recorded, tune_on
 from tests.rules.helpers import snapshot, with_host
 from torch_autotune.probe import workers_phase
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import FED_WITHIN, FedTrial
 from torch_autotune.probe.loader import LoaderTrial
+from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.profile import Evidence, Source
@@ -92,7 +93,7 @@ TWO_CPUS = with_host(
 )
 
 
-def _data_bound_cpu() -> Machine:
+def _data_bound_cpu() -> SimulatedMachine:
     """This 2-core CPU, a small conv net (~4,000 samples/s at large batches) and a dataset of
     4 ms of CPU a sample (250 samples/s a core), as in the defect: workers and the step share
     the two cores."""
@@ -148,7 +149,7 @@ def test_data_bound_on_two_cpus_the_plain_two_workers_are_fed_and_chosen(
 
 def test_a_gpu_whose_loader_keeps_ahead_is_not_fed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 64)
-    machine = Machine(load_s=0.0005, host_cpus=64)  # 2,000 samples/s a worker
+    machine = SimulatedMachine(load_s=0.0005, host_cpus=64)  # 2,000 samples/s a worker
     profile = tune_on(machine, "conv", recorded("h100-80gb-hbm3"), mode="balanced", budget_s=120)
     evidence = profile.evidence
     assert evidence is not None
@@ -162,7 +163,8 @@ def test_a_data_bound_gpu_feeds_its_share_of_the_cpus_first(
 ) -> None:
     monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 64)
     h100 = recorded("h100-80gb-hbm3")
-    machine = Machine(load_s=0.02, host_cpus=64)  # 50 samples/s a worker: far behind the GPU
+    # 50 samples/s a worker: far behind the GPU
+    machine = SimulatedMachine(load_s=0.02, host_cpus=64)
     profile = tune_on(machine, "conv", h100, mode="balanced", budget_s=180)
     evidence = profile.evidence
     assert evidence is not None

@@ -8,7 +8,7 @@ draws nothing and prints nothing.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from torch_autotune.errors import ProfileFileError
@@ -29,6 +29,27 @@ class BatchRow:
     relative_spread: float | None
     status: str  # "timed", "ran (not timed)", "out of memory", "not run (...)"
     marks: tuple[str, ...]  # "recommended", "fastest", "largest that ran"
+    series: str | None = None  # the series of its point ("eager", ...); None: not timed
+
+
+@dataclass(frozen=True)
+class Point:
+    """One throughput point of a series: samples/s at a batch size."""
+
+    batch_size: int
+    samples_per_s: float
+    relative_spread: float | None  # (max - min) / median of its blocks; None: one pass
+    steady: bool  # its blocks agreed: a point the batch may be chosen from
+
+
+@dataclass(frozen=True)
+class Series:
+    """The points of one variant, by batch size: the eager step, the compiled step, or
+    training fed by the DataLoader with one worker count."""
+
+    name: str  # "eager", "compiled", "fed, 2 workers", "fed, 2 workers, 1 thread, compiled"
+    kind: str  # "eager", "compiled" or "fed"
+    points: tuple[Point, ...]
 
 
 @dataclass(frozen=True)
@@ -86,32 +107,108 @@ def first_misfit(evidence: Evidence) -> tuple[int, str] | None:
     return trial.batch_size, _why_not(trial)
 
 
-def batch_rows(evidence: Evidence) -> list[BatchRow]:
-    """Every timed size, the recommended and largest sizes, and the first size that did not fit."""
-    timed = {r.batch_size: r for r in evidence.throughput}
+def throughput_series(evidence: Evidence) -> list[Series]:
+    """One series per variant that ran points, in this order: the eager step, the compiled
+    step, and training fed by the DataLoader, one series per worker count (and thread count);
+    a variant with no point that ran is left out."""
+    chosen = evidence.batch_choice
+    compiled = chosen is not None and chosen.compiled  # the fed passes ran as the choice did
+    series = []
+    for name, is_compiled in (("eager", False), ("compiled", True)):
+        points = [
+            Point(r.batch_size, r.samples_per_s, r.relative_spread, r.steady)
+            for r in evidence.throughput
+            if r.compiled == is_compiled
+        ]
+        if points:
+            series.append(Series(name, name, tuple(sorted(points, key=_size))))
+    fed: dict[tuple[int, int | None], list[Point]] = {}
+    for f in evidence.fed:
+        if f.samples_per_s is not None:
+            point = Point(f.batch_size, f.samples_per_s, None, True)
+            fed.setdefault((f.num_workers, f.cpu_threads), []).append(point)
+    for (workers, threads), points in sorted(fed.items(), key=lambda i: (i[0][0], i[0][1] or 0)):
+        name = f"fed, {workers} worker{'s' if workers != 1 else ''}"
+        name += f", {threads} thread{'s' if threads != 1 else ''}" if threads is not None else ""
+        name += ", compiled" if compiled else ""
+        series.append(Series(name, "fed", tuple(sorted(points, key=_size))))
+    return series
+
+
+def _size(point: Point) -> int:
+    return point.batch_size
+
+
+def recommended_series(evidence: Evidence, workers: int | None = None) -> str | None:
+    """The name of the series the recommended batch was chosen from: compiled where the chosen
+    point ran compiled, a fed series where the passes fed by the DataLoader chose it (the one
+    of ``workers``, else the fastest at that size), else eager; None where no series has a
+    point at the recommended batch."""
+    choice = evidence.batch_choice
+    at = [
+        (s, p)
+        for s in throughput_series(evidence)
+        for p in s.points
+        if p.batch_size == evidence.batch_size
+    ]
+    if choice is not None and choice.fed:
+        fed = [(s, p) for s, p in at if s.kind == "fed"]
+        mine = [(s, p) for s, p in fed if workers is not None and _workers(s) == workers]
+        best = max(mine or fed, key=lambda sp: sp[1].samples_per_s, default=None)
+        return None if best is None else best[0].name
+    kind = "compiled" if choice is not None and choice.compiled else "eager"
+    return next((s.name for s, _ in at if s.kind == kind), None)
+
+
+def _workers(series: Series) -> int:
+    """The worker count a fed series names ('fed, 2 workers, ...')."""
+    return int(series.name.split(", ")[1].split()[0])
+
+
+def fastest_measured(evidence: Evidence) -> int | None:
+    """The fastest batch where steady points measured one (None: none did, or it was not)."""
+    choice = evidence.batch_choice
+    if choice is None:  # evidence of an earlier release: a steady point at that size
+        steady = {r.batch_size for r in evidence.throughput if r.steady}
+        return evidence.fastest_batch_size if evidence.fastest_batch_size in steady else None
+    return evidence.fastest_batch_size if choice.chosen_by == "fastest point" else None
+
+
+def batch_rows(evidence: Evidence, workers: int | None = None) -> list[BatchRow]:
+    """A row per point of each series (``throughput_series``), and one for the recommended
+    and largest sizes and the first size that did not fit where no point stands for them;
+    sorted by size, the series in their order. ``workers``: the profile's worker count, which
+    marks the fed pass recommended where the fed passes chose the batch."""
     misfit = first_misfit(evidence)
-    sizes = set(timed) | {evidence.batch_size, evidence.max_batch_size}
-    if misfit is not None:
-        sizes.add(misfit[0])
-    rows = []
-    for size in sorted(sizes):
-        marks = []
-        if size == evidence.batch_size:
-            marks.append("recommended")
-        elif size == evidence.fastest_batch_size:
-            marks.append("fastest")
-        if size == evidence.max_batch_size:
-            marks.append("largest that ran")
-        record = timed.get(size)
-        if record is not None:
-            rows.append(
-                BatchRow(size, record.samples_per_s, record.relative_spread, "timed", tuple(marks))
-            )
-        elif misfit is not None and size == misfit[0]:
-            rows.append(BatchRow(size, None, None, misfit[1], tuple(marks)))
-        else:
-            rows.append(BatchRow(size, None, None, "ran (not timed)", tuple(marks)))
-    return rows
+    chosen = recommended_series(evidence, workers)
+    fastest = fastest_measured(evidence)  # a point of the step, compiled if the choice was
+    compiled = evidence.batch_choice is not None and evidence.batch_choice.compiled
+    rows: list[tuple[int, int, BatchRow]] = []
+    for order, series in enumerate(throughput_series(evidence)):
+        for p in series.points:
+            marks = []
+            if p.batch_size == evidence.batch_size and series.name == chosen:
+                marks.append("recommended")
+            elif p.batch_size == fastest and series.kind == ("compiled" if compiled else "eager"):
+                marks.append("fastest")
+            row = BatchRow(p.batch_size, p.samples_per_s, p.relative_spread, "timed", ())
+            rows.append((p.batch_size, order, replace(row, marks=tuple(marks), series=series.name)))
+    timed = {size for size, _, _ in rows}
+    if chosen is None:
+        rows.append((evidence.batch_size, -1, _untimed(evidence.batch_size, ("recommended",))))
+    if evidence.max_batch_size not in timed and evidence.max_batch_size != evidence.batch_size:
+        rows.append((evidence.max_batch_size, -1, _untimed(evidence.max_batch_size, ())))
+    if misfit is not None and misfit[0] not in timed:
+        rows.append((misfit[0], -1, BatchRow(misfit[0], None, None, misfit[1], ())))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    largest = next(i for i, (size, _, _) in enumerate(rows) if size == evidence.max_batch_size)
+    row = rows[largest][2]
+    rows[largest] = (0, 0, replace(row, marks=(*row.marks, "largest that ran")))
+    return [row for _, _, row in rows]
+
+
+def _untimed(size: int, marks: tuple[str, ...]) -> BatchRow:
+    return BatchRow(size, None, None, "ran (not timed)", marks)
 
 
 def memory_peaks(evidence: Evidence) -> list[tuple[int, float]]:
@@ -124,10 +221,12 @@ def memory_peaks(evidence: Evidence) -> list[tuple[int, float]]:
 
 
 def step_rate(evidence: Evidence) -> float | None:
-    """Samples/s the training step consumes at the recommended batch size (None: not timed)."""
-    return next(
-        (r.samples_per_s for r in evidence.throughput if r.batch_size == evidence.batch_size), None
-    )
+    """Samples/s the training step consumes at the recommended batch size, compiled where the
+    batch was chosen from a compiled point (None: the step was not timed at that size)."""
+    compiled = evidence.batch_choice is not None and evidence.batch_choice.compiled
+    at = [r for r in evidence.throughput if r.batch_size == evidence.batch_size]
+    same = [r for r in at if r.compiled == compiled]
+    return next((r.samples_per_s for r in same or at), None)
 
 
 def effect_rows(bench: BenchEvidence) -> list[EffectRow]:

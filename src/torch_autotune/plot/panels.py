@@ -21,6 +21,7 @@ from torch_autotune.plot.data import (
     memory_peaks,
     shorten,
     step_rate,
+    throughput_series,
 )
 from torch_autotune.profile import Evidence
 
@@ -38,6 +39,14 @@ Handle: TypeAlias = "Artist | Container"  # what a legend entry is drawn from
 # always comes with a second cue (hatching, an x, a word) for readers who cannot see it.
 BLUE, LIGHT_BLUE, GREEN, GREY = "#1f77b4", "#9ecae1", "#2ca02c", "#7f7f7f"
 RED, PURPLE, DARK = "#d62728", "#9467bd", "#333333"
+ORANGE, BROWN, TEAL, PINK = "#ff7f0e", "#8c564b", "#17becf", "#e377c2"
+# One colour and marker per kind of series; fed series, dashed, cycle through their own.
+_SERIES_LOOKS = {"eager": (BLUE, "o"), "compiled": (ORANGE, "s")}
+_FED_COLOURS = (BROWN, TEAL, PINK)
+_SERIES_LABELS = {
+    "eager": "training throughput, eager (median, spread)",
+    "compiled": "training throughput, compiled (median, spread)",
+}
 
 
 def _legend_below(ax: Axes, handles: list[Handle], columns: int = 2) -> None:
@@ -69,23 +78,35 @@ def draw_throughput(ax: Axes, evidence: Evidence) -> None:
 
 
 def _throughput_series(ax: Axes, evidence: Evidence) -> list[Handle]:
-    """Samples/s of each timed size, the bars spanning the relative spread (none: no line)."""
-    records = sorted(evidence.throughput, key=lambda r: r.batch_size)
-    if not records:
-        return []
-    return [
-        ax.errorbar(
-            [r.batch_size for r in records],
-            [r.samples_per_s for r in records],
-            # relative_spread is (max - min) / median: half of it either side
-            yerr=[r.samples_per_s * r.relative_spread / 2 for r in records],
-            fmt="o-",
-            color=BLUE,
-            capsize=3,
-            zorder=3,
-            label="training throughput (median, spread)",
+    """One line per series (``plot.data.throughput_series``: eager, compiled, training fed by
+    the DataLoader at each worker count), samples/s against the batch, the bars spanning a
+    point's relative spread (none: no bar; a fed pass is one pass)."""
+    handles: list[Handle] = []
+    for i, series in enumerate(throughput_series(evidence)):
+        colour, marker = _SERIES_LOOKS.get(series.kind, (BROWN, "^"))
+        points = series.points
+        handles.append(
+            ax.errorbar(
+                [p.batch_size for p in points],
+                [p.samples_per_s for p in points],
+                # relative_spread is (max - min) / median: half of it either side
+                yerr=[p.samples_per_s * (p.relative_spread or 0.0) / 2 for p in points],
+                fmt=f"{marker}-" if series.kind != "fed" else f"{marker}--",
+                color=colour if series.kind != "fed" else _FED_COLOURS[i % len(_FED_COLOURS)],
+                capsize=3,
+                zorder=3,
+                gid=f"series: {series.name}",
+                label=_series_label(series.name),
+            )
         )
-    ]
+    return handles
+
+
+def _series_label(name: str) -> str:
+    """The legend's words for a series: 'training fed by the DataLoader: 2 workers'."""
+    if name in _SERIES_LABELS:
+        return _SERIES_LABELS[name]
+    return "training fed by the DataLoader: " + name.removeprefix("fed, ")
 
 
 def _batch_axis(ax: Axes, evidence: Evidence) -> float:
@@ -93,7 +114,7 @@ def _batch_axis(ax: Axes, evidence: Evidence) -> float:
     its right end, half an octave past the largest size (the first misfit included)."""
     misfit = first_misfit(evidence)
     ran = [t.batch_size for t in evidence.search if t.fits]
-    timed = sorted(r.batch_size for r in evidence.throughput)
+    timed = sorted({p.batch_size for s in throughput_series(evidence) for p in s.points})
     marked = [evidence.batch_size, evidence.max_batch_size, *timed]
     right = max([*marked, *ran, misfit[0] if misfit else 0]) * 1.5
     ticks = _spaced([*marked, *sorted(ran)])

@@ -58,7 +58,7 @@ def render_charts(profile: Profile, console: Console, width: int | None = None) 
     width = width or console.width
     console.print(Text(chart_title(profile), style="bold"), no_wrap=True, overflow="ellipsis")
     if "throughput" in panels(evidence):
-        _print_batches(console, evidence, width)
+        _print_batches(console, evidence, profile.settings.dataloader.num_workers, width)
     if evidence.loader:
         _print_loader(console, evidence, profile.settings.dataloader.num_workers, width)
     if evidence.bench is not None:
@@ -72,33 +72,42 @@ def _line(console: Console, *parts: tuple[str, str]) -> None:
 Styled = tuple[tuple[str, str], ...]  # (text, rich style) pieces of one line
 
 
+_SERIES_STYLES = ("cyan", "magenta", "yellow", "blue")  # eager, compiled, fed, ...
+
+
 @dataclass(frozen=True)
 class _BarRow:
     label: str
     fraction: float | None  # of the longest bar; None: ``tail`` stands in the bar's place
     tail: Styled
+    style: str = "cyan"  # the bar's
 
 
-def _print_bars(console: Console, rows: list[_BarRow], width: int, style: str = "cyan") -> None:
+def _print_bars(console: Console, rows: list[_BarRow], width: int) -> None:
     """Labels, bars as wide as the width leaves after the longest label and tail, tails."""
     label_w = max(len(r.label) for r in rows)
     tails = [sum(len(text) for text, _ in r.tail) for r in rows if r.fraction is not None]
     cells = max(8, min(60, width - label_w - max(tails, default=0) - 1))
     for r in rows:
-        bar = () if r.fraction is None else ((text_bar(r.fraction, cells), style),)
+        bar = () if r.fraction is None else ((text_bar(r.fraction, cells), r.style),)
         _line(console, (r.label.ljust(label_w), ""), *bar, *r.tail)
 
 
-def _print_batches(console: Console, evidence: Evidence, width: int) -> None:
-    rows = batch_rows(evidence)
+def _print_batches(console: Console, evidence: Evidence, workers: int, width: int) -> None:
+    """A row per point of each series, named where there are several (eager, compiled, fed by
+    the DataLoader), each series in its own colour, and the sizes marked."""
+    rows = batch_rows(evidence, workers)
     console.print()
     _line(console, ("Throughput by batch size", "bold"), (" (samples/s, median and spread)", ""))
     digits = len(str(max(r.batch_size for r in rows)))
+    names = list(dict.fromkeys(r.series for r in rows if r.series is not None))
+    name_w = max(map(len, names)) + 1 if len(names) > 1 else 0
     top = max((r.samples_per_s or 0.0 for r in rows), default=0.0) or 1.0
     number_w = max((len(f"{r.samples_per_s:,.1f}/s") for r in rows if r.samples_per_s), default=0)
     bars = []
     for row in rows:
-        label = f"  batch {row.batch_size:>{digits}}  "
+        series = (row.series or "").ljust(name_w) if name_w else ""
+        label = f"  batch {row.batch_size:>{digits}} {series} "
         marks = (("  ◀ " + ", ".join(row.marks), "green"),) if row.marks else ()
         if row.samples_per_s is None:
             failed = row.status != "ran (not timed)"
@@ -106,8 +115,15 @@ def _print_batches(console: Console, evidence: Evidence, width: int) -> None:
             bars.append(_BarRow(label, None, ((what, "red" if failed else "dim"), *marks)))
             continue
         number = f"{row.samples_per_s:,.1f}/s".rjust(number_w)
-        spread = f"  spread {(row.relative_spread or 0.0) * 100:.0f}%"
-        bars.append(_BarRow(label, row.samples_per_s / top, ((f" {number}{spread}", ""), *marks)))
+        spread = (
+            "  one pass"
+            if row.relative_spread is None
+            else f"  spread {row.relative_spread * 100:.0f}%"
+        )
+        style = _SERIES_STYLES[names.index(row.series or names[0]) % len(_SERIES_STYLES)]
+        bars.append(
+            _BarRow(label, row.samples_per_s / top, ((f" {number}{spread}", ""), *marks), style)
+        )
     _print_bars(console, bars, width)
     peaks = memory_peaks(evidence)
     if peaks:

@@ -1,8 +1,9 @@
 """The seam between the probe's orchestration and real training steps. No torch.
 
 ``FedRunner`` (``probe.loop``: ``probe.trials.TrialRunner`` and the workload's DataLoader) is
-the real implementation; tests pass a simulated machine with recorded timings through
-``tune(trials=...)``.
+the real implementation; ``probe.simulated.SimulatedTrials`` is a simulated machine with
+recorded timings, which tests (and anyone) pass through ``tune(trials=..., clock=...)``. A
+change here fails a test until the simulation follows it.
 """
 
 from __future__ import annotations

@@ -115,7 +115,10 @@ def _recommended(profile: Profile, evidence: Evidence) -> str:
     choice = evidence.batch_choice
     text = str(evidence.batch_size)
     if choice is not None:
-        text += f" ({_CONFIRMED[choice.confirmed]})"
+        confirmed = _CONFIRMED[choice.confirmed]
+        if choice.compiled != profile.settings.compile.enabled:
+            confirmed = confirmed.replace("with these settings", _except_compile(choice.compiled))
+        text += f" ({confirmed})"
     batch = profile.settings.batch
     target = profile.provenance.preferences.target_global_batch
     if batch.grad_accum_steps > 1 or target is not None:
@@ -123,6 +126,18 @@ def _recommended(profile: Profile, evidence: Evidence) -> str:
         reason = decision.reason if decision is not None else ""
         text += f"; accumulation {reason}"
     return text
+
+
+def _except_compile(compiled: bool) -> str:
+    """'with these settings' where the batch ran with all of them but torch.compile: the rules
+    keep compile where it was not measured (the batch ran eager only), and the bench may drop
+    it after the batch ran compiled."""
+    if compiled:
+        return "with these settings but compiled (this profile does not compile)"
+    return (
+        "with these settings but eager: this profile compiles, and torch.compile was not"
+        " measured at this size"
+    )
 
 
 def _throughput_table(evidence: Evidence) -> Table:

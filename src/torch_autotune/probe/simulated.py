@@ -1,0 +1,394 @@
+"""A simulated machine behind the probe's ``Trials`` seam: recorded timings, simulated memory,
+a simulated clock. No torch.
+
+``detect.RecordedMachine`` stands in for a machine you are not on when the rules decide; this
+stands in for its accelerator when the probe measures. ``tune()`` takes it through its
+``trials`` and ``clock`` seams, and the whole probe (search, time model, budget, steady points,
+compile, workers) runs in milliseconds, on the timings a real machine showed::
+
+    from torch_autotune import load_snapshot, tune
+    from torch_autotune.probe.simulated import preset
+
+    machine = preset("h100-resnet50")
+    profile = tune("resnet50", snapshot=load_snapshot("h100.json"),
+                   trials=machine.trials, clock=machine.clock)
+
+Every call advances the simulated clock by what the real step would take, with the timing
+effects a real accelerator showed (the H100 runs of ``benchmarks/results/h100-2026-11-23``):
+
+- the very first step of the process pays start-up (CUDA context, allocator, first kernels);
+- every new shape pays a warm-up (the cuDNN autotuner: 6-9 s for ResNet-50 on an H100);
+- the first compiled step pays the compile (53 s for ResNet-50, 33 s for GPT-2 on an H100),
+  later sizes on the same dynamic-batch compiled module pay almost nothing;
+- a steady step costs ``fixed + per_sample * batch ** exponent``; compiled, that over the
+  compiled speedup;
+- a batch fits up to a limit (eager, and compiled where it needs more memory); the peak a
+  trial reads grows linearly with the batch;
+- some sizes can be noisy: their timed blocks alternate around the true rate;
+- with ``load_s`` set, loading costs that many seconds of one CPU a sample: the DataLoader
+  alone (``load``) and training fed by it (``fed``) are simulated, and on a CPU machine
+  (``shares_cpus``) the workers and the step share ``host_cpus`` cores. Without it, ``load``
+  measures the workload's real DataLoader, and ``fed`` trains at the step's own rate.
+
+The worker counts the probe tries are still bounded by the CPUs of the process that runs it
+(``probe.workers_phase``), also for a recorded machine: on a laptop with 2 CPUs, the 16-CPU
+H100's loading runs on 2 workers and limits training, and the batch follows (the tests patch
+``workers_phase._process_cpus`` to the preset's ``host_cpus`` for the recorded run's shape).
+``PRESETS`` are recorded machines: the ResNet-50 and GPT-2 runs on an H100 and the conv net on
+a 2-core CPU. A test holds ``SimulatedTrials`` to the seam, method by method.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from torch_autotune.probe.fed import FedTrial, pass_seconds
+from torch_autotune.probe.loader import LoaderTrial, measure_loader
+from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.trials import MIN_BLOCKS, PointOutcome, StepSettings, spread
+
+if TYPE_CHECKING:
+    from torch_autotune.probe.seam import Trials
+    from torch_autotune.probe.workloads import Workload
+
+__all__ = ["PRESETS", "SimulatedMachine", "SimulatedTrials", "preset"]
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+@dataclass
+class SimulatedMachine:
+    """One simulated accelerator, its timings (seconds) and memory (bytes), and its clock.
+
+    The defaults are ResNet-50 in bf16 on an H100 as the first GPU run measured it (4,250
+    samples/s at large batches, 14 s to start, 7 s of cuDNN autotuning a shape, 80 s to
+    compile); ``PRESETS`` hold the later recorded runs. ``now``, ``started``,
+    ``compiled_once``, ``shapes``, ``autotuned`` and ``log`` are the process's state: what
+    has run so far.
+    """
+
+    limit: int = 1850  # the largest batch that fits (eager)
+    compiled_limit: int | None = None  # the largest batch that fits compiled (None: limit)
+    fixed_s: float = 0.012  # a step's fixed cost
+    per_sample_s: float = 0.000235  # ResNet-50 bf16 on an H100: 4250 samples/s at large batch
+    exponent: float = 1.0  # step = fixed + per_sample * batch ** exponent (> 1: a CPU's caches)
+    first_s: float = 14.0  # the process's first step, beyond a steady step
+    new_shape_s: float = 0.2  # each new shape, beyond a steady step (autotuner off)
+    autotune_s: float = 7.0  # each new shape with the cuDNN autotuner on
+    compile_s: float = 80.0
+    compiled_speedup: float = 1.23
+    fixed_bytes: int = 2 * GIB
+    per_sample_bytes: int = 44 * MIB
+    memory_bytes: int | None = 80 * GIB  # what the trials may use (None: unknown, a CPU)
+    noise: dict[int, float] = field(default_factory=dict)  # batch -> relative amplitude
+    load_s: float | None = None  # seconds of one CPU to load a sample (None: not simulated)
+    host_cpus: int = 2  # the cores the DataLoader's workers (and a CPU step) run on
+    shares_cpus: bool = False  # the step computes on the host CPUs too (a CPU machine)
+    worker_start_s: float = 0.1  # starting one DataLoader worker
+    leaves: int = 137  # leaf modules: what the compile time is predicted from
+    now: float = 0.0
+    started: bool = False
+    compiled_once: bool = False
+    shapes: set[int] = field(default_factory=set)  # sizes that ran (allocator warm)
+    autotuned: set[int] = field(default_factory=set)  # sizes the cuDNN autotuner has timed
+    log: list[str] = field(default_factory=list)  # "trial 64", "point 832 compiled", ...
+
+    def clock(self) -> float:
+        """Seconds on the simulated clock: what ``tune(clock=...)`` reads."""
+        return self.now
+
+    def trials(self, workload: Workload, settings: StepSettings) -> SimulatedTrials:
+        """The runner for ``workload`` with ``settings``: what ``tune(trials=...)`` calls."""
+        return SimulatedTrials(self, settings, workload=workload)
+
+    def restart(self) -> None:
+        """A fresh process on the same machine: clock at 0, nothing warm, an empty log."""
+        self.now, self.started, self.compiled_once = 0.0, False, False
+        self.shapes, self.autotuned, self.log = set(), set(), []
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def step_s(self, batch_size: int, *, compiled: bool) -> float:
+        """Seconds of one steady training step."""
+        step = self.fixed_s + self.per_sample_s * math.pow(batch_size, self.exponent)
+        return step / self.compiled_speedup if compiled else step
+
+    def fits(self, batch_size: int, *, compiled: bool) -> bool:
+        limit = self.compiled_limit if compiled and self.compiled_limit else self.limit
+        return batch_size <= limit
+
+    def peak(self, batch_size: int) -> int:
+        """The allocator's peak in bytes of a trial at ``batch_size``."""
+        return self.fixed_bytes + self.per_sample_bytes * batch_size
+
+    def loader_rate(self, num_workers: int) -> float:
+        """Samples/s of the DataLoader alone: one core per worker, the main process for 0."""
+        if self.load_s is None:
+            raise ValueError("loading is not simulated on this machine (load_s is None)")
+        return max(1, min(num_workers, self.host_cpus)) / self.load_s
+
+    def fed_rate(
+        self, batch_size: int, num_workers: int, threads: int | None, *, compiled: bool
+    ) -> float:
+        """Samples/s of training fed by the DataLoader. Without workers the main process loads,
+        then steps. With them, the slowest of: the workers, the step, and (on a CPU) the cores
+        that both share; the step runs on ``threads`` of them (None: all)."""
+        step = self.step_s(batch_size, compiled=compiled) / batch_size  # wall s a sample
+        load = self.load_s or 0.0
+        if num_workers == 0:
+            return 1 / (load + step)
+        if not self.shares_cpus:
+            return min(self.loader_rate(num_workers), 1 / step) if load else 1 / step
+        cpus = self.host_cpus
+        core_s = step * cpus  # the step's CPU time a sample, on all cores
+        stepping = (threads or cpus) / core_s
+        loading = self.loader_rate(num_workers) if load else math.inf
+        return min(loading, stepping, cpus / (load + core_s))
+
+
+class SimulatedTrials:
+    """``probe.seam.Trials`` over a ``SimulatedMachine``: what ``probe.loop.FedRunner`` does
+    with real training, on simulated time."""
+
+    def __init__(
+        self,
+        machine: SimulatedMachine,
+        settings: StepSettings,
+        *,
+        compiled: bool = False,
+        workload: Workload | None = None,
+    ) -> None:
+        self.machine = machine
+        self.settings = settings
+        self.is_compiled = compiled
+        self.benchmark = settings.cudnn_benchmark
+        self.workload = workload
+
+    # --- the seam ---
+
+    def apply_flags(self, *, cudnn_benchmark: bool | None = None) -> None:
+        self.benchmark = (
+            self.settings.cudnn_benchmark if cudnn_benchmark is None else cudnn_benchmark
+        )
+
+    def memory_limit(self) -> int | None:
+        return self.machine.memory_bytes
+
+    def leaf_modules(self) -> int:
+        return self.machine.leaves
+
+    def compiled(self, mode: str) -> SimulatedTrials:
+        runner = SimulatedTrials(
+            self.machine, self.settings.with_compile(mode), compiled=True, workload=self.workload
+        )
+        runner.benchmark = self.benchmark
+        return runner
+
+    def __call__(self, batch_size: int) -> TrialOutcome:
+        m = self.machine
+        m.log.append(f"trial {batch_size}{' compiled' if self.is_compiled else ''}")
+        warmup = self._warmup(batch_size)
+        if not m.fits(batch_size, compiled=self.is_compiled):
+            m.advance(warmup)  # it fails in its first step
+            return TrialOutcome(False)
+        step = m.step_s(batch_size, compiled=self.is_compiled)
+        m.advance(warmup + self.settings.steps * step)
+        return TrialOutcome(
+            True, m.peak(batch_size), warmup + self.settings.steps * step, warmup, step
+        )
+
+    def point(self, batch_size: int, *, until: float) -> PointOutcome:
+        m = self.machine
+        m.log.append(f"point {batch_size}{' compiled' if self.is_compiled else ''}")
+        began = m.now
+        warmup = self._warmup(batch_size)
+        if not m.fits(batch_size, compiled=self.is_compiled):
+            m.advance(warmup)
+            return PointOutcome(batch_size, False, seconds=m.now - began)
+        step = m.step_s(batch_size, compiled=self.is_compiled)
+        m.advance(warmup + 2 * step)
+        per_block = max(1, math.ceil(0.25 / step))
+        amplitude = m.noise.get(batch_size, 0.0)
+        rates: list[float] = [batch_size / step * (1 - amplitude)] if per_block == 1 else []
+        while True:
+            m.advance(per_block * step)
+            sign = 1 if len(rates) % 2 else -1
+            rates.append(batch_size / step * (1 + sign * amplitude))
+            recent = rates[-MIN_BLOCKS:]
+            if len(recent) == MIN_BLOCKS and spread(recent) <= 0.05:
+                break
+            if m.now + per_block * step > until:
+                break
+        recent = rates[-MIN_BLOCKS:]
+        return PointOutcome(
+            batch_size,
+            True,
+            samples_per_s=sorted(recent)[len(recent) // 2],
+            relative_spread=spread(recent) if len(recent) > 1 else None,
+            steady=len(recent) == MIN_BLOCKS and spread(recent) <= 0.05,
+            warmup_s=warmup,
+            step_s=step,
+            blocks=len(rates),
+            peak_memory_bytes=m.peak(batch_size),
+            seconds=m.now - began,
+        )
+
+    def load(
+        self, num_workers: int, batch_size: int, *, batches: int, timeout_s: float, seconds: float
+    ) -> LoaderTrial:
+        m = self.machine
+        m.log.append(f"load {num_workers}")
+        if m.load_s is None:  # the workload's real DataLoader, on this machine's clock
+            if self.workload is None or self.workload.dataset is None:
+                raise ValueError("loading is not simulated and the workload has no dataset")
+            return measure_loader(
+                self.workload.dataset,
+                batch_size=batch_size,
+                num_workers=num_workers,
+                batches=batches,
+                timeout_s=timeout_s,
+                collate_fn=self.workload.collate_fn,
+                seconds=seconds,
+            )
+        rate = m.loader_rate(num_workers)
+        start = m.worker_start_s * num_workers + max(1, num_workers) * batch_size / rate
+        took = min(batches * batch_size / rate, max(seconds, batch_size / rate))
+        m.advance(start + took)
+        timed = max(1, round(took * rate / batch_size))
+        return LoaderTrial(num_workers, rate, timed, timed * batch_size, took, start)
+
+    def fed(
+        self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
+    ) -> FedTrial:
+        m = self.machine
+        m.log.append(f"fed {batch_size} {num_workers}")
+        if not m.fits(batch_size, compiled=self.is_compiled):
+            m.advance(self._warmup(batch_size))
+            return FedTrial(batch_size, num_workers, threads, None, 0.0, "out of memory")
+        rate = m.fed_rate(batch_size, num_workers, threads, compiled=self.is_compiled)
+        took = self._warmup(batch_size) + pass_seconds(batch_size, num_workers, rate)
+        m.advance(took)
+        return FedTrial(batch_size, num_workers, threads, rate, took)
+
+    # --- the simulated costs ---
+
+    def _warmup(self, batch_size: int) -> float:
+        m = self.machine
+        warmup = 0.0
+        if not m.started:
+            m.started = True
+            warmup += m.first_s
+        if self.is_compiled and not m.compiled_once:
+            m.compiled_once = True
+            warmup += m.compile_s
+        if self.benchmark and batch_size not in m.autotuned:  # cuDNN's cache is per shape
+            m.autotuned.add(batch_size)
+            warmup += m.autotune_s
+        elif batch_size not in m.shapes:
+            warmup += m.new_shape_s
+        m.shapes.add(batch_size)
+        return warmup
+
+
+if TYPE_CHECKING:  # mypy holds the simulation to the seam as a type, a test does by signature
+    _SEAM: type[Trials] = SimulatedTrials
+
+
+# --- recorded machines -------------------------------------------------------------------------
+
+
+def h100_resnet50() -> SimulatedMachine:
+    """ResNet-50 (bf16, channels_last, fused AdamW) on an H100 80GB, 2026-11-23: eager 4,250,
+    4,213 and 4,096 samples/s at 1672, 832 and 416 (a step of 4.9 ms plus 0.232 ms a sample);
+    1865 the largest batch (1866 ran out of memory); peaks of 0.87 GB at 8 and 84.0 GB at
+    1865; compiled 1.18x after a 53 s compile; cuDNN autotuning 5-12 s a shape; the first
+    step 5.7 s after start-up; the DataLoader at 4,688 samples/s with 16 workers."""
+    return SimulatedMachine(
+        limit=1865,
+        fixed_s=0.0049,
+        per_sample_s=0.000232,
+        first_s=5.7,
+        new_shape_s=0.1,
+        autotune_s=8.1,
+        compile_s=53.2,
+        compiled_speedup=1.18,
+        fixed_bytes=500_000_000,
+        per_sample_bytes=44_800_000,
+        memory_bytes=84_465_090_560,
+        load_s=16 / 4688,
+        host_cpus=16,
+        leaves=137,
+    )
+
+
+def h100_gpt2() -> SimulatedMachine:
+    """GPT-2 small (124M parameters, 512 tokens, bf16, fused AdamW) on an H100 80GB,
+    2026-11-23: eager 481, 455 and 434 samples/s at 136, 64 and 32 (a step of 9.5 ms plus
+    2.0 ms a sample); 155 the largest batch (156 ran out of memory); peaks of 6.4 GB at 8 and
+    83.9 GB at 155; compiled 1.40x after a 33 s compile; no cuDNN autotuner (not a conv
+    net); the first step 6.5 s after start-up; the DataLoader at 48,709 samples/s in the
+    main process."""
+    return SimulatedMachine(
+        limit=155,
+        fixed_s=0.0095,
+        per_sample_s=0.0020076,
+        first_s=6.5,
+        new_shape_s=0.1,
+        autotune_s=0.1,
+        compile_s=32.6,
+        compiled_speedup=1.40,
+        fixed_bytes=2_210_000_000,
+        per_sample_bytes=526_800_000,
+        memory_bytes=84_465_090_560,
+        load_s=1 / 48709,
+        host_cpus=16,
+        leaves=76,
+    )
+
+
+def cpu_conv() -> SimulatedMachine:
+    """The built-in conv net (0.7M parameters, 64x64 images, float32) on a 2-core CPU:
+    recorded at 208, 265, 299 and 306 samples/s at 512, 256, 128 and 64, throughput falling
+    with the batch; here a step of 80 ms plus 0.383 ms a sample to the power 1.4 (208, 261,
+    304 and 306). Memory never limits below the CPU cap (300 MiB plus 2.3 MiB a sample: 983
+    MiB at 256, 1575 MiB at 512). Loading is the data-bound benchmark's dataset, 3.7 ms a
+    sample on one core, the workers sharing the 2 cores with the step (``load_s=None``: the
+    workload's own DataLoader, measured for real)."""
+    return SimulatedMachine(
+        limit=10**6,
+        fixed_s=0.08,
+        per_sample_s=0.000383,
+        exponent=1.4,
+        first_s=0.3,
+        new_shape_s=0.1,
+        autotune_s=0.0,
+        fixed_bytes=300 * MIB,
+        per_sample_bytes=int(2.3 * MIB),
+        memory_bytes=None,  # torch reads no device memory on a CPU: the host's RAM holds the search
+        load_s=0.0037,
+        host_cpus=2,
+        shares_cpus=True,
+        leaves=1,
+    )
+
+
+PRESETS: dict[str, Callable[[], SimulatedMachine]] = {
+    "h100-resnet50": h100_resnet50,
+    "h100-gpt2": h100_gpt2,
+    "cpu-conv": cpu_conv,
+}
+"""Recorded machines by name: ``benchmarks/results/h100-2026-11-23`` (the two H100 runs) and
+``benchmarks/results/cpu_autotune_runs.md`` with ``data_bound_conv.md`` (the CPU)."""
+
+
+def preset(name: str, **changes: object) -> SimulatedMachine:
+    """A fresh ``PRESETS[name]``, with ``changes`` to its fields (``preset("h100-gpt2",
+    load_s=None)``: the workload's real DataLoader). ValueError for an unknown name."""
+    if name not in PRESETS:
+        raise ValueError(f"no simulated machine {name!r}; the presets are {', '.join(PRESETS)}")
+    return replace(PRESETS[name](), **changes)  # type: ignore[arg-type]

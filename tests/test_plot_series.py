@@ -1,0 +1,140 @@
+"""The throughput chart draws one series per variant: the eager step, the compiled step, and
+training fed by the DataLoader at each worker count; a compiled point never stands for (or
+overwrites) an eager one at the same size. Profiles measured on the simulated machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import pytest
+from rich.console import Console
+
+from tests.probe.fake_trials import cpu_machine, recorded, tune_on
+from tests.rules.helpers import with_host
+from torch_autotune.plot import build_figure, data, render_charts
+from torch_autotune.probe import workers_phase
+from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.workloads import resolve_workload
+from torch_autotune.profile import Profile
+
+H100 = recorded("h100-80gb-hbm3")
+
+
+@pytest.fixture(scope="module")
+def h100_speed() -> Profile:
+    """ResNet-50 on an H100 in speed mode: eager at 1664, 832 and 416, compiled at 832 and
+    1664, 832 compiled recommended (the recorded run's shape); no dataset, so no workers
+    phase."""
+    simulated = dataclasses.replace(resolve_workload("conv"), dataset=None, name="simulated")
+    return tune_on(SimulatedMachine(), simulated, H100, mode="speed")
+
+
+@pytest.fixture(scope="module")
+def data_bound() -> Profile:
+    """The data-bound 2-core CPU: training fed by the DataLoader chose the batch."""
+    two_cpus = with_host(
+        "cpu-laptop-linux",
+        cpus_usable=2,
+        cpu_cores_physical=2,
+        cpu_cores_logical=2,
+        cpu_affinity_count=2,
+    )
+    machine = cpu_machine(first_s=0.3, autotune_s=0.0, load_s=0.004, shares_cpus=True, host_cpus=2)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(workers_phase, "_process_cpus", lambda: 2)
+        return tune_on(machine, "conv", two_cpus, budget_s=120)
+
+
+def _rates(profile: Profile, compiled: bool) -> dict[int, float]:
+    assert profile.evidence is not None
+    return {
+        r.batch_size: r.samples_per_s for r in profile.evidence.throughput if r.compiled == compiled
+    }
+
+
+def test_eager_and_compiled_points_are_two_series_each_in_order_of_size(
+    h100_speed: Profile,
+) -> None:
+    evidence = h100_speed.evidence
+    assert evidence is not None
+    series = data.throughput_series(evidence)
+    assert [s.name for s in series] == ["eager", "compiled"]
+    eager, compiled = series
+    assert {p.batch_size: p.samples_per_s for p in eager.points} == _rates(h100_speed, False)
+    assert {p.batch_size: p.samples_per_s for p in compiled.points} == _rates(h100_speed, True)
+    for s in series:  # no zig-zag: a line runs left to right
+        sizes = [p.batch_size for p in s.points]
+        assert sizes == sorted(sizes)
+
+
+def test_a_compiled_point_does_not_overwrite_the_eager_one_at_its_size(
+    h100_speed: Profile,
+) -> None:
+    evidence = h100_speed.evidence
+    assert evidence is not None
+    assert (evidence.batch_size, h100_speed.settings.compile.enabled) == (832, True)
+    rows = [r for r in data.batch_rows(evidence) if r.batch_size == 832]
+    assert [(r.series, r.samples_per_s, r.marks) for r in rows] == [
+        ("eager", _rates(h100_speed, False)[832], ()),
+        ("compiled", _rates(h100_speed, True)[832], ("recommended",)),
+    ]
+    # the training step consumes at the compiled rate: the step the profile recommends
+    assert data.step_rate(evidence) == _rates(h100_speed, True)[832]
+
+
+def test_the_png_draws_a_line_per_series(h100_speed: Profile) -> None:
+    throughput = next(ax for ax in build_figure(h100_speed).axes if ax.get_label() == "throughput")
+    lines = {line.get_gid(): line for line in throughput.get_lines() if line.get_gid()}
+    for name, compiled in (("eager", False), ("compiled", True)):
+        line = lines[f"series: {name}"]
+        rates = _rates(h100_speed, compiled)
+        assert list(line.get_xdata()) == sorted(rates)
+        assert list(line.get_ydata()) == [rates[size] for size in sorted(rates)]
+    legend = [t.get_text() for t in throughput.get_legend().texts]
+    assert "training throughput, eager (median, spread)" in legend
+    assert "training throughput, compiled (median, spread)" in legend
+
+
+def _charts(profile: Profile) -> list[str]:
+    out = io.StringIO()
+    render_charts(profile, Console(file=out, width=120, color_system=None))
+    return out.getvalue().splitlines()
+
+
+def test_the_text_chart_names_the_series_of_each_row(h100_speed: Profile) -> None:
+    lines = _charts(h100_speed)
+    eager = next(line for line in lines if line.startswith("  batch  832 eager"))
+    compiled = next(line for line in lines if line.startswith("  batch  832 compiled"))
+    assert f"{_rates(h100_speed, False)[832]:,.1f}/s" in eager
+    assert "recommended" not in eager
+    assert f"{_rates(h100_speed, True)[832]:,.1f}/s" in compiled
+    assert "◀ recommended" in compiled
+    assert "batch 1850" in "".join(lines)  # the largest that ran, not timed, still marked
+    assert sum("largest that ran" in line for line in lines) == 1
+
+
+def test_passes_fed_by_the_dataloader_are_series_of_their_own(data_bound: Profile) -> None:
+    evidence = data_bound.evidence
+    assert evidence is not None
+    assert evidence.batch_choice is not None
+    assert evidence.batch_choice.fed
+    series = data.throughput_series(evidence)
+    fed = [s for s in series if s.kind == "fed"]
+    assert [s.name for s in series if s.kind != "fed"] == ["eager"]
+    ran = {(f.num_workers, f.batch_size) for f in evidence.fed if f.samples_per_s is not None}
+    assert {(int(s.name.split()[1]), p.batch_size) for s in fed for p in s.points} == ran
+    workers = data_bound.settings.dataloader.num_workers
+    (recommended,) = [r for r in data.batch_rows(evidence, workers) if "recommended" in r.marks]
+    assert recommended.batch_size == evidence.batch_size
+    assert recommended.series is not None
+    assert recommended.series.startswith(f"fed, {workers} workers")
+    chart = _charts(data_bound)
+    row = next(line for line in chart if "◀ recommended" in line)
+    assert f"batch {evidence.batch_size} {recommended.series}" in row
+    assert "one pass" in row
+    throughput = next(ax for ax in build_figure(data_bound).axes if ax.get_label() == "throughput")
+    gids = [line.get_gid() or "" for line in throughput.get_lines()]  # caps share a line's
+    assert list(dict.fromkeys(g for g in gids if g.startswith("series: "))) == [
+        f"series: {s.name}" for s in series
+    ]
