@@ -66,13 +66,6 @@ def _reason(profile: Profile, setting: str) -> str:
     return "" if decision is None else decision.reason
 
 
-# Found by the property and left to the batch rule (``rules.optimizer.batch_reason``, which the
-# rules' refactor owns): where the rules keep torch.compile without a measurement, its reason
-# still says the batch ran "with these settings", though it ran eager only. The strict xfail
-# below fails once the rule is fixed; then drop this and the xfail.
-KNOWN = re.compile(r"^the reason says \d+ ran with these settings; it ran eager only$")
-
-
 def disagreements(profile: Profile) -> list[str]:
     """Each claim of the reasons and the summary that the evidence does not bear out."""
     evidence = profile.evidence
@@ -295,7 +288,8 @@ def _worker_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]
             if (f.num_workers, f.batch_size) == (int(count), int(at))
         ):
             found.append(f"the fed pass of {count} worker(s) at batch {at} did not run at {rate}")
-    if f"DataLoader  {workers} workers" not in re.sub(r" {2,}", "  ", text):
+    row = _row(text, "DataLoader workers") or ""
+    if not re.fullmatch(rf"{workers} workers?(, \d+ batches ahead each)?", row):
         found.append(f"the summary's DataLoader row is not {workers} workers")
     choice = evidence.batch_choice
     if choice is not None and choice.fed:
@@ -383,7 +377,7 @@ def test_every_reason_and_summary_line_agrees_with_the_evidence(
 ) -> None:
     machine, where, options = drawn
     profile = run(machine, where, **options)
-    assert [d for d in disagreements(profile) if not KNOWN.match(d)] == []
+    assert disagreements(profile) == []
 
 
 # --- what the property found ----------------------------------------------------------------------
@@ -411,15 +405,14 @@ def test_a_batch_that_ran_eager_only_is_not_said_to_have_run_compiled_in_the_sum
         "832 (its throughput point ran after the search, with these settings but eager: this"
         " profile compiles, and torch.compile was not measured at this size)"
     )
-    assert disagreements(profile) == [
-        "the reason says 832 ran with these settings; it ran eager only"  # KNOWN, the rule's
-    ]
+    assert disagreements(profile) == []
 
 
-@pytest.mark.xfail(
-    strict=True, reason="rules.optimizer.batch_reason: the rules' refactor fixes the sentence"
-)
 def test_a_batch_that_ran_eager_only_is_not_said_to_have_run_compiled_in_its_reason() -> None:
+    """Found by the property: the batch rule said the batch ran 'with these settings' where
+    the rules kept torch.compile unmeasured and the batch ran eager only."""
+    reason = _reason(_eager_in_a_compiling_profile(), "batch.batch_size")
+    assert "with these settings but eager: this profile compiles" in reason
     assert disagreements(_eager_in_a_compiling_profile()) == []
 
 
