@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.probe.fake_trials import Machine, cpu_machine, tune_on
+from tests.probe.fake_trials import cpu_machine, tune_on
 from tests.rules.helpers import SNAPSHOT_DIR, context_with, run, snapshot
 from tests.test_profile import NOW, PROFILES_DIR, snapshots
 from torch_autotune import compose
@@ -30,6 +30,7 @@ from torch_autotune.integrations import (
     render_accelerate,
 )
 from torch_autotune.probe import workers_phase
+from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Mode, Preferences, Profile, target_accelerators
 from torch_autotune.profile_io import dump_profile, parse_profile
@@ -362,7 +363,7 @@ def test_a_run_for_two_processes_spreads_the_target_over_them() -> None:
 
 def test_the_probe_rounds_its_sizes_to_the_topologys_multiple() -> None:
     """K4 on the simulated H100: every size the points measured is a multiple of 8."""
-    profile = tune_on(Machine(), _simulated(), snapshot("h100-80gb-hbm3"), mode="balanced")
+    profile = tune_on(SimulatedMachine(), _simulated(), snapshot("h100-80gb-hbm3"), mode="balanced")
     evidence = profile.evidence
     assert evidence is not None
     assert profile.topology.batch_multiple == 8
