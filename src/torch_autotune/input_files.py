@@ -18,10 +18,10 @@ The limits, and why:
   0.2.6, inside PyYAML 6.0.4's wheels, refuses nesting past 1,000 levels itself, and its
   scanner reads up to 1,024 characters ahead of the event it hands over (a simple key may be
   that long), so ``[`` repeated stops it before the 65th level reaches us. Where the C parser
-  stops on an error, the events are walked once more by PyYAML's pure-Python parser, which
-  checks nothing of the kind in any release from 6.0 to 6.0.4: a limit broken before the error
-  is the one reported, else the parser's error stands. It costs nothing on a good file and under
-  a second on a broken one of 1 MiB.
+  stops at that limit of its own, the events are walked once more by PyYAML's pure-Python
+  parser, which checks nothing of the kind in any release from 6.0 to 6.0.4 and reaches our
+  65th level after a few hundred characters; any other error of the C parser stands as it is
+  (walking a broken file of 1 MiB again in pure Python would cost seconds).
 - ``MAX_VALUES`` (20,000 keys and values, YAML aliases expanded): the largest measured profile
   holds 962. An alias bomb (each level repeating the last ten times) is small text and a huge tree;
   a flat mapping of 50,000 unknown keys costs seconds of validation errors.
@@ -47,6 +47,7 @@ MAX_VALUES = 20_000
 Format = Literal["yaml", "json"]
 
 _ErrorClass = type[InputFileError]
+_LIBYAML_NESTING = "exceeded maximum nesting depth"  # libyaml 0.2.6's problem, past 1,000 levels
 _LIMIT_TEXT = "1 MiB"
 
 
@@ -220,19 +221,18 @@ def _check_yaml_limits(
 ) -> None:
     """Refuse YAML over the nesting or value limits with our message, whichever PyYAML parses.
 
-    The C parser walks the events first (fast). Where it stops on an error of its own (libyaml's
-    nesting limit, which its look-ahead reaches before our count does, or plain bad syntax), the
-    pure-Python parser walks them again: our limit is reported where the text breaks it before
-    the error, and the C parser's error otherwise.
+    The C parser walks the events first (fast). Where it stops at libyaml's own nesting limit,
+    which its look-ahead reaches before our count does, the pure-Python parser walks them again
+    and stops at ours; the C parser's other errors (bad syntax) are reported as they are.
     """
     import yaml
 
     try:
         _check_yaml_events(text, loader, source, error, remedy)
-    except yaml.YAMLError:
-        if loader is yaml.SafeLoader:
+    except yaml.YAMLError as exc:
+        if loader is yaml.SafeLoader or _LIBYAML_NESTING not in str(getattr(exc, "problem", "")):
             raise
-        with contextlib.suppress(yaml.YAMLError):  # the same bad syntax: the C parser's report
+        with contextlib.suppress(yaml.YAMLError):  # never expected: the C parser's report then
             _check_yaml_events(text, yaml.SafeLoader, source, error, remedy)
         raise
 
