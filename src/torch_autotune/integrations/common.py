@@ -87,3 +87,14 @@ def tf32_note(on: str) -> Callable[[Profile], str | None]:
         return None
 
     return note
+
+
+def channels_last_note(where: str) -> Export:
+    """The channels_last line, ``where`` the tool's users convert the model."""
+    return line(
+        lambda s: (
+            f"model.to(memory_format=torch.channels_last) {where}"
+            if s.memory_format == "channels_last"
+            else None
+        )
+    )

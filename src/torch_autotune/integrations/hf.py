@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from torch_autotune.integrations.common import (
     always,
     arguments,
-    line,
+    channels_last_note,
     notes,
     tf32_note,
     with_workers,
@@ -126,8 +126,6 @@ def render_hf(profile: Profile) -> str:
     return json.dumps(hf_training_arguments(profile), indent=2) + "\n"
 
 
-_CHANNELS_LAST = "model.to(memory_format=torch.channels_last) "
-
 HF: Mapping[str, Export] = {
     "device": Export(itself="use_cpu: hf_training_arguments"),
     "precision": Export(args=_hf_precision),
@@ -139,13 +137,7 @@ HF: Mapping[str, Export] = {
         )
     ),
     "compile": Export(args=_hf_compile),
-    "memory_format": line(
-        lambda s: (
-            _CHANNELS_LAST + "before the Trainer gets it"
-            if s.memory_format == "channels_last"
-            else None
-        )
-    ),
+    "memory_format": channels_last_note("before the Trainer gets it"),
     "tf32": Export(
         args=lambda p: {"tf32": True if p.settings.matmul.tf32 else None},
         note=lambda p: tf32_note("")(p) if not p.settings.matmul.tf32 else None,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from torch_autotune.integrations.common import (
     always,
     arguments,
+    channels_last_note,
     header,
     line,
     notes,
@@ -153,18 +154,12 @@ def _loader_kwargs(profile: Profile) -> dict[str, Any]:
     return kwargs
 
 
-_CHANNELS_LAST = "model.to(memory_format=torch.channels_last) "
-
 LIGHTNING: Mapping[str, Export] = {
     "device": Export(itself="accelerator and devices: lightning_trainer_kwargs"),
     "precision": Export(args=_lightning_precision),
     "batch_size": Export(covered_by="num_workers"),
     "compile": Export(note=_lightning_compile),
-    "memory_format": line(
-        lambda s: (
-            _CHANNELS_LAST + "in configure_model()" if s.memory_format == "channels_last" else None
-        )
-    ),
+    "memory_format": channels_last_note("in configure_model()"),
     "tf32": Export(note=tf32_note(" (or torch.set_float32_matmul_precision('high'))")),
     "cudnn_benchmark": always(lambda s: {"benchmark": s.backends.cudnn_benchmark}),
     "fused_optimizer": line(
