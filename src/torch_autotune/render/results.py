@@ -13,6 +13,7 @@ from rich.text import Text
 from torch_autotune.bench import BenchEvidence, Effect
 from torch_autotune.profile import CompileRecord, Evidence, Profile
 from torch_autotune.render.machine import facts_table
+from torch_autotune.rules.optimizer import except_compile
 from torch_autotune.settings import RECORDS
 
 
@@ -117,7 +118,7 @@ def _recommended(profile: Profile, evidence: Evidence) -> str:
     if choice is not None:
         confirmed = _CONFIRMED[choice.confirmed]
         if choice.compiled != profile.settings.compile.enabled:
-            confirmed = confirmed.replace("with these settings", _except_compile(choice.compiled))
+            confirmed = confirmed.replace("with these settings", except_compile(choice.compiled))
         text += f" ({confirmed})"
     batch = profile.settings.batch
     target = profile.provenance.preferences.target_global_batch
@@ -126,18 +127,6 @@ def _recommended(profile: Profile, evidence: Evidence) -> str:
         reason = decision.reason if decision is not None else ""
         text += f"; accumulation {reason}"
     return text
-
-
-def _except_compile(compiled: bool) -> str:
-    """'with these settings' where the batch ran with all of them but torch.compile: the rules
-    keep compile where it was not measured (the batch ran eager only), and the bench may drop
-    it after the batch ran compiled."""
-    if compiled:
-        return "with these settings but compiled (this profile does not compile)"
-    return (
-        "with these settings but eager: this profile compiles, and torch.compile was not"
-        " measured at this size"
-    )
 
 
 def _throughput_table(evidence: Evidence) -> Table:

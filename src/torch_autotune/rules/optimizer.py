@@ -110,12 +110,14 @@ def batch_reason(size: int, choice: BatchChoice | None, compiles: bool | None = 
     top += ", and halvings of it were the candidates"
     confirmed = _CONFIRMED[choice.confirmed]
     if compiles is not None and compiles != choice.compiled:
-        confirmed = confirmed.replace("with these settings", _but(choice.compiled))
+        confirmed = confirmed.replace("with these settings", except_compile(choice.compiled))
     return f"{size}: {how}; {top}; {confirmed}"
 
 
-def _but(compiled: bool) -> str:
-    """'with these settings', but for torch.compile, which the batch ran without (or with)."""
+def except_compile(compiled: bool) -> str:
+    """'with these settings', where the batch ran with all of them but torch.compile: eager in
+    a profile whose rules keep compile unmeasured, or compiled in one that does not compile
+    (the bench may drop compile after the batch ran compiled). The summary says it too."""
     if compiled:
         return "with these settings but compiled (this profile does not compile)"
     return (
