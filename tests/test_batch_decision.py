@@ -136,7 +136,7 @@ def test_the_batch_reason_states_exactly_what_was_done(
         top=896,
         margin=margin,
         multiple=multiple,
-        compiled=compiled and fastest,
+        variant="compiled" if compiled and fastest else "eager",
         samples_per_s=2000.0 if fastest else None,
         best_samples_per_s=2050.0 if fastest else None,
         best_batch_size=896 if fastest else None,
@@ -148,6 +148,8 @@ def test_the_batch_reason_states_exactly_what_was_done(
     assert ("once more" in reason) is (confirmed == "ran again")
     assert ("fastest batch measured" in reason) is fastest
     assert ("compiled" in reason) is (compiled and fastest)
+    # a compiled point came from the compiled model's own search, and the reason says so
+    assert ("trained compiled was 1000" in reason) is (compiled and fastest)
     assert ("within 3%" in reason) is fastest  # 896 was faster, 448 within 3% of it
     ran_compiled = compiled and fastest
     for compiles in (False, True):

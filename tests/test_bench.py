@@ -22,6 +22,7 @@ from torch_autotune.bench import (
     Plan,
     TrainConfig,
     apply_bench,
+    arm_record,
     effect,
     final_config,
     judge,
@@ -31,18 +32,21 @@ from torch_autotune.bench import (
     tuned_config,
 )
 from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.knobs import train_settings
 from torch_autotune.profile import (
     Evidence,
     Mode,
     Preferences,
     Profile,
     SearchTrialRecord,
+    Settings,
     Source,
     settings_paths,
 )
 from torch_autotune.profile_io import dump_profile, parse_profile
 from torch_autotune.rules.context import Measurements
 from torch_autotune.rules.engine import build_profile
+from torch_autotune.settings import torch_defaults
 from torch_autotune.store import machine_id
 
 DRIFT = (1.0, 0.62, 1.35, 0.8, 1.1)  # the machine's speed in each round: noise that pairs away
@@ -100,17 +104,31 @@ def rounds_for(
     return [[rate(c) * drift for c in plan.configs] for drift in DRIFT]
 
 
-def bench_of(plan: Plan, rows: list[list[float | None]], mode: str = "speed") -> BenchEvidence:
+def bench_of(
+    plan: Plan,
+    rows: list[list[float | None]],
+    mode: str = "speed",
+    settings: Settings | None = None,
+) -> BenchEvidence:
+    """The bench's evidence of ``rows`` as ``ablate`` records it, the final arm (the profile
+    without its dropped settings) included where no arm ran it; ``settings``: the profile's
+    (default: the plan's tuned config on torch's CUDA defaults)."""
     tuned, effects = judge(plan, rows, mode=mode)
+    settings = settings or train_settings(plan.tuned, torch_defaults("cuda"))
+    final = final_config(plan, effects)
+    final_arm: tuple[ArmRecord, ...] = ()
+    if final != plan.tuned and final not in plan.configs:
+        final_arm = (arm_record(("final",), final, (1000.0,) * len(rows), settings),)
     return BenchEvidence(
         workload="conv",
         device="cuda",
         rounds=len(rows),
         seconds_per_measurement=1.0,
         arms=tuple(
-            ArmRecord(names=names, config=config, samples_per_s=tuple(row[i] for row in rows))
+            arm_record(names, config, tuple(row[i] for row in rows), settings)
             for i, (names, config) in enumerate(zip(plan.names, plan.configs, strict=True))
-        ),
+        )
+        + final_arm,
         tuned=tuned,
         settings=tuple(effects),
         reverted=tuned is not None and tuned.verdict == "slower",

@@ -555,5 +555,5 @@ def test_export_to_a_fifo_writes_into_it(snapshot_path: Path, tmp_path: Path) ->
     result = run("export", "--snapshot", machine, "--store", str(tmp_path), "-o", str(fifo))
     reader.join(timeout=10)
     assert result.exit_code == 0, result.output
-    assert received[0].startswith(b"schema_version: 1")
+    assert received[0].startswith(b"schema_version: 2")
     assert stat.S_ISFIFO(fifo.lstat().st_mode)

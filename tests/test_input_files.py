@@ -348,7 +348,7 @@ def test_a_json_integer_python_will_not_convert_is_one_error() -> None:
 
 def test_a_profile_in_yaml_flow_style_is_read(profile: Profile) -> None:
     flow = yaml.safe_dump(profile.model_dump(mode="json"), default_flow_style=True, sort_keys=False)
-    assert flow.startswith("{schema_version: 1, ")
+    assert flow.startswith("{schema_version: 2, ")
     assert parse_profile(flow) == profile
 
 
@@ -437,7 +437,7 @@ def test_validate_takes_every_reference_profile_at_once() -> None:
     lines = result.stdout.splitlines()
     assert len(lines) == len(REFERENCE_PROFILES) == 19
     for path, line in zip(REFERENCE_PROFILES, lines, strict=True):
-        assert line.startswith(f"{path}: valid profile (schema 1")
+        assert line.startswith(f"{path}: valid profile (schema 2")
 
 
 def test_validate_reports_each_file_and_exits_3_when_any_is_invalid(tmp_path: Path) -> None:

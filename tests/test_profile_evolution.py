@@ -68,6 +68,51 @@ def test_the_golden_file_of_schema_1_is_a_measured_and_benched_profile() -> None
     assert profile.provenance.snapshot.accelerators
 
 
+def test_schema_1_to_2_names_the_variant_each_record_ran_with() -> None:
+    # Schema 1 had ``compiled: true/false`` on the points and the batch choice; schema 2 names
+    # the variant. The fed passes ran as the choice did. The settings each variant ran with
+    # were not recorded, so no variants are invented: every run counts as before.
+    data = golden_data(1)
+    points = data["evidence"]["throughput"]
+    profile = load_profile(golden(1))
+    evidence = profile.evidence
+    assert evidence is not None
+    assert [r.variant for r in evidence.throughput] == [
+        "compiled" if p["compiled"] else "eager" for p in points
+    ]
+    assert evidence.batch_choice is not None
+    assert evidence.batch_choice.compiled is data["evidence"]["batch_choice"]["compiled"]
+    fed = "compiled" if data["evidence"]["batch_choice"]["compiled"] else "eager"
+    assert {r.variant for r in evidence.fed} == {fed}
+    assert evidence.variants == ()
+    probe = {t.batch_size for t in evidence.search if t.fits}
+    probe |= {r.batch_size for r in evidence.throughput}
+    probe |= {r.batch_size for r in evidence.fed if r.samples_per_s}
+    assert evidence.ran({"compile": "off"}) == probe
+
+
+def test_the_golden_file_of_schema_2_records_the_variants_and_their_settings() -> None:
+    # A simulated H100 run whose compiled model fits fewer samples (1000) than eager (1850):
+    # the compiled model had its own search, and the profile's batch ran compiled.
+    profile = load_profile(golden(2))
+    evidence = profile.evidence
+    assert evidence is not None
+    names = {v.name for v in evidence.variants}
+    assert {"eager", "compiled", "eager, cuDNN autotuner off"} <= names
+    assert {t.variant for t in evidence.search} >= {"eager, cuDNN autotuner off", "compiled"}
+    assert profile.settings.compile.enabled
+    memory = profile_memory(profile)
+    assert profile.settings.batch.batch_size in evidence.ran(memory)
+    compiled = [t for t in evidence.search if t.fits and t.variant.startswith("compiled")]
+    assert max(t.batch_size for t in compiled) == 1000
+
+
+def profile_memory(profile: Any) -> dict[str, str]:
+    from torch_autotune.settings import memory_settings
+
+    return memory_settings(profile.settings)
+
+
 # --- a key added with a default: older files load, no new version ---------------------------------
 
 # Keys added to schema 1 with a default: a schema-1 file written before them still loads.

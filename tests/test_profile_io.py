@@ -46,7 +46,7 @@ def _cases(good: str) -> dict[str, tuple[str, str]]:
             "unknown key 'settings.dataloader.num_worker'; did you mean 'num_workers'?",
         ),
         "future-schema": (
-            good.replace("schema_version: 1", "schema_version: 7", 1),
+            good.replace("schema_version: 2", "schema_version: 7", 1),
             "pip install -U torch-autotune",
         ),
         "python-object-tag": (

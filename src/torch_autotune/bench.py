@@ -59,7 +59,7 @@ from torch_autotune.knobs import (
     with_knob,
 )
 from torch_autotune.profile import Decision, Profile
-from torch_autotune.settings import Settings, Source, setting_value
+from torch_autotune.settings import Settings, Source, memory_settings, setting_value
 
 __all__ = [
     "BASELINE_BATCH_SIZE",
@@ -80,6 +80,7 @@ __all__ = [
     "Verdict",
     "ablated_knobs",
     "apply_bench",
+    "arm_record",
     "effect",
     "final_config",
     "judge",
@@ -259,13 +260,29 @@ def judge(
 
 
 def final_config(plan: Plan, settings: Sequence[SettingEffect]) -> TrainConfig:
-    """The profile's config with every dropped setting back at the baseline's value."""
+    """The profile's config with every dropped setting back at the baseline's value, and
+    what goes back with it (``couples``: channels_last with AMP), as ``apply_bench`` drops
+    them: the config the final arm runs is the profile the bench hands out."""
     config = plan.tuned
     dropped = {s.setting for s in settings if s.outcome == "dropped"}
     for knob in plan.knobs:
         if knob.name in dropped:
             config = with_knob(config, knob, plan.baseline)
+            for coupled, _why in couples(knob):
+                config = with_knob(config, coupled, plan.baseline)
     return config
+
+
+def arm_record(
+    names: tuple[str, ...],
+    config: TrainConfig,
+    samples_per_s: tuple[float | None, ...],
+    settings: Settings,
+) -> ArmRecord:
+    """One arm's record: the profile's ``settings`` under ``config`` give the settings that
+    change memory as it ran them (``ArmRecord.memory``)."""
+    memory = memory_settings(train_settings(config, settings))
+    return ArmRecord(names=names, config=config, samples_per_s=samples_per_s, memory=memory)
 
 
 # --- taking settings out of the profile: rules M1 and M2 -----------------------------------------
@@ -296,6 +313,13 @@ def apply_bench(profile: Profile, plan: Plan, bench: BenchEvidence) -> Profile:
         if s.outcome == "dropped" or (reverted and s.outcome != "kept (required)")
     ]
     evidence = profile.evidence.model_copy(update={"bench": bench})
+    # A draft between two drops is a state no arm ran: it is checked for what the machine can
+    # hold, not for a batch that ran with its settings; the profile after every drop is the
+    # final arm's config (``final_config``), and is checked for both.
+    arms = tuple(arm.model_copy(update={"memory": {}}) for arm in bench.arms)
+    between = evidence.model_copy(
+        update={"variants": (), "bench": bench.model_copy(update={"arms": arms})}
+    )
     draft = _Draft(profile.settings, profile.decisions)
     for drop in drops:
         rule, reason = ("M2", _reverted_text(bench)) if reverted else ("M1", drop.reason)
@@ -308,7 +332,7 @@ def apply_bench(profile: Profile, plan: Plan, bench: BenchEvidence) -> Profile:
             reason_ = f"{why}, and {knob.name} was dropped: {drop.reason}"
             candidate = _with_drop(candidate, coupled, plan.baseline, "M1", reason_)
         try:
-            _profile(profile, candidate, evidence)
+            _profile(profile, candidate, between)
         except ValidationError as error:
             problem = error.errors()[0]["msg"].removeprefix("Value error, ")
             note = _note_not_dropped(profile, drop, problem)

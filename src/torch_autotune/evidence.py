@@ -10,6 +10,7 @@ points, the DataLoader candidates, the compile measurement); ``autotune bench`` 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, model_validator
@@ -127,6 +128,12 @@ class ArmRecord(StrictModel):
         description="One per round, in round order; None: the measurement failed."
     )
     error: str | None = Field(default=None, description="Why a measurement failed.")
+    memory: dict[str, Annotated[str, Field(max_length=120)]] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="The settings that change how much memory a batch needs, as the arm ran "
+        "them (``VariantRecord.settings``; empty in earlier files: not recorded).",
+    )
 
     @property
     def median(self) -> float | None:
@@ -177,6 +184,25 @@ class BenchEvidence(StrictModel):
 
 # --- the probe ----------------------------------------------------------------------------------
 
+EAGER = "eager"
+"""The probe's base variant: the rules-only profile's settings, without torch.compile."""
+COMPILED = "compiled"
+"""The probe's variant under torch.compile (the mode its ``CompileRecord`` names)."""
+
+VariantName = Annotated[str, Field(min_length=1, max_length=120)]
+
+
+class VariantRecord(StrictModel):
+    """One way the probe trained (``probe.variants``): its name, as the records that ran with
+    it give it, and the settings that change memory as it ran them (``memory_settings``)."""
+
+    name: VariantName
+    settings: dict[str, Annotated[str, Field(max_length=120)]] = Field(
+        max_length=32,
+        description="The settings that change how much memory a batch needs, by record name, "
+        "as this variant ran them: the profile's batch is one that ran with the profile's.",
+    )
+
 
 class SearchTrialRecord(StrictModel):
     """One trial of the batch-size search, as the probe ran it."""
@@ -201,6 +227,7 @@ class SearchTrialRecord(StrictModel):
         description="What the step raised at this size (not out-of-memory): a model that cannot"
         " train on so few samples, such as BatchNorm on one.",
     )
+    variant: VariantName = Field(default=EAGER, description="The probe's variant it ran with.")
 
 
 class ThroughputRecord(StrictModel):
@@ -213,7 +240,7 @@ class ThroughputRecord(StrictModel):
         default=True,
         description="The last timed blocks agreed within 5%; noisy points are not chosen.",
     )
-    compiled: bool = Field(default=False, description="Measured under torch.compile.")
+    variant: VariantName = Field(default=EAGER, description="The probe's variant it ran with.")
     warmup_s: float | None = Field(
         default=None, ge=0, description="The first step's cost beyond a steady step."
     )
@@ -221,6 +248,11 @@ class ThroughputRecord(StrictModel):
     peak_memory_bytes: Bytes | None = Field(
         default=None, description="Allocator peak during the point, when known."
     )
+
+    @property
+    def compiled(self) -> bool:
+        """It ran under torch.compile (the probe's compiled variant)."""
+        return self.variant == COMPILED
 
 
 class PhaseRecord(StrictModel):
@@ -264,18 +296,15 @@ class BatchChoice(StrictModel):
     """How the probe chose the batch it recommends: the facts the batch decision and the
     summary are written from, so that neither says more than was done.
 
-    ``chosen_by``: ``fastest point``, the smallest steady throughput point within 3% of the
-    best steady rate; ``largest point``, no point was steady, so the largest size a point
-    measured; ``top candidate``, no point ran, so the top candidate itself. ``fed``: then
-    loading turned out to limit training, and the batch is the smallest within 2% of the best
-    rate of training fed by the DataLoader (``Evidence.fed_reason`` gives the numbers). The top
-    candidate
-    is the largest batch that trained, less ``margin`` where memory limited it (catalog K2),
-    rounded down to a multiple of ``multiple`` (K4). ``confirmed``: ``its point``, its steady
-    point ran after the search with the final settings; ``ran again``, it was run once more;
-    ``stepped down``, it no longer ran and a smaller size did; ``not run again``, the budget
-    was spent (it ran once, with these settings); ``its fed pass``, it trained fed by the
-    DataLoader with the final settings.
+    ``chosen_by``: ``fastest point``, the smallest steady point within 3% of the best steady
+    rate; ``largest point``, none was steady, so the largest size a point measured; ``top
+    candidate``, no point ran. ``fed``: loading limits training, and the batch is the smallest
+    within 2% of the best rate fed by the DataLoader (``Evidence.fed_reason``). The top
+    candidate is the largest batch that trained (in the search of the chosen point's
+    ``variant``), less ``margin`` where memory limited it (K2), rounded down to ``multiple``
+    (K4). ``confirmed``: ``its point``, its steady point ran after the search with the final
+    settings; ``ran again``; ``stepped down``, a smaller size ran instead; ``not run again``,
+    the budget was spent (it ran once, with these settings); ``its fed pass``.
     """
 
     chosen_by: ChosenBy
@@ -285,7 +314,7 @@ class BatchChoice(StrictModel):
         default=None, ge=0, lt=1, description="Taken off the largest (None: not memory-bound)."
     )
     multiple: BatchSize = Field(default=1, description="Sizes rounded down to a multiple.")
-    compiled: bool = Field(default=False, description="The chosen point ran compiled.")
+    variant: VariantName = Field(default=EAGER, description="The chosen point's variant.")
     samples_per_s: float | None = Field(default=None, gt=0, description="The chosen point's.")
     best_samples_per_s: float | None = Field(
         default=None, gt=0, description="The best steady rate measured (at best_batch_size)."
@@ -295,6 +324,11 @@ class BatchChoice(StrictModel):
     fed: bool = Field(
         default=False, description="Loading limits training: the fed passes chose the batch."
     )
+
+    @property
+    def compiled(self) -> bool:
+        """The chosen point ran under torch.compile (the probe's compiled variant)."""
+        return self.variant == COMPILED
 
 
 class FedRecord(StrictModel):
@@ -310,6 +344,7 @@ class FedRecord(StrictModel):
     )
     samples_per_s: float | None = Field(gt=0, description="None: the pass failed.")
     seconds: float | None = Field(default=None, ge=0, description="Wall time of the pass.")
+    variant: VariantName = Field(default=EAGER, description="The probe's variant it ran with.")
     error: str | None = None
 
 
@@ -387,12 +422,29 @@ class Evidence(StrictModel):
         default=None, description="How the batch was chosen (None in earlier releases)."
     )
 
-    def ran(self) -> set[int]:
-        """Batch sizes that trained on the machine: search trials that fit, steady points
-        (they ran for seconds), passes fed by the DataLoader, and the bench's arms."""
-        ran = {t.batch_size for t in self.search if t.fits}
-        ran |= {t.batch_size for t in self.throughput}
-        ran |= {t.batch_size for t in self.fed if t.samples_per_s is not None}
-        if self.bench is not None:
+    variants: tuple[VariantRecord, ...] = Field(
+        default=(),
+        max_length=16,
+        description="The probe's variants, with the settings each ran with (empty in files of"
+        " schema 1, which did not record them).",
+    )
+
+    def ran(self, memory: Mapping[str, str] | None = None) -> set[int]:
+        """Batch sizes that trained here: search trials that fit, steady points, passes fed by
+        the DataLoader, the bench's arms. ``memory``: only the probe's runs with these values of
+        settings that change memory (``memory_settings``, or some of them); ``invariants``
+        reads the arms. A file with no variants recorded (schema 1) counts every run."""
+        wanted = dict(memory or {})
+        held = [v for v in self.variants if all(v.settings.get(k) == x for k, x in wanted.items())]
+        names = {v.name for v in held}
+        if memory is None or not self.variants:
+            names = {t.variant for t in self.search} | {t.variant for t in self.throughput}
+            names |= {t.variant for t in self.fed}
+        ran = {t.batch_size for t in self.search if t.fits and t.variant in names}
+        ran |= {t.batch_size for t in self.throughput if t.variant in names}
+        ran |= {
+            t.batch_size for t in self.fed if t.samples_per_s is not None and t.variant in names
+        }
+        if self.bench is not None and memory is None:
             ran |= self.bench.ran()  # the bench trains its baseline batch size too
         return ran

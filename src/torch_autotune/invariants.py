@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch_autotune.evidence import Evidence
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
-from torch_autotune.settings import Settings
+from torch_autotune.settings import Settings, memory_settings
 from torch_autotune.thresholds import (
     BF16_MIN_CC,
     COMPILE_MIN_TORCH,
@@ -184,13 +184,43 @@ def settings_problems(
 
 
 def batch_problems(settings: Settings, evidence: Evidence | None) -> list[str]:
-    """A measured batch size must be one that ran: never hand out a size that did not."""
+    """A measured batch size must be one that ran, with the profile's values of the settings
+    that change memory (``memory_settings``): never hand out a size that did not.
+
+    The probe's records name the variant they ran with, and the evidence keeps each variant's
+    settings; the bench's arms hold theirs. Where the rules keep torch.compile but the probe
+    could not measure it (its compile did not fit the budget: ``evidence.compile`` says so, and
+    so do the batch's reason and the summary), compile is left out of the comparison: the
+    batch ran eager, and the profile says that is all it knows."""
     batch = settings.batch.batch_size
     if batch is None:
         return []
+    wanted = memory_settings(settings)
+    if evidence is not None and evidence.compile is not None and not evidence.compile.measured:
+        wanted.pop("compile", None)
     if evidence is None or batch not in evidence.ran():
         return [
             f"settings.batch.batch_size: {batch} is not a size the probe ran on this machine "
             "(run 'autotune' to measure, or set batch_size: null)"
         ]
+    if batch not in evidence.ran(wanted) | _bench_ran(evidence, wanted):
+        ran = ", ".join(f"{k} {v}" for k, v in wanted.items())
+        return [
+            f"settings.batch.batch_size: {batch} ran on this machine, but never with these "
+            f"settings that change how much memory a batch needs ({ran}); run 'autotune' to "
+            "measure it with them, or set batch_size: null"
+        ]
     return []
+
+
+def _bench_ran(evidence: Evidence, wanted: dict[str, str]) -> set[int]:
+    """Batch sizes a bench arm trained with ``wanted``; an arm of an earlier file, which did
+    not record its settings, counts."""
+    if evidence.bench is None:
+        return set()
+    return {
+        arm.config.batch_size
+        for arm in evidence.bench.arms
+        if any(arm.samples_per_s)
+        and (not arm.memory or all(arm.memory.get(k) == v for k, v in wanted.items()))
+    }

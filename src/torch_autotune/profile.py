@@ -24,6 +24,8 @@ from pydantic import Field, model_validator
 
 from torch_autotune.bounds import CpuCount, GlobalBatch, Seed, WorkerCount
 from torch_autotune.evidence import (
+    COMPILED,
+    EAGER,
     BatchChoice,
     CompileRecord,
     Evidence,
@@ -31,6 +33,7 @@ from torch_autotune.evidence import (
     PhaseRecord,
     SearchTrialRecord,
     ThroughputRecord,
+    VariantRecord,
     WorkloadDetails,
 )
 from torch_autotune.hardware import HardwareSnapshot
@@ -60,6 +63,8 @@ from torch_autotune.topology import Topology, derive_topology, topology_problems
 
 __all__ = [
     "ALLOWED_ENVIRONMENT",
+    "COMPILED",
+    "EAGER",
     "PROFILE_SCHEMA_VERSION",
     "Backends",
     "BatchChoice",
@@ -84,6 +89,7 @@ __all__ = [
     "Source",
     "ThroughputRecord",
     "Topology",
+    "VariantRecord",
     "WorkloadDetails",
     "fingerprint",
     "profile_problems",
@@ -92,7 +98,7 @@ __all__ = [
     "torch_release",
 ]
 
-PROFILE_SCHEMA_VERSION: Literal[1] = 1
+PROFILE_SCHEMA_VERSION: Literal[2] = 2
 """Version of the profile schema written by this release."""
 
 
@@ -165,7 +171,7 @@ def _derived_topology(data: dict[str, Any]) -> Topology:
 class Profile(StrictModel):
     """A validated optimization profile for one machine."""
 
-    schema_version: Literal[1] = PROFILE_SCHEMA_VERSION
+    schema_version: Literal[2] = PROFILE_SCHEMA_VERSION
     mode: Mode
     measured: bool = Field(description="Whether any setting was measured on the machine.")
     settings: Settings

@@ -48,9 +48,39 @@ _UPGRADE = "upgrade with 'pip install -U torch-autotune'"
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 
-MIGRATIONS: Mapping[int, Migration] = {}
+
+def _variants_named(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 to 2: the probe's records name the variant they ran with (``variant``, "eager"
+    or "compiled") where schema 1 had ``compiled: true/false`` on the throughput points and the
+    batch choice; the passes fed by the DataLoader ran as the choice did. Schema 1 did not
+    record the settings each variant ran with, so ``evidence.variants`` stays empty."""
+    evidence = data.get("evidence")
+    if not isinstance(evidence, dict):
+        return data
+
+    def named(record: Any) -> Any:
+        if not isinstance(record, dict) or "compiled" not in record:
+            return record
+        rest = {k: v for k, v in record.items() if k != "compiled"}
+        return {**rest, "variant": "compiled" if record["compiled"] is True else "eager"}
+
+    evidence = dict(evidence)
+    choice = evidence.get("batch_choice")
+    fed_variant = "compiled" if isinstance(choice, dict) and choice.get("compiled") else "eager"
+    if isinstance(evidence.get("throughput"), list):
+        evidence["throughput"] = [named(r) for r in evidence["throughput"]]
+    if isinstance(choice, dict):
+        evidence["batch_choice"] = named(choice)
+    if isinstance(evidence.get("fed"), list):
+        evidence["fed"] = [
+            {**r, "variant": fed_variant} if isinstance(r, dict) else r for r in evidence["fed"]
+        ]
+    return {**data, "evidence": evidence}
+
+
+MIGRATIONS: Mapping[int, Migration] = {1: _variants_named}
 """``MIGRATIONS[n]``: the data of a schema-n profile as schema n+1 writes it, a pure function
-(its argument left as it was). Empty while schema 1 is the only one."""
+(its argument left as it was)."""
 
 
 def dump_profile(profile: Profile, fmt: Format = "yaml") -> str:

@@ -11,7 +11,11 @@ fields it owns; everything that used to list the settings by hand reads them fro
 - the exporters: a tool with an argument for the setting names it in ``integrations``' table
   (``Export``); every other tool writes the record's generated line (``note``), naming the
   profile's helper that applies it (``applied_by``), so a new setting is never left unsaid;
-- the environment: settings read once when a process starts (``fresh_process``).
+- the environment: settings read once when a process starts (``fresh_process``);
+- memory: settings that change how much memory a batch needs (``memory``). A batch that ran
+  with one value may not fit with another, so the invariant accepts the profile's batch only
+  where it ran with the profile's values of these (``invariants.batch_problems``), and the
+  probe's variants that change one get a search of their own (``probe.variants``).
 
 The ground floor of the data model: the standard library only (a record's functions take
 ``Settings``, a ``Profile`` or a ``TrainConfig`` and return plain values). A test holds that
@@ -94,6 +98,7 @@ class SettingRecord:
     not_ablated: str | None = None
     couples: Mapping[str, str] = field(default_factory=dict)
     fresh_process: bool = False
+    memory: bool = False
     changed: Callable[[Settings], bool] | None = None
 
     def note(self, settings: Settings) -> str | None:

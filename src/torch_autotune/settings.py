@@ -178,6 +178,7 @@ RECORDS: tuple[SettingRecord, ...] = (
         applied_by="autocast",
         bench="precision",
         couples={"memory_format": "goes with AMP (rule H1)"},
+        memory=True,
         changed=lambda s: s.precision.autocast,
     ),
     SettingRecord(
@@ -196,6 +197,7 @@ RECORDS: tuple[SettingRecord, ...] = (
         lambda s: str(s.compile.mode or "default") if s.compile.enabled else "off",
         applied_by="prepare_model",
         bench="compile",
+        memory=True,
         changed=lambda s: s.compile.enabled,
     ),
     SettingRecord(
@@ -205,6 +207,7 @@ RECORDS: tuple[SettingRecord, ...] = (
         lambda s: s.memory_format,
         applied_by="prepare_model",
         bench="channels_last",
+        memory=True,
         changed=lambda s: s.memory_format == "channels_last",
     ),
     SettingRecord(
@@ -223,6 +226,7 @@ RECORDS: tuple[SettingRecord, ...] = (
         lambda s: on_off(s.backends.cudnn_benchmark),
         applied_by="apply",
         bench="cudnn_benchmark",
+        memory=True,
         changed=lambda s: s.backends.cudnn_benchmark,
     ),
     SettingRecord(
@@ -232,6 +236,7 @@ RECORDS: tuple[SettingRecord, ...] = (
         lambda s: on_off(s.optimizer.fused),
         applied_by="optimizer_kwargs",
         bench="fused_optimizer",
+        memory=True,
         changed=lambda s: s.optimizer.fused,
     ),
     SettingRecord(
@@ -380,3 +385,10 @@ def setting_value(settings: Settings, path: str) -> str | int | float | bool | N
     if value is not None and not isinstance(value, str | int | float | bool):
         raise KeyError(path)
     return value
+
+
+def memory_settings(settings: Settings) -> dict[str, str]:
+    """The settings that change how much memory a batch needs (records with ``memory``), by
+    record name, each as its record shows it ('compile': 'off' whatever mode an eager profile
+    keeps): a batch that ran under one of these maps may not fit under another."""
+    return {record.name: record.show(settings) for record in RECORDS if record.memory}

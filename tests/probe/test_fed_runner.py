@@ -110,9 +110,11 @@ def test_training_fed_by_workers_runs_with_the_threads_asked_for(
     assert torch.get_num_threads() == before
 
 
-def test_a_compiled_runner_still_feeds_training() -> None:
+def test_a_variants_runner_still_feeds_training() -> None:
+    from torch_autotune.probe.variants import compiled
+
     runner = FedRunner(_heavy(), StepSettings())
-    assert isinstance(runner.compiled("default"), FedRunner)
+    assert isinstance(runner.variant(compiled("default")), FedRunner)
 
 
 def test_the_benchs_loop_trains_whole_rounds_after_the_prefetched_batches(

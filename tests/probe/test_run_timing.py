@@ -13,11 +13,13 @@ from tests.probe.fake_trials import cpu_machine, recorded, tune_on
 from torch_autotune.api import tune
 from torch_autotune.errors import ProbeError
 from torch_autotune.hardware import HardwareSnapshot
-from torch_autotune.probe.points import compile_seconds, payoff_minutes
+from torch_autotune.probe.judge import payoff_minutes
 from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
 from torch_autotune.probe.trials import StepSettings
+from torch_autotune.probe.variants import compile_seconds
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
+from torch_autotune.settings import memory_settings
 
 H100 = recorded("h100-80gb-hbm3")
 LAPTOP = recorded("cpu-laptop-linux")
@@ -74,8 +76,12 @@ def test_the_h100_resnet_run_finds_the_limit_measures_compile_and_fits_180_s() -
     # the batch recommended ran compiled, and its throughput point is the compiled one
     assert profile.settings.batch.batch_size in _ran(profile)
     compiled = [r for r in evidence.throughput if r.compiled]
-    # measured at the fastest eager size and the larger candidate, on one compiled module
-    assert [r.batch_size for r in compiled] == [832, 1664]
+    # the compiled model's own search found its own limit (here the eager one: the default
+    # machine needs no more memory compiled), and its points ran at its own candidates, on one
+    # compiled module
+    searched = [t for t in evidence.search if t.variant.startswith("compiled")]
+    assert max(t.batch_size for t in searched if t.fits) == machine.limit
+    assert [r.batch_size for r in compiled] == [1664, 832, 416]
     assert machine.compiled_once
     assert profile.settings.batch.batch_size in {r.batch_size for r in compiled}
     assert [p.name for p in evidence.phases] == ["search", "throughput", "compile", "workers"]
@@ -126,6 +132,14 @@ def test_a_compiled_model_needing_more_memory_is_measured_at_a_smaller_size() ->
     assert compiled
     assert compiled[0].batch_size <= 1000
     assert profile.settings.batch.batch_size in _ran(profile)
+    # its own search, on its own memory curve, found the compiled limit exactly, and its
+    # points are its own candidates: 1000 less K2's 10%, rounded to 8, and halvings
+    searched = [t for t in evidence.search if t.variant.startswith("compiled")]
+    assert max(t.batch_size for t in searched if t.fits) == 1000
+    assert min(t.batch_size for t in searched if not t.fits) == 1001
+    assert [r.batch_size for r in compiled] == [896, 448, 224]
+    # the profile's batch ran with the profile's settings that change memory
+    assert profile.settings.batch.batch_size in evidence.ran(memory_settings(profile.settings))
 
 
 def test_noisy_points_are_not_chosen_and_the_summary_warns() -> None:

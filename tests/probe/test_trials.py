@@ -17,6 +17,7 @@ from torch_autotune.errors import raised_by_user_code
 from torch_autotune.probe import trials
 from torch_autotune.probe.search import find_max_batch_size
 from torch_autotune.probe.trials import StepSettings, TrialRunner, preserved
+from torch_autotune.probe.variants import BASE, compiled
 
 LIMIT = 12  # the injected allocator "runs out" above this batch size
 
@@ -198,9 +199,9 @@ def test_step_settings_follow_the_profile() -> None:
     assert step.settings.memory_format == "channels_last"
     assert optimizer_kwargs(step.settings) == {"fused": True}
     assert step.steps >= 2
-    compiled = step.with_compile("default")
-    assert (compiled.compile_mode, compiled.with_compile(None).compile_mode) == ("default", None)
-    assert compiled.with_compile(None).settings == step.settings.model_copy(
+    on = step.with_variant(compiled("default"))
+    assert (on.compile_mode, on.with_variant(BASE).compile_mode) == ("default", None)
+    assert on.with_variant(BASE).settings == step.settings.model_copy(
         update={
             "compile": step.settings.compile.model_copy(update={"enabled": False, "mode": None})
         }

@@ -21,6 +21,7 @@ from torch_autotune.bench import (
     Plan,
     SettingEffect,
     TrainConfig,
+    arm_record,
     effect,
     final_config,
     judge,
@@ -69,13 +70,13 @@ class _Rounds:
         configs: tuple[TrainConfig, ...],
         names: tuple[tuple[str, ...], ...],
         rows: list[list[float | None]],
+        settings: Settings,
     ) -> list[ArmRecord]:
+        """Each config's record, with the settings that change memory as it ran them (the
+        profile's ``settings`` under the config)."""
         return [
-            ArmRecord(
-                names=names[i],
-                config=config,
-                samples_per_s=tuple(row[i] for row in rows),
-                error=self.errors.get(config),
+            arm_record(names[i], config, tuple(row[i] for row in rows), settings).model_copy(
+                update={"error": self.errors.get(config)}
             )
             for i, config in enumerate(configs)
         ]
@@ -128,7 +129,7 @@ def run_arms(
         runs = _Rounds(measure, seconds, report)
         rows = runs.run(plan.configs, labels, rounds)
         tuned_effect, effects = judge(plan, rows, mode=mode)
-        records = runs.records(plan.configs, plan.names, rows)
+        records = runs.records(plan.configs, plan.names, rows, settings)
         final = final_config(plan, effects)
         final_effect = None
         if final != plan.tuned:
@@ -141,5 +142,5 @@ def run_arms(
                 names = (("baseline (second run)",), ("final",))
                 more = runs.run(configs, ["baseline", "without the dropped settings"], rounds)
                 final_effect = effect([r[1] for r in more], [r[0] for r in more])
-                records += runs.records(configs, names, more)
+                records += runs.records(configs, names, more, settings)
     return ArmResults(tuple(records), tuned_effect, tuple(effects), final_effect)

@@ -12,7 +12,7 @@ from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import TrialOutcome, find_max_batch_size
 from torch_autotune.probe.timemodel import StepTiming, TimeModel
 from torch_autotune.probe.trials import MIN_BLOCKS
-from torch_autotune.profile import SearchTrialRecord
+from torch_autotune.profile import EAGER, SearchTrialRecord
 
 EXTRAPOLATE = 4  # a time prediction past 4x the largest measured size is checked first
 CLOSE_ENOUGH = 1.25  # a time-limited search stops within 25% of the size refused for time
@@ -43,6 +43,8 @@ class SearchGuard:
     refused: str | None = None  # why the smallest size refused for time was refused
     calls: list[int | None] = field(default_factory=list)  # per search call: its record
     start: int = 1  # the smallest batch the search tries
+    variant: str = EAGER  # the variant the runner trains (``probe.variants``), for the records
+    phase: str = "search"  # the phase the progress names
 
     def predicted_peak(self, batch_size: int) -> int | None:
         """Peak memory at ``batch_size`` by the secant through the two largest readings."""
@@ -83,15 +85,15 @@ class SearchGuard:
         if self.ram_budget_bytes is not None and predicted and predicted > self.ram_budget_bytes:
             # Running out of host RAM does not raise: the kernel kills the process. A size
             # predicted to exceed the budget is treated as too big, and not run.
-            self.records.append(refused_record(batch_size, "ram-guard (not run)"))
+            self.refuse(refused_record(batch_size, "ram-guard (not run)"))
             return TrialOutcome(False)
         failed = [r.batch_size for r in self.records if not r.fits and r.seconds is not None]
         if failed and batch_size >= min(failed):  # monotone: it cannot fit either
-            self.records.append(refused_record(batch_size, f"above {min(failed)}, which failed"))
+            self.refuse(refused_record(batch_size, f"above {min(failed)}, which failed"))
             return TrialOutcome(False)
         refusal = self._time_refusal(batch_size)
         if refusal is not None:
-            self.records.append(refusal)
+            self.refuse(refusal)
             return TrialOutcome(False)
         return self._run(batch_size, "search")
 
@@ -125,6 +127,10 @@ class SearchGuard:
             if not self._run(between, "time model").fits:
                 return refused_record(batch_size, f"above {between}, which failed")
 
+    def refuse(self, record: SearchTrialRecord) -> None:
+        """Record a size that did not run, under this guard's variant."""
+        self.records.append(record.model_copy(update={"variant": self.variant}))
+
     def _affordable(self, batch_size: int, left: float) -> bool:
         needed = self.needed_s(batch_size)
         return needed is None or needed[1] <= left
@@ -140,7 +146,7 @@ class SearchGuard:
     def _run(self, batch_size: int, step: str) -> TrialOutcome:
         needed = self.needed_s(batch_size)
         left = self.budget.left_in_run() - self.reserve_s
-        self.progress("search", f"batch {batch_size}")
+        self.progress(self.phase, f"batch {batch_size}")
         outcome = self.runner(batch_size)
         if outcome.fits and outcome.step_s is not None:
             self.model.learn(StepTiming(batch_size, outcome.warmup_s or 0.0, outcome.step_s))
@@ -155,6 +161,7 @@ class SearchGuard:
                 step_s=rounded_seconds(outcome.step_s),
                 predicted_s=None if needed is None else round(needed[0], 3),
                 left_s=round(max(0.0, left), 3),
+                variant=self.variant,
             )
         )
         return outcome
@@ -208,12 +215,16 @@ class Found:
     reason: str
 
 
-def search_with_guard(guarded: SearchGuard, cap: int, limit: int | None, cap_reason: str) -> Found:
-    """The largest size that ran, what limited it (with the numbers), every trial recorded."""
+def search_with_guard(
+    guarded: SearchGuard, cap: int, limit: int | None, cap_reason: str, *, floor: int | None = None
+) -> Found:
+    """The largest size that ran, what limited it (with the numbers), every trial recorded;
+    a failed start is bisected down to ``floor`` (None: the start is the floor)."""
     try:
         start = min(guarded.start, cap)
+        lowest = start if floor is None else min(floor, start)
         result = find_max_batch_size(
-            guarded, cap=cap, memory_limit_bytes=limit, start=start, floor=start
+            guarded, cap=cap, memory_limit_bytes=limit, start=start, floor=lowest
         )
         largest, limited_by = result.max_batch_size, result.limited_by
         # Name each search trial by the search's reason for it (start, model, predict, ...);

@@ -238,12 +238,6 @@ class FedRunner(TrialRunner):
     feeding training (``fed``), through the bench's loop on this runner's own model, so that
     the probe and ``autotune bench`` measure a worker count the same way."""
 
-    def compiled(self, mode: str) -> FedRunner:
-        """A runner of this (eager) runner's model under ``torch.compile(mode=mode)``."""
-        return FedRunner(
-            self.workload, self.settings.with_compile(mode), clock=self.clock, eager=self
-        )
-
     def load(
         self, num_workers: int, batch_size: int, *, batches: int, timeout_s: float, seconds: float
     ) -> LoaderTrial:

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
-from torch_autotune.probe.points import THROUGHPUT_POINTS, compile_seconds
+from torch_autotune.probe.points import THROUGHPUT_POINTS
 from torch_autotune.probe.seam import Trials
 from torch_autotune.probe.timemodel import TimeModel
-from torch_autotune.probe.trials import MIN_BLOCKS, StepSettings
+from torch_autotune.probe.trials import MIN_BLOCKS
+from torch_autotune.probe.variants import Variant
 
 CPU_CAP = 512  # on the CPU memory rarely limits; throughput flattens long before this
 GPU_CAP = 1 << 16
@@ -35,43 +36,50 @@ def ram_budget(machine: HardwareSnapshot) -> int | None:
     return int(0.7 * min(known)) if known else None
 
 
+VARIANT_SEARCH_TRIALS = 5  # a variant's own search: its start, the model, a prediction, ...
+
+
 @dataclass
 class Plan:
     """What the run measures after the search, and the seconds set aside for each."""
 
-    compile_mode: str | None
-    compile_predicted_s: float
-    compile_s: float
+    variant: Variant | None  # the variant measured (None: none is)
+    predicted_s: float  # its one-off cost, predicted
+    variant_s: float  # seconds set aside for it
     workers_s: float
     confirm_s: float
-    note: str | None  # why compile is not measured
+    note: str | None  # why a variant the rules want is not measured
 
 
 def plan(
-    settings: StepSettings,
+    variant: Variant | None,
     runner: Trials,
     *,
     budget: Budget,
     model: TimeModel,
     top: int,
+    steps: int,
     workers_s: float,
 ) -> Plan:
-    """The plan after a search whose top candidate is ``top``: compile measured only where its
-    predicted time and its points fit in what is left after the workers and the confirmation."""
-    confirm = model.predict(top, settings.steps)
+    """The plan after a search whose top candidate is ``top``: ``variant`` measured only where
+    its predicted one-off cost, its own search (where it changes memory) and its points fit in
+    what is left after the workers and the confirmation."""
+    confirm = model.predict(top, steps)
     confirm_s = confirm.seconds if confirm else 0.0
     point = model.predict(top, 2 + MIN_BLOCKS)
     point_s = point.seconds if point else 0.0
-    mode = settings.compile_mode
-    if mode is None:
+    if variant is None:
         return Plan(None, 0.0, 0.0, workers_s, confirm_s, None)
-    predicted = compile_seconds(runner.leaf_modules())
-    compile_s = predicted + 2 * point_s
+    predicted = variant.warmup_s(runner.leaf_modules())
+    variant_s = predicted + 2 * point_s
+    if variant.changes_memory:
+        variant_s += VARIANT_SEARCH_TRIALS * confirm_s
     left = budget.left_in_run() - workers_s - confirm_s
-    if compile_s + THROUGHPUT_POINTS * point_s > left:
+    if variant_s + THROUGHPUT_POINTS * point_s > left:
         note = (
-            f"compiling was predicted to take about {predicted:.0f} s and {left:.0f} s were "
-            "left after the search; give it more time with --budget"
+            f"{variant.label} was predicted to take about {predicted:.0f} s {variant.paid_for}"
+            f" and {variant_s - predicted:.0f} s to measure, and {left:.0f} s were left after"
+            " the search; give it more time with --budget"
         )
         return Plan(None, predicted, 0.0, workers_s, confirm_s, note)
-    return Plan(mode, predicted, compile_s, workers_s, confirm_s, None)
+    return Plan(variant, predicted, variant_s, workers_s, confirm_s, None)

@@ -1,12 +1,11 @@
-"""Steady throughput points and the torch.compile measurement: which sizes to measure, how the
-phase's time is shared, the fastest steady point, and compile judged against eager. No torch.
+"""Steady throughput points: which sizes to measure, how the phase's time is shared, the
+fastest steady point, and how the recommended batch was chosen. No torch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from torch_autotune.evidence import BatchChoice, ChosenBy, Confirmed
 from torch_autotune.probe.budget import Budget
@@ -15,16 +14,12 @@ from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import apply_margin, round_down
 from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.trials import MIN_BLOCKS, PointOutcome
-from torch_autotune.profile import CompileRecord, SearchTrialRecord, ThroughputRecord
+from torch_autotune.profile import EAGER, SearchTrialRecord, ThroughputRecord
 
 FASTEST_WITHIN = 0.03  # "the smallest size within a few percent of the best"
 THROUGHPUT_POINTS = 3  # the top candidate and two halvings of it
-COMPILE_S_PER_MODULE = 0.6  # H100, 16 CPUs: ResNet-50 (137 leaf modules) 80 s, GPT-2 (76) 30 s
-COMPILE_MIN_S = 15.0
-COMPILE_NOISE = 0.03  # compile must be at least this much faster (and beyond the points' spread)
 
-
-# --- phase 3 and 4: throughput and compile ---------------------------------------------------
+# --- the throughput phase, and the points of every variant -----------------------------------
 
 
 def candidates(
@@ -71,7 +66,7 @@ def batch_choice(
         chosen_by: ChosenBy = "fastest point"
         how: Confirmed = "its point"
     else:
-        chosen_by = "largest point" if any(not r.compiled for r in records) else "top candidate"
+        chosen_by = "largest point" if any(r.variant == EAGER for r in records) else "top candidate"
         how = "not run again"
         if confirmed:
             how = "ran again" if confirmed[-1].batch_size == candidate else "stepped down"
@@ -81,7 +76,7 @@ def batch_choice(
         top=top,
         margin=margin_for(limited_by, fixed_shapes),
         multiple=multiple,
-        compiled=best is not None and best.compiled,
+        variant=EAGER if best is None else best.variant,
         samples_per_s=None if best is None else best.samples_per_s,
         best_samples_per_s=None if peak is None else peak.samples_per_s,
         best_batch_size=None if peak is None else peak.batch_size,
@@ -95,7 +90,8 @@ def fed_choice(choice: BatchChoice) -> BatchChoice:
     return choice.model_copy(update={"fed": True, "confirmed": "its fed pass"})
 
 
-def point_record(point: PointOutcome, *, compiled: bool = False) -> ThroughputRecord | None:
+def point_record(point: PointOutcome, *, variant: str = EAGER) -> ThroughputRecord | None:
+    """The point as the evidence records it (None: it did not run to a rate)."""
     if not point.fits or not point.samples_per_s or not math.isfinite(point.samples_per_s):
         return None
     return ThroughputRecord(
@@ -103,7 +99,7 @@ def point_record(point: PointOutcome, *, compiled: bool = False) -> ThroughputRe
         samples_per_s=point.samples_per_s,
         relative_spread=point.relative_spread if point.relative_spread is not None else 0.0,
         steady=point.steady,
-        compiled=compiled,
+        variant=variant,
         warmup_s=rounded_seconds(point.warmup_s),
         blocks=point.blocks,
         peak_memory_bytes=point.peak_memory_bytes,
@@ -116,10 +112,14 @@ def measure_points(
     budget: Budget,
     progress: Progress,
     model: TimeModel,
+    *,
+    variant: str = EAGER,
+    phase: str = "throughput",
 ) -> list[ThroughputRecord | int]:
     """A point per size, largest first, sharing the phase's time evenly; an int: that size
     did not fit in memory. A size whose shortest point (warm-up and three steps, predicted)
-    does not fit in what is left of the phase is skipped; a smaller one may still fit."""
+    does not fit in what is left of the phase is skipped; a smaller one may still fit.
+    ``variant``: the variant ``runner`` trains, which the records name."""
     results: list[ThroughputRecord | int] = []
     costs = [point_cost(model, size) for size in sizes]
     for i, size in enumerate(sizes):
@@ -129,9 +129,9 @@ def measure_points(
         need = shortest.seconds if shortest is not None else 0.0
         if need > left or left <= 0:
             continue
-        progress("throughput", f"batch {size}")
+        progress(phase, f"batch {size}")
         point = runner.point(size, until=budget.now() + max(share, need))
-        record = point_record(point)
+        record = point_record(point, variant=variant)
         results.append(size if record is None else record)
     return results
 
@@ -186,6 +186,7 @@ def confirmation(point: ThroughputRecord) -> SearchTrialRecord:
         seconds=None,
         step="confirm (its throughput point)",
         warmup_s=point.warmup_s,
+        variant=point.variant,
     )
 
 
@@ -203,128 +204,3 @@ def fastest(records: Sequence[ThroughputRecord]) -> ThroughputRecord | None:
     best = max(r.samples_per_s for r in steady)
     near = [r for r in steady if r.samples_per_s >= best * (1 - FASTEST_WITHIN)]
     return min(near, key=lambda r: r.batch_size)
-
-
-def compile_seconds(leaf_modules: int) -> float:
-    """The compile time to expect before any was measured (H100 figures, module docstring)."""
-    return max(COMPILE_MIN_S, COMPILE_S_PER_MODULE * leaf_modules)
-
-
-def payoff_minutes(compile_s: float, eager: float, compiled: float) -> float | None:
-    """Minutes of training after which compiling has paid for itself (None: it never does).
-
-    Eager training makes ``eager * t`` samples in ``t`` seconds, compiled ``compiled * (t - C)``:
-    they are equal at ``t = C * compiled / (compiled - eager)``.
-    """
-    if compiled <= eager:
-        return None
-    return compile_s * compiled / (compiled - eager) / 60
-
-
-@dataclass
-class CompileOutcome:
-    record: CompileRecord
-    point: ThroughputRecord | None  # the compiled point compared, when it ran
-    runner: Trials  # the compiled runner (its compiled code is reused to confirm)
-    points: list[ThroughputRecord]  # every compiled point that ran
-
-
-def measure_compile(
-    runner: Trials,
-    *,
-    mode: str,
-    eager: ThroughputRecord,
-    sizes: Sequence[int],
-    budget: Budget,
-    progress: Progress,
-    predicted_s: float,
-) -> CompileOutcome:
-    """Compiled throughput at the fastest eager size (a smaller candidate if it does not fit
-    there), then at the larger candidates on the same compiled code (a few seconds each: the
-    compiled model may gain more from a larger batch than eager did); the fastest compiled
-    point is judged against the fastest eager point."""
-    compiled = runner.compiled(mode)
-    failed: list[int] = []
-    paid: float | None = None
-    points: list[ThroughputRecord] = []
-    below = [s for s in sizes if s <= eager.batch_size]
-    above = sorted(s for s in sizes if s > eager.batch_size)
-    for size in below:
-        progress("compile", f"batch {size}" + ("" if failed else " (compiling)"))
-        point = compiled.point(size, until=budget.deadline)
-        if paid is None:
-            paid = point.warmup_s if point.warmup_s is not None else point.seconds
-        measured = point_record(point, compiled=True)
-        if measured is not None:
-            points.append(measured)
-            break
-        failed.append(size)
-    for size in above if points else []:
-        if budget.left() <= 0:
-            break
-        progress("compile", f"batch {size}")
-        measured = point_record(compiled.point(size, until=budget.deadline), compiled=True)
-        if measured is None:
-            failed.append(size)
-            break  # a larger size cannot fit either
-        points.append(measured)
-    base = CompileRecord(
-        mode=mode,
-        measured=True,
-        kept=False,
-        reason="",
-        predicted_s=round(predicted_s, 1),
-        compile_s=None if paid is None else round(paid, 1),
-    )
-    best = fastest(points) or (points[0] if points else None)
-    if best is None:
-        why = (
-            f"the compiled model ran out of memory at batch {', '.join(map(str, failed))}"
-            if failed
-            else "the time budget ran out before the compiled model finished a step"
-        )
-        return CompileOutcome(
-            base.model_copy(update={"reason": f"compile off: {why}"}), None, compiled, points
-        )
-    judged = judge_compile(base, eager, best, paid or 0.0)
-    return CompileOutcome(judged, best, compiled, points)
-
-
-def judge_compile(
-    base: CompileRecord, eager: ThroughputRecord, point: ThroughputRecord, paid: float
-) -> CompileRecord:
-    """Keep compile only when its steady point beats eager beyond noise, and say so."""
-    speedup = point.samples_per_s / eager.samples_per_s
-    noise = max(COMPILE_NOISE, point.relative_spread, eager.relative_spread)
-    kept = point.steady and speedup > 1 + noise
-    minutes = payoff_minutes(paid, eager.samples_per_s, point.samples_per_s)
-    numbers = (
-        f"{speedup:.2f}x ({point.samples_per_s:,.0f} samples/s compiled at batch "
-        f"{point.batch_size} against {eager.samples_per_s:,.0f} eager at batch "
-        f"{eager.batch_size}), {paid:.0f} s to compile"
-    )
-    if kept:
-        reason = f"compile measured faster: {numbers}"
-        if minutes is not None:
-            reason += f"; it pays off after {minutes_text(minutes)} of training"
-    elif not point.steady:
-        reason = f"compile off: the compiled point stayed noisy, so {numbers} is not trusted"
-    else:
-        reason = (
-            f"compile off: measured {numbers}, not faster beyond the {noise:.0%} noise; "
-            "eager training avoids the compile time"
-        )
-    return base.model_copy(
-        update={
-            "kept": kept,
-            "reason": reason,
-            "batch_size": point.batch_size,
-            "eager_samples_per_s": eager.samples_per_s,
-            "compiled_samples_per_s": point.samples_per_s,
-            "payoff_minutes": None if minutes is None else round(minutes, 2),
-        }
-    )
-
-
-def minutes_text(minutes: float) -> str:
-    return f"{minutes * 60:.0f} s" if minutes < 1 else f"{minutes:.1f} minutes"

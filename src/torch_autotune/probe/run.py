@@ -37,19 +37,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from torch_autotune.errors import ProbeError, WorkloadError
+from torch_autotune.errors import ProbeError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
-from torch_autotune.probe.guard import (
-    Found,
-    OutOfTime,
-    SearchGuard,
-    rounded_seconds,
-    search_with_guard,
-)
+from torch_autotune.probe.guard import Found, rounded_seconds
 from torch_autotune.probe.loop import FedRunner
 from torch_autotune.probe.oom import long_lived_objects_frozen
-from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, Plan, cap_reason, plan, ram_budget
+from torch_autotune.probe.plan import Plan, plan
 from torch_autotune.probe.points import (
     batch_choice,
     candidates,
@@ -57,14 +51,22 @@ from torch_autotune.probe.points import (
     fastest,
     fed_choice,
     halvings_below,
-    measure_compile,
     measure_points,
 )
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import confirm
-from torch_autotune.probe.smallest import Smallest, smallest_batch, workload_details
+from torch_autotune.probe.search_phase import Searched, search
+from torch_autotune.probe.smallest import Smallest, workload_details
 from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.trials import MAX_SPREAD, StepSettings, preserved
+from torch_autotune.probe.variant_phase import VariantOutcome, compile_record, measure_variant
+from torch_autotune.probe.variants import (
+    BASE,
+    compiled,
+    search_name,
+    search_settings,
+    variant_record,
+)
 from torch_autotune.probe.workers_phase import (
     ThreadsFor,
     WorkersOutcome,
@@ -75,6 +77,7 @@ from torch_autotune.probe.workers_phase import (
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.probe.workloads.copies import parked
 from torch_autotune.profile import (
+    EAGER,
     BatchChoice,
     CompileRecord,
     Evidence,
@@ -82,7 +85,9 @@ from torch_autotune.profile import (
     Profile,
     SearchTrialRecord,
     ThroughputRecord,
+    VariantRecord,
 )
+from torch_autotune.settings import memory_settings
 
 DEFAULT_BUDGET_S = 120.0
 """The budget on the CPU, and on a GPU where torch.compile is not measured."""
@@ -129,9 +134,8 @@ def measure(
     report = progress or (lambda _phase, _what: None)
     budget = Budget(budget_s, clock, started=started)
     settings = StepSettings.from_profile(rules_only)
-    eager_settings = settings.with_compile(None)
     make = trials or (lambda w, s: FedRunner(w, s, clock=clock))
-    runner = make(workload, eager_settings)
+    runner = make(workload, settings.with_variant(BASE))
     machine = rules_only.provenance.snapshot
     preferences = rules_only.provenance.preferences
     run = _Run(workload, machine, preferences, rules_only, settings, runner, budget, report)
@@ -154,9 +158,13 @@ class _Run:
     report: Progress
     warnings: list[str] = field(default_factory=list)
     records: list[ThroughputRecord] = field(default_factory=list)
+    search: list[SearchTrialRecord] = field(default_factory=list)
+    variants: dict[str, VariantRecord] = field(default_factory=dict)
     compile: CompileRecord | None = None
     smallest: Smallest = field(default_factory=lambda: Smallest(1, None))
     threads_for: ThreadsFor | None = None
+    limit: int | None = None  # bytes the trials could use on the device
+    kept: VariantOutcome | None = None  # the variant kept, where one was
 
     @property
     def floor(self) -> int:
@@ -170,53 +178,43 @@ class _Run:
             return 0.0
         return workers_seconds(self.settings.device, self.budget.total_s)
 
-    def search(self, max_batch_size: int | None) -> tuple[SearchGuard, Found, int | None]:
-        guarded = SearchGuard(self.runner, self.budget, self.report, reserve_s=self.workers_s)
-        device = self.settings.device
-        caps = [(CPU_CAP if device == "cpu" else GPU_CAP, cap_reason(device))]
-        if max_batch_size is not None:
-            caps.append((max_batch_size, f"the largest batch asked for ({max_batch_size})"))
-        if self.workload.max_batch_size is not None:
-            largest = self.workload.max_batch_size
-            caps.append((largest, f"the workload's largest batch ({largest})"))
-        cap, why = min(caps)
-        name = self.workload.name
-        start = self.workload.min_batch_size
-        if start > cap:
-            raise WorkloadError(
-                f"the {name} workload's smallest batch ({start}) is above the largest it may"
-                f" try: {why}"
-            )
-        if device == "cpu":
-            guarded.ram_budget_bytes = ram_budget(self.machine)
-        with self.budget.phase("search"):
-            self.runner.apply_flags(cudnn_benchmark=False)
-            limit = self.runner.memory_limit() or guarded.ram_budget_bytes
-            try:
-                self.smallest = smallest_batch(guarded, start, cap)
-            except OutOfTime:
-                found = Found(None, "budget", "the budget was spent before the first trial")
-            else:
-                guarded.start = self.smallest.size
-                found = search_with_guard(guarded, cap, limit, why)
-        if found.largest is None and found.limited_by in ("budget", "time"):
-            raise ProbeError(
-                f"the time budget ({self.budget.total_s:g} s) ran out before a single training "
-                f"step of the {name} workload finished; give it more with --budget"
-            )
-        if found.largest is None:
-            raise WorkloadError(
-                f"the {name} workload does not train even at batch size {guarded.start} on"
-                f" {device}: it runs out of memory; use a smaller model or a larger device"
-            )
-        return guarded, found, limit
+    def searched(self, max_batch_size: int | None) -> Searched:
+        """The search phase (``probe.search_phase``), and what the later phases keep of it."""
+        searched = search(
+            self.runner,
+            self.workload,
+            self.machine,
+            self.budget,
+            self.report,
+            reserve_s=self.workers_s,
+            max_batch_size=max_batch_size,
+            multiple=self.rules_only.topology.batch_multiple,
+            fixed_shapes=self.preferences.fixed_shapes,
+        )
+        self.smallest, self.limit = searched.smallest, searched.bounds.memory_limit
+        self.search = list(searched.guard.records)
+        base = self.runner.settings.settings
+        self.ran_as(variant_record(search_name(BASE, base), search_settings(base)))
+        return searched
+
+    def ran_as(self, *records: VariantRecord) -> None:
+        """Keep the settings each variant ran with, for the evidence."""
+        self.variants.update((r.name, r) for r in records)
+
+    def ran_with(self, settings: StepSettings) -> set[int]:
+        """Batch sizes that ran with ``settings``' values of the settings that change memory."""
+        memory = memory_settings(settings.settings)
+        names = {name for name, r in self.variants.items() if r.settings == memory}
+        ran = {t.batch_size for t in self.search if t.fits and t.variant in names}
+        return ran | {r.batch_size for r in self.records if r.variant in names}
 
     def throughput(
         self, sizes: list[int], plan: Plan, model: TimeModel, multiple: int
     ) -> ThroughputRecord | None:
         """Steady points at ``sizes``; the fastest steady one (None: none was steady)."""
         self.runner.apply_flags()
-        left = self.budget.left_in_run() - plan.compile_s - plan.workers_s - plan.confirm_s
+        self.ran_as(variant_record(EAGER, self.runner.settings.settings))
+        left = self.budget.left_in_run() - plan.variant_s - plan.workers_s - plan.confirm_s
         with self.budget.phase("throughput", left):
             measured = measure_points(self.runner, sizes, self.budget, self.report, model)
             measured += halvings_below(
@@ -245,46 +243,68 @@ class _Run:
             )
         return best
 
-    def compiled(
-        self, best: ThroughputRecord | None, sizes: list[int], plan: Plan
+    def variant(
+        self, best: ThroughputRecord | None, sizes: list[int], plan: Plan, searched: Searched
     ) -> tuple[ThroughputRecord | None, Trials]:
-        """Measure torch.compile where planned: (the point to recommend, its runner)."""
-        wanted = self.settings.compile_mode
-        if wanted is None:
+        """Measure the planned variant against ``best``: (the point to recommend, its runner)."""
+        mode = self.settings.compile_mode  # compile is the one variant the rules ask for yet
+        if mode is None:
             return best, self.runner
-        if plan.compile_mode is None or best is None:
+        if plan.variant is None or best is None:
             why = plan.note or "no steady eager throughput to compare it with"
             self.compile = CompileRecord(
-                mode=wanted,
+                mode=mode,
                 measured=False,
                 kept=True,
                 reason=why,
-                predicted_s=round(plan.compile_predicted_s, 1),
+                predicted_s=round(plan.predicted_s, 1),
             )
             return best, self.runner
         left = self.budget.left_in_run() - plan.workers_s - plan.confirm_s
-        with self.budget.phase("compile", left):
-            outcome = measure_compile(
+        with self.budget.phase(plan.variant.phase, left):
+            outcome = measure_variant(
                 self.runner,
-                mode=wanted,
-                eager=best,
-                sizes=sizes,
+                plan.variant,
+                base_best=best,
+                base_sizes=sizes,
+                base_model=searched.guard.model,
+                bounds=searched.bounds,
                 budget=self.budget,
                 progress=self.report,
-                predicted_s=plan.compile_predicted_s,
+                reserve_s=plan.workers_s + plan.confirm_s,
             )
-        self.compile = outcome.record
+        self.ran_as(*outcome.ran_as)
+        self.search += outcome.search
         self.records += outcome.points
-        if outcome.record.kept and outcome.point is not None:
+        self.compile = compile_record(mode, plan.predicted_s, outcome)
+        if outcome.judgement is not None and outcome.judgement.kept and outcome.point:
+            self.kept = outcome
             return outcome.point, outcome.runner
         return best, self.runner
 
+    def candidates_of(
+        self, best: ThroughputRecord | None, searched: Searched, sizes: list[int]
+    ) -> tuple[int, str, int]:
+        """(the largest batch, what limited it, the top candidate) of the search whose
+        candidates ``best`` came from: the kept variant's own, or the base's."""
+        kept = self.kept
+        if kept is not None and best is kept.point and kept.largest is not None:
+            return kept.largest, kept.limited_by or "", kept.sizes[0]
+        return searched.largest, searched.found.limited_by, sizes[0]
+
     def confirm(
-        self, final: Trials, candidate: int, multiple: int, *, ran: set[int], predicted_s: float
+        self,
+        final: Trials,
+        variant: str,
+        candidate: int,
+        multiple: int,
+        *,
+        predicted_s: float,
     ) -> list[SearchTrialRecord]:
-        """Run the candidate once more with the final settings; where the time left is too
-        short and the candidate already ran with them, keep that run (and say so)."""
-        if candidate in ran and predicted_s > self.budget.left_in_run():
+        """Run the candidate once more with the final settings (``variant``); where the time
+        left is too short and the candidate already ran with the settings that change memory,
+        keep that run (and say so)."""
+        if candidate in self.ran_with(final.settings) and predicted_s > self.budget.left_in_run():
             self.warnings.append(
                 f"batch {candidate} was not run a second time: the time budget ran out (it ran "
                 "once with these settings)"
@@ -307,14 +327,15 @@ class _Run:
                 step=t.step,
                 warmup_s=rounded_seconds(t.warmup_s),
                 step_s=rounded_seconds(t.step_s),
+                variant=variant,
             )
             for t in confirmed.trials
         ]
 
-    def workers(self, final: Trials, batch: int, multiple: int) -> WorkersOutcome:
+    def workers(self, final: Trials, variant: str, batch: int, multiple: int) -> WorkersOutcome:
         """The DataLoader's worker count, measured with ``final`` (the runner of the final
-        settings) at ``batch``, and the batch to recommend: ``batch``, or where loading limits
-        training, the one the passes fed by the DataLoader chose."""
+        settings, ``variant``) at ``batch``, and the batch to recommend: ``batch``, or where
+        loading limits training, the one the passes fed by the DataLoader chose."""
         with self.budget.phase("workers"):
             outcome = measure_workers(
                 workload=self.workload,
@@ -322,86 +343,72 @@ class _Run:
                 runner=final,
                 batch_size=batch,
                 step_rates={
-                    r.batch_size: r.samples_per_s
-                    for r in self.records
-                    if r.compiled == (final is not self.runner)
+                    r.batch_size: r.samples_per_s for r in self.records if r.variant == variant
                 },
                 budget=self.budget,
                 progress=self.report,
                 smaller=halvings(batch, multiple, self.floor),
                 threads_for=self.threads_for,
             )
-        return replace(outcome, batch_size=outcome.batch_size or batch)
+        fed = tuple(r.model_copy(update={"variant": variant}) for r in outcome.fed)
+        return replace(outcome, batch_size=outcome.batch_size or batch, fed=fed)
 
 
 def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     """The phases after detection, in order (the module docstring), and what they found."""
-    guarded, found, limit = run.search(max_batch_size)
-    assert found.largest is not None  # search() raised otherwise
     step = run.rules_only.topology.batch_multiple  # K4
     fixed = run.preferences.fixed_shapes
-    sizes = candidates(found.largest, found.limited_by, step, fixed, floor=run.floor)
+    searched = run.searched(max_batch_size)
+    found = searched.found
+    sizes = candidates(searched.largest, found.limited_by, step, fixed, floor=run.floor)
+    mode = run.settings.compile_mode
     after = plan(
-        run.settings,
+        compiled(mode) if mode is not None else None,
         run.runner,
         budget=run.budget,
-        model=guarded.model,
+        model=searched.guard.model,
         top=sizes[0],
+        steps=run.settings.steps,
         workers_s=run.workers_s,
     )
     if after.note:
         run.warnings.append(f"torch.compile not measured: {after.note}")
-    best = run.throughput(sizes, after, guarded.model, step)
-    best, final = run.compiled(best, sizes, after)
-    ran = [r.batch_size for r in run.records if not r.compiled]
+    best = run.throughput(sizes, after, searched.guard.model, step)
+    best, final = run.variant(best, sizes, after, searched)
+    variant = best.variant if best is not None and final is not run.runner else EAGER
+    ran = [r.batch_size for r in run.records if r.variant == EAGER]
     candidate = best.batch_size if best is not None else max(ran, default=sizes[0])
-    same_settings = {r.batch_size for r in run.records if r.compiled == (final is not run.runner)}
-    if final is run.runner:
-        same_settings |= {t.batch_size for t in guarded.records if t.fits}
     if best is not None:  # the point ran after the search, with the final settings
         confirmed = [confirmation(best)]
     else:
-        confirmed = run.confirm(
-            final, candidate, step, ran=same_settings, predicted_s=after.confirm_s
-        )
+        confirmed = run.confirm(final, variant, candidate, step, predicted_s=after.confirm_s)
+    largest, limited_by, top = run.candidates_of(best, searched, sizes)
     choice = batch_choice(
-        largest=found.largest,
-        limited_by=found.limited_by,
+        largest=largest,
+        limited_by=limited_by,
         fixed_shapes=fixed,
-        top=sizes[0],
+        top=top,
         multiple=step,
         best=best,
         records=run.records,
         confirmed=confirmed,
         candidate=candidate,
     )
-    workers = run.workers(final, confirmed[-1].batch_size if confirmed else candidate, step)
+    workers = run.workers(
+        final, variant, confirmed[-1].batch_size if confirmed else candidate, step
+    )
     batch = workers.batch_size or candidate  # the step's, or the fed passes' where data-bound
     if workers.batch_reason is not None:  # loading limits training: the fed passes chose
         choice = fed_choice(choice)
-    evidence = _evidence(
-        run,
-        found,
-        search=(*guarded.records, *confirmed),
-        batch=batch,
-        fastest=candidate,
-        choice=choice,
-        limit=limit,
-    )
+    run.search += confirmed
+    evidence = _evidence(run, found, batch=batch, fastest=candidate, choice=choice)
     update = {"loader": workers.loader, "workers_reason": workers.reason, "fed": workers.fed}
     update["fed_reason"] = workers.batch_reason
     return ProbeResult(evidence=evidence.model_copy(update=update), num_workers=workers.num_workers)
 
 
 def _evidence(
-    run: _Run,
-    found: Found,
-    *,
-    search: tuple[SearchTrialRecord, ...],
-    batch: int,
-    fastest: int,
-    choice: BatchChoice,
-    limit: int | None,
+    run: _Run, found: Found, *, batch: int, fastest: int, choice: BatchChoice
 ) -> Evidence:
     """What the run measured, as the profile's evidence (the DataLoader's part added after)."""
     assert found.largest is not None
@@ -418,14 +425,15 @@ def _evidence(
         batch_size=batch,
         limited_by=found.limited_by,
         limit_reason=found.reason,
-        search=search,
+        search=tuple(run.search),
         throughput=tuple(run.records),
         budget_s=run.budget.total_s,
         elapsed_s=round(run.budget.elapsed(), 3),
-        memory_limit_bytes=limit,
+        memory_limit_bytes=run.limit,
         phases=run.budget.records(),
         compile=run.compile,
         warnings=tuple(run.warnings),
         details=workload_details(run.workload, run.smallest),
         batch_choice=choice,
+        variants=tuple(run.variants.values()),
     )

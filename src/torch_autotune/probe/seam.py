@@ -15,6 +15,7 @@ from torch_autotune.probe.fed import FedTrial
 from torch_autotune.probe.loader import LoaderTrial
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import PointOutcome, StepSettings
+from torch_autotune.probe.variants import Variant
 
 __all__ = ["Progress", "Trials"]
 
@@ -31,7 +32,11 @@ class Trials(Protocol):
 
     def point(self, batch_size: int, *, until: float) -> PointOutcome: ...
 
-    def compiled(self, mode: str) -> Trials: ...
+    def variant(self, variant: Variant) -> Trials:
+        """A runner of ``variant`` (``probe.variants``): this runner's settings with its
+        changes, on this runner's model (wrapped, as torch.compile wraps it) or, where the
+        variant needs one, on a model of its own."""
+        ...
 
     def apply_flags(self, *, cudnn_benchmark: bool | None = None) -> None: ...
 

@@ -52,6 +52,7 @@ from torch_autotune.probe.trials import MIN_BLOCKS, PointOutcome, StepSettings, 
 
 if TYPE_CHECKING:
     from torch_autotune.probe.seam import Trials
+    from torch_autotune.probe.variants import Variant
     from torch_autotune.probe.workloads import Workload
 
 __all__ = ["PRESETS", "SimulatedMachine", "SimulatedTrials", "preset"]
@@ -122,9 +123,13 @@ class SimulatedMachine:
         limit = self.compiled_limit if compiled and self.compiled_limit else self.limit
         return batch_size <= limit
 
-    def peak(self, batch_size: int) -> int:
-        """The allocator's peak in bytes of a trial at ``batch_size``."""
-        return self.fixed_bytes + self.per_sample_bytes * batch_size
+    def peak(self, batch_size: int, *, compiled: bool = False) -> int:
+        """The allocator's peak in bytes of a trial at ``batch_size``: compiled, where it fits
+        fewer samples, each sample needs more in proportion."""
+        per_sample = self.per_sample_bytes
+        if compiled and self.compiled_limit:
+            per_sample = per_sample * self.limit // self.compiled_limit
+        return self.fixed_bytes + per_sample * batch_size
 
     def loader_rate(self, num_workers: int) -> float:
         """Samples/s of the DataLoader alone: one core per worker, the main process for 0."""
@@ -182,9 +187,13 @@ class SimulatedTrials:
     def leaf_modules(self) -> int:
         return self.machine.leaves
 
-    def compiled(self, mode: str) -> SimulatedTrials:
+    def variant(self, variant: Variant) -> SimulatedTrials:
+        settings = self.settings.with_variant(variant)
         runner = SimulatedTrials(
-            self.machine, self.settings.with_compile(mode), compiled=True, workload=self.workload
+            self.machine,
+            settings,
+            compiled=settings.settings.compile.enabled,
+            workload=self.workload,
         )
         runner.benchmark = self.benchmark
         return runner
@@ -199,7 +208,11 @@ class SimulatedTrials:
         step = m.step_s(batch_size, compiled=self.is_compiled)
         m.advance(warmup + self.settings.steps * step)
         return TrialOutcome(
-            True, m.peak(batch_size), warmup + self.settings.steps * step, warmup, step
+            True,
+            m.peak(batch_size, compiled=self.is_compiled),
+            warmup + self.settings.steps * step,
+            warmup,
+            step,
         )
 
     def point(self, batch_size: int, *, until: float) -> PointOutcome:
@@ -234,7 +247,7 @@ class SimulatedTrials:
             warmup_s=warmup,
             step_s=step,
             blocks=len(rates),
-            peak_memory_bytes=m.peak(batch_size),
+            peak_memory_bytes=m.peak(batch_size, compiled=self.is_compiled),
             seconds=m.now - began,
         )
 

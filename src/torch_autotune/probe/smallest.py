@@ -46,7 +46,7 @@ def _tries(guarded: SearchGuard, batch_size: int, step: str) -> bool | BaseExcep
     except Exception as error:
         if not raised_by_user_code(error):
             raise
-        guarded.records.append(refused_record(batch_size, step, error=_error_text(error)))
+        guarded.refuse(refused_record(batch_size, step, error=_error_text(error)))
         return error
 
 

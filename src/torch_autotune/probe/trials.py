@@ -31,7 +31,6 @@ from torch_autotune.apply import (
     apply_flags,
     autocast,
     batch_to_device,
-    compile_model,
     global_flags,
     grad_scaler,
     optimizer_kwargs,
@@ -45,6 +44,9 @@ from torch_autotune.probe.timing import Timer
 from torch_autotune.settings import Settings, torch_defaults
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from torch_autotune.probe.variants import Variant
     from torch_autotune.probe.workloads import Workload
     from torch_autotune.profile import Profile
 
@@ -76,12 +78,9 @@ class StepSettings:
         """The cuDNN autotuner (times kernels for every new shape)."""
         return self.settings.backends.cudnn_benchmark
 
-    def with_compile(self, mode: str | None) -> StepSettings:
-        """The same settings under ``torch.compile(mode=mode)``; None: eager."""
-        compiled = self.settings.compile.model_copy(
-            update={"enabled": mode is not None, "mode": mode}
-        )
-        return replace(self, settings=self.settings.model_copy(update={"compile": compiled}))
+    def with_variant(self, variant: Variant) -> StepSettings:
+        """The same steps with ``variant``'s settings (``probe.variants``)."""
+        return replace(self, settings=variant.settings(self.settings))
 
 
 # --- putting things back -------------------------------------------------------------------------
@@ -223,10 +222,12 @@ class TrialRunner:
     ``runner.point(batch_size, until=...)`` (steady throughput).
 
     The model is built once (``workload.make_model()``), moved to the device and prepared as
-    the settings say (``apply.prepare_model``); ``compiled(mode)`` gives a runner of the same
-    model under ``torch.compile`` with the batch dimension marked dynamic, so that it compiles
-    once and every later batch size reuses the compiled code. Each trial makes a fresh
-    optimizer, so its state is created inside the trial, as in the first steps of real
+    the settings say (``apply.prepare_model``); ``variant(v)`` gives a runner of a variant
+    (``probe.variants``): on the same model, prepared again with the variant's settings (under
+    ``torch.compile``, the batch dimension marked dynamic, so that it compiles once and every
+    later batch size reuses the compiled code), or on a model of its own where the variant
+    needs one (the base's is released first, so two never share the device). Each trial makes
+    a fresh optimizer, so its state is created inside the trial, as in the first steps of real
     training. Global flags (cuDNN autotuner, TF32) are set by ``apply_flags``; the caller
     restores them (``preserved``).
     """
@@ -237,12 +238,12 @@ class TrialRunner:
         settings: StepSettings,
         *,
         clock: Callable[[], float] = time.perf_counter,
-        eager: TrialRunner | None = None,
+        base: TrialRunner | None = None,
     ) -> None:
         self.workload = workload
         self.settings = settings
         self.clock = clock
-        self._eager = eager
+        self._base = base
         self._model: Any = None
         self._timer: Timer | None = None
 
@@ -256,8 +257,8 @@ class TrialRunner:
     @property
     def model(self) -> Any:
         if self._model is None:
-            if self._eager is not None:  # already on the device, in its memory format
-                self._model = compile_model(self.settings.settings, self._eager.model)
+            if self._base is not None:  # already on the device, prepared as the base's
+                self._model = prepare_model(self.settings.settings, self._base.model)
             else:
                 model = self.workload.make_model().to(self.settings.device)
                 self._model = prepare_model(self.settings.settings, model)
@@ -271,11 +272,18 @@ class TrialRunner:
         """Modules without children in the model: what torch.compile has to trace."""
         return sum(1 for module in self.model.modules() if not next(module.children(), None))
 
-    def compiled(self, mode: str) -> TrialRunner:
-        """A runner of this (eager) runner's model under ``torch.compile(mode=mode)``."""
-        return TrialRunner(
-            self.workload, self.settings.with_compile(mode), clock=self.clock, eager=self
-        )
+    def variant(self, variant: Variant) -> Self:
+        """A runner of ``variant``, of this runner's class (the class docstring)."""
+        if variant.fresh_model:
+            self.release_model()
+        settings = self.settings.with_variant(variant)
+        base = None if variant.fresh_model else self
+        return type(self)(self.workload, settings, clock=self.clock, base=base)
+
+    def release_model(self) -> None:
+        """Let go of the model (it is built again when next needed) and the memory it held."""
+        self._model = None
+        release_memory(self.settings.device)
 
     def apply_flags(self, *, cudnn_benchmark: bool | None = None) -> None:
         """Set the cuDNN autotuner and TF32 as the settings say, the autotuner overridden by

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from torch_autotune.evidence import BatchChoice
+from torch_autotune.evidence import EAGER, BatchChoice
 from torch_autotune.profile import Mode, Source
 from torch_autotune.rules.context import Context, Finding
 
@@ -100,7 +100,8 @@ def batch_reason(size: int, choice: BatchChoice | None, compiles: bool | None = 
                 " is within 3%, so the smaller size is kept"
             )
         how += ", compiled)" if choice.compiled else ")"
-    top = f"the largest batch that trained was {choice.largest}"
+    ran = f" {choice.variant}" if choice.variant != EAGER else ""  # its own search's
+    top = f"the largest batch that trained{ran} was {choice.largest}"
     if choice.margin is not None:
         top += f", less a {choice.margin:.0%} margin against running out of memory later (K2)"
     if choice.multiple > 1:

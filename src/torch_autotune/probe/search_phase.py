@@ -1,0 +1,111 @@
+"""The probe's first phase: the largest batch the base trains (``probe.variants.BASE``), in
+eager mode with the profile's other settings and without the cuDNN autotuner (its warm-up,
+6-9 s per new shape for ResNet-50 on an H100, would cost a minute over a search). No torch.
+
+The search is bounded by the dataset, the user's maximum and, on the CPU, a size past which
+CPU throughput no longer grows (``plan.CPU_CAP``), and by host RAM there; it starts at the
+smallest batch the model trains at (``probe.smallest``). The bounds it found are the bounds of
+every later search (``variant_phase.Bounds``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_autotune.errors import ProbeError, WorkloadError
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.guard import Found, OutOfTime, SearchGuard, search_with_guard
+from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, cap_reason, ram_budget
+from torch_autotune.probe.seam import Progress, Trials
+from torch_autotune.probe.smallest import Smallest, smallest_batch
+from torch_autotune.probe.variant_phase import Bounds
+from torch_autotune.probe.variants import BASE, search_name
+from torch_autotune.probe.workloads import Workload
+
+
+@dataclass
+class Searched:
+    """What the search found: its guard (trials and time model), the largest batch and what
+    limited it, the bounds of later searches, and the smallest batch the model trains at."""
+
+    guard: SearchGuard
+    found: Found
+    bounds: Bounds
+    smallest: Smallest
+
+    @property
+    def largest(self) -> int:
+        assert self.found.largest is not None  # search() raised otherwise
+        return self.found.largest
+
+
+def search(
+    runner: Trials,
+    workload: Workload,
+    machine: HardwareSnapshot,
+    budget: Budget,
+    report: Progress,
+    *,
+    reserve_s: float,
+    max_batch_size: int | None,
+    multiple: int,
+    fixed_shapes: bool,
+) -> Searched:
+    """The base's largest batch (module docstring); ``reserve_s``: seconds kept for the
+    DataLoader measurement. Raises when not even the smallest batch trains."""
+    settings = runner.settings.settings
+    variant = search_name(BASE, settings)
+    guarded = SearchGuard(runner, budget, report, reserve_s=reserve_s, variant=variant)
+    device = settings.device
+    cap, why = _cap(device, max_batch_size, workload.max_batch_size)
+    name = workload.name
+    start = workload.min_batch_size
+    if start > cap:
+        raise WorkloadError(
+            f"the {name} workload's smallest batch ({start}) is above the largest it may try: {why}"
+        )
+    if device == "cpu":
+        guarded.ram_budget_bytes = ram_budget(machine)
+    smallest = Smallest(1, None)
+    with budget.phase("search"):
+        runner.apply_flags(cudnn_benchmark=False)
+        limit = runner.memory_limit() or guarded.ram_budget_bytes
+        try:
+            smallest = smallest_batch(guarded, start, cap)
+        except OutOfTime:
+            found = Found(None, "budget", "the budget was spent before the first trial")
+        else:
+            guarded.start = smallest.size
+            found = search_with_guard(guarded, cap, limit, why)
+    if found.largest is None and found.limited_by in ("budget", "time"):
+        raise ProbeError(
+            f"the time budget ({budget.total_s:g} s) ran out before a single training "
+            f"step of the {name} workload finished; give it more with --budget"
+        )
+    if found.largest is None:
+        raise WorkloadError(
+            f"the {name} workload does not train even at batch size {guarded.start} on"
+            f" {device}: it runs out of memory; use a smaller model or a larger device"
+        )
+    bounds = Bounds(
+        cap=cap,
+        cap_reason=why,
+        memory_limit=limit,
+        ram_budget_bytes=guarded.ram_budget_bytes,
+        floor=smallest.size,
+        multiple=multiple,
+        fixed_shapes=fixed_shapes,
+    )
+    return Searched(guarded, found, bounds, smallest)
+
+
+def _cap(device: str, asked: int | None, dataset: int | None) -> tuple[int, str]:
+    """The largest batch the search may try, and why: the device's cap, the user's maximum
+    or the workload's largest batch, whichever is smallest."""
+    caps = [(CPU_CAP if device == "cpu" else GPU_CAP, cap_reason(device))]
+    if asked is not None:
+        caps.append((asked, f"the largest batch asked for ({asked})"))
+    if dataset is not None:
+        caps.append((dataset, f"the workload's largest batch ({dataset})"))
+    return min(caps)
