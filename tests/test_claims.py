@@ -87,6 +87,17 @@ def _points(evidence: Evidence, size: int, *, compiled: bool) -> list[Throughput
     ]
 
 
+def _largest_trained(evidence: Evidence, *, compiled: bool) -> int | None:
+    """The largest batch that fit in a search trial of a variant that compiles (or not)."""
+    compiles = {v.name: v.settings.get("compile", "off") != "off" for v in evidence.variants}
+    fits = [
+        t.batch_size
+        for t in evidence.search
+        if t.fits and t.seconds is not None and compiles.get(t.variant, False) == compiled
+    ]
+    return max(fits, default=None)
+
+
 def _batch_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
     """The batch decision and the summary's batch rows against the trials and points."""
     found: list[str] = []
@@ -101,8 +112,12 @@ def _batch_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
         found.append(f"margin {choice.margin} recorded, {applies} applies ({evidence.limited_by})")
     if ("margin" in reason) != (choice.margin is not None and not choice.fed):
         found.append(f"the reason speaks of a margin: {choice.margin} applied")
-    if choice.largest != evidence.max_batch_size:
-        found.append(f"largest {choice.largest} recorded, {evidence.max_batch_size} trained")
+    trained = _largest_trained(evidence, compiled=choice.compiled)
+    if choice.largest != trained:
+        found.append(f"largest {choice.largest} recorded, {trained} trained")
+    said_largest = (_row(text, "largest batch") or "").split(";")
+    if choice.largest != evidence.max_batch_size and len(said_largest) < 2:
+        found.append(f"the summary's largest batch does not say {choice.largest} {choice.variant}")
     again = [t for t in evidence.search if t.step == "confirm" and t.seconds is not None]
     says_again = "once more" in reason or "ran again" in text or "run once more" in text
     if says_again and not any(t.fits and t.batch_size == batch for t in again):
@@ -587,3 +602,40 @@ def test_the_checker_finds_a_wrong_claim(
     found_ = disagreements(wrong(steady))
     assert found_
     assert any(found in d for d in found_), found_
+
+
+def test_a_compiled_choice_records_the_largest_its_own_search_trained() -> None:
+    """Found by the property (CI, 2026-11-25): the compiled variant searched on its own and
+    stopped at 63 where eager trained 107; the choice records 63, its reason says 'trained
+    compiled', and the summary's largest batch names both."""
+    noisy = (3, 4, 5, 6, 29, 31, 36, 41, 43, 44, 48, 50, 51, 54, 55, 58, 59, 66, 67, 81)
+    machine = SimulatedMachine(
+        limit=107,
+        compiled_limit=63,
+        fixed_s=0.125,
+        per_sample_s=0.015625,
+        exponent=0.80078125,
+        first_s=0.0,
+        new_shape_s=0.0,
+        autotune_s=0.0,
+        compile_s=1.0,
+        compiled_speedup=1.0,
+        per_sample_bytes=1 << 20,
+        memory_bytes=2_260_729_856,
+        noise=dict.fromkeys((*noisy, 83, 86, 90, 92, 95, 96, 97, 98, 102), 0.25),
+        load_s=None,
+        host_cpus=2,
+        shares_cpus=False,
+        worker_start_s=0.1,
+        leaves=1,
+    )
+    profile = run(machine, "a100x8", budget_s=52.0, mode="speed")
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.batch_choice is not None
+    assert (evidence.max_batch_size, evidence.batch_choice.largest) == (107, 63)
+    assert "the largest batch that trained compiled was 63" in _reason(profile, "batch.batch_size")
+    assert _row(summary(profile), "largest batch") == (
+        "107 (limited by memory: batch 108 ran out of memory); 63 compiled"
+    )
+    assert disagreements(profile) == []

@@ -49,6 +49,10 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
     if evidence is not None:
         limit = f"{evidence.max_batch_size} (limited by {evidence.limited_by}"
         limit += f": {evidence.limit_reason})" if evidence.limit_reason else ")"
+        choice = evidence.batch_choice
+        if choice is not None and choice.largest != evidence.max_batch_size:
+            # the chosen point's variant searched on its own (compiled, say) and stopped lower
+            limit += f"; {choice.largest} {choice.variant}"
         facts += [("workload", evidence.workload), *_workload_facts(evidence)]
         facts += [
             ("largest batch", limit),
