@@ -281,6 +281,9 @@ _CUDA_HOMES = (
     "probe.oom",
     "probe.timing",
     "probe.trials",
+    "probe.state",
+    "probe.ddp",
+    "probe.ranks",
 )
 HOMES: dict[str, tuple[str, ...]] = {
     "torch": (*_CUDA_HOMES, "probe.workloads"),  # the workloads build models, never ask CUDA

@@ -16,7 +16,8 @@ from torch_autotune.apply import optimizer_kwargs
 from torch_autotune.errors import raised_by_user_code
 from torch_autotune.probe import trials
 from torch_autotune.probe.search import find_max_batch_size
-from torch_autotune.probe.trials import StepSettings, TrialRunner, preserved
+from torch_autotune.probe.state import preserved
+from torch_autotune.probe.trials import StepSettings, TrialRunner
 from torch_autotune.probe.variants import BASE, compiled
 
 LIMIT = 12  # the injected allocator "runs out" above this batch size

@@ -115,7 +115,7 @@ def run_arms(
     The user's RNG and torch's global flags are as before when this returns.
     """
     from torch_autotune.probe.oom import long_lived_objects_frozen
-    from torch_autotune.probe.trials import preserved
+    from torch_autotune.probe.state import preserved
     from torch_autotune.probe.workloads.copies import parked
 
     report = progress or (lambda _phase, _what: None)

@@ -57,8 +57,9 @@ from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import confirm
 from torch_autotune.probe.search_phase import Searched, search
 from torch_autotune.probe.smallest import Smallest, workload_details
+from torch_autotune.probe.state import preserved
 from torch_autotune.probe.timemodel import TimeModel
-from torch_autotune.probe.trials import MAX_SPREAD, StepSettings, preserved
+from torch_autotune.probe.trials import MAX_SPREAD, StepSettings
 from torch_autotune.probe.variant_phase import VariantOutcome, compile_record, measure_variant
 from torch_autotune.probe.variants import (
     BASE,

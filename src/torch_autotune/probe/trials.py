@@ -7,23 +7,21 @@ those is ``torch_autotune.apply`` applied to the profile's ``Settings``, as in t
 script, and ``train_step`` is that step for the bench's loop too. Steps are timed by the one
 ``Timer`` (``probe.timing``). Peak memory is read from the allocator, reset before each trial.
 Out-of-memory is recognised by ``oom`` and cleaned up outside the ``except`` block; any other
-error propagates with the user's traceback.
+error propagates with the user's traceback. ``probe.state.preserved`` puts back what the
+probe touches.
 
-``preserved`` puts back everything the probe touches: the model's parameters and buffers, the
-optimizer's state, every RNG, and torch's global flags, whether the probe succeeds, fails or is
-interrupted.
+Several training processes (``probe.ddp``) train the same steps in DistributedDataParallel:
+the runner's hooks ``distribute``, ``synced`` and ``agreed`` are where they differ from one.
 """
 
 from __future__ import annotations
 
-import copy
 import math
-import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -31,17 +29,16 @@ from torch_autotune.apply import (
     apply_flags,
     autocast,
     batch_to_device,
-    global_flags,
+    compile_model,
     grad_scaler,
     optimizer_kwargs,
     prepare_model,
-    restore_flags,
 )
 from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.timing import Timer
-from torch_autotune.settings import Settings, torch_defaults
+from torch_autotune.settings import Compile, Settings, torch_defaults
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -81,65 +78,6 @@ class StepSettings:
     def with_variant(self, variant: Variant) -> StepSettings:
         """The same steps with ``variant``'s settings (``probe.variants``)."""
         return replace(self, settings=variant.settings(self.settings))
-
-
-# --- putting things back -------------------------------------------------------------------------
-
-
-def _rng_states(torch: Any) -> dict[str, Any]:
-    states: dict[str, Any] = {"torch": torch.random.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_initialized():  # never start CUDA just to save its generators
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        states["numpy"] = numpy.random.get_state()
-    return states
-
-
-def _restore_rng(torch: Any, states: dict[str, Any]) -> None:
-    torch.random.set_rng_state(states["torch"])
-    random.setstate(states["python"])
-    if "cuda" in states:
-        torch.cuda.set_rng_state_all(states["cuda"])
-    if "numpy" in states:
-        sys.modules["numpy"].random.set_state(states["numpy"])
-
-
-def _cpu_copy(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy of a state dict with tensors cloned to the CPU (the GPU stays free)."""
-    import torch
-
-    def clone(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return value.detach().to("cpu", copy=True)
-        if isinstance(value, dict):
-            return {k: clone(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(clone(v) for v in value)
-        return copy.deepcopy(value)
-
-    return {key: clone(value) for key, value in state.items()}
-
-
-@contextmanager
-def preserved(model: Any = None, optimizer: Any = None) -> Iterator[None]:
-    """Put back the model's weights, the optimizer's state, every RNG and torch's global flags
-    on the way out, however the block ends (success, error, KeyboardInterrupt)."""
-    import torch
-
-    flags = global_flags(torch)
-    rng = _rng_states(torch)
-    model_state = None if model is None else _cpu_copy(model.state_dict())
-    optimizer_state = None if optimizer is None else _cpu_copy(optimizer.state_dict())
-    try:
-        yield
-    finally:
-        if model is not None and model_state is not None:
-            model.load_state_dict(model_state)
-        if optimizer is not None and optimizer_state is not None:
-            optimizer.load_state_dict(optimizer_state)
-        _restore_rng(torch, rng)
-        restore_flags(torch, flags)
 
 
 # --- the trial -----------------------------------------------------------------------------------
@@ -257,12 +195,30 @@ class TrialRunner:
     @property
     def model(self) -> Any:
         if self._model is None:
+            settings = self.settings.settings
             if self._base is not None:  # already on the device, prepared as the base's
-                self._model = prepare_model(self.settings.settings, self._base.model)
-            else:
+                self._model = prepare_model(settings, self._base.model)
+            else:  # the memory format, then the process group's wrapper, then compile
                 model = self.workload.make_model().to(self.settings.device)
-                self._model = prepare_model(self.settings.settings, model)
+                eager = settings.model_copy(update={"compile": Compile()})
+                self._model = compile_model(settings, self.distribute(prepare_model(eager, model)))
         return self._model
+
+    def distribute(self, model: Any) -> Any:
+        """The model as the training processes train it: as it is in one process; a runner
+        of several (``probe.ddp``) wraps it in DistributedDataParallel."""
+        return model
+
+    def synced(self, on: bool) -> AbstractContextManager[object]:
+        """A context where the gradients are averaged across the training processes (``on``)
+        or each process keeps its own (no communication: what a search trial measures, so
+        that a rank that runs out of memory leaves none waiting). One process: nothing."""
+        return nullcontext()
+
+    def agreed(self, value: int, *, largest: bool) -> int:
+        """``value`` as every training process agrees on it: the largest (``largest``) or the
+        smallest of theirs. One process: its own."""
+        return value
 
     def memory_limit(self) -> int | None:
         """Bytes the trials may use on the device (``device_memory_limit``)."""
@@ -319,11 +275,13 @@ class TrialRunner:
         return step
 
     def steps(self, batch_size: int) -> tuple[float, float]:
-        """Run ``settings.steps`` steps; (first step's extra seconds, median later step)."""
+        """Run ``settings.steps`` steps, each process on its own gradients (``synced``);
+        (first step's extra seconds, median later step)."""
         self.timer.sync()
         step = self._stepper(batch_size)
-        first = self.timer.seconds(step)
-        later = [self.timer.seconds(step) for _ in range(max(1, self.settings.steps - 1))]
+        with self.synced(False):
+            first = self.timer.seconds(step)
+            later = [self.timer.seconds(step) for _ in range(max(1, self.settings.steps - 1))]
         steady = statistics.median(later)
         return max(0.0, first - steady), steady
 
@@ -361,32 +319,52 @@ class TrialRunner:
         device = self.settings.device
         began = self.clock()
         _peak_reset(torch, device)
-        result, oom = run_guarded(lambda: self._point(batch_size, until, block_s, max_spread))
+        warm, oom = run_guarded(lambda: self._warm(batch_size))
+        # Every process ran its first step, or none goes on: the steps after it communicate.
+        if self.agreed(int(oom is None and warm is not None), largest=False) and warm:
+            result, oom = run_guarded(
+                lambda: self._point(batch_size, warm, until, block_s=block_s, max_spread=max_spread)
+            )
+        else:
+            result = None
         peak = None if oom is not None else _peak_read(torch, device)
         release_memory(device)
         if oom is not None or result is None:
             return PointOutcome(batch_size, False, seconds=self.clock() - began)
         return replace(result, peak_memory_bytes=peak, seconds=self.clock() - began)
 
-    def _point(
-        self, batch_size: int, until: float, block_s: float, max_spread: float
-    ) -> PointOutcome:
+    def _warm(self, batch_size: int) -> tuple[Callable[[], None], float]:
+        """The point's first step, which pays the new shape's warm-up (compile, the cuDNN
+        autotuner, the optimizer's state), each process on its own gradients; (the step,
+        its seconds)."""
         self.timer.sync()
         step = self._stepper(batch_size, typical=True)
-        first = self.timer.seconds(step)
+        with self.synced(False):
+            return step, self.timer.seconds(step)
+
+    def _point(
+        self,
+        batch_size: int,
+        warm: tuple[Callable[[], None], float],
+        until: float,
+        *,
+        block_s: float,
+        max_spread: float,
+    ) -> PointOutcome:
+        step, first = warm
         one = max(self.timer.seconds(step), 1e-9)
-        per_block = max(1, math.ceil(block_s / one))
+        per_block = self.agreed(max(1, math.ceil(block_s / one)), largest=True)
         # A step as long as a block is a block: on a slow device it is the first one.
         rates: list[float] = [batch_size / one] if per_block == 1 else []
-        while True:
+        while True:  # every process runs the same blocks: they stop together
             elapsed = self.timer.seconds(step, per_block)
             if elapsed > 0:
                 rates.append(per_block * batch_size / elapsed)
             recent = rates[-MIN_BLOCKS:]
-            if len(recent) == MIN_BLOCKS and spread(recent) <= max_spread:
-                break
-            if self.clock() + max(elapsed, one) > until or len(rates) >= 1000:
-                break
+            steady = len(recent) == MIN_BLOCKS and spread(recent) <= max_spread
+            late = self.clock() + max(elapsed, one) > until or len(rates) >= 1000
+            if self.agreed(2 * late + (not steady), largest=True) != 1:
+                break  # all steady, or one out of time
         recent = rates[-MIN_BLOCKS:]
         return PointOutcome(
             batch_size,

@@ -70,7 +70,7 @@ def _resolved(
         return BUILTIN_WORKLOADS[chosen]()
     if isinstance(choice, str) and ":" not in choice:
         return _named(choice)
-    from torch_autotune.probe.trials import preserved
+    from torch_autotune.probe.state import preserved
 
     with preserved():  # the user's factory, model and dataset run here: every RNG put back
         return _users(choice, objects, name)
