@@ -45,6 +45,7 @@ DATA_MODEL = {
         "evidence",
         "invariants",
         "topology",
+        "launch",
         "profile",
     )
 }

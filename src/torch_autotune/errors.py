@@ -124,6 +124,29 @@ class ProbeError(AutotuneError):
     exit_code = EXIT_PROBE
 
 
+class LaunchError(AutotuneError):
+    """The training processes cannot be started or joined as asked: more processes on a node
+    than it has GPUs, torchrun's variables set but not as torchrun sets them, a launch option
+    given to a process torchrun already started.
+
+    Exit code 2, a usage error: the command line (autotune's or torchrun's) asks for what
+    cannot run.
+    """
+
+    exit_code = EXIT_USAGE
+
+
+class RankFailedError(ProbeError):
+    """Another training process of the job failed while the ranks probed together: it raised
+    (``exit_code`` 5 where its error was the user's model or data, its traceback printed by
+    that rank), ran out of memory outside a trial, or stopped (killed, crashed). Every rank
+    stops within its wait's bound; the message names the rank and what it said."""
+
+    def __init__(self, message: str, *, exit_code: int = EXIT_PROBE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class PlotUnavailableError(AutotuneError):
     """matplotlib, which drawing a PNG needs, is not installed (or is too old).
 

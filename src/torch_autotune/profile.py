@@ -110,6 +110,7 @@ class Preferences(StrictModel):
     fixed_shapes: bool = True  # every batch has the same input shape (images of one size)
     optimizer: Literal["adam", "adamw", "sgd", "other"] = "adamw"
     processes_per_node: CpuCount | None = None  # DDP ranks; default: one per GPU (topology)
+    nodes: CpuCount | None = None  # the job's nodes, each with processes_per_node; default one
     seed: Seed = 0  # used by the reproducible mode
     allow_p100_fp16: bool = False  # catalog A5: fp16 on P100 only as an opt-in
     num_workers: WorkerCount | None = None  # the user's own DataLoader worker count
@@ -165,6 +166,7 @@ def _derived_topology(data: dict[str, Any]) -> Topology:
         provenance.preferences.processes_per_node,
         device=settings.device,
         tensor_core_math=settings.precision.autocast or settings.matmul.tf32,
+        nodes=provenance.preferences.nodes,
     )
 
 

@@ -60,6 +60,21 @@ class Topology(StrictModel):
         "the rules chose, which the probe measures with; a size below it stays."
     )
     multiple_reason: str
+    nodes: CpuCount = Field(
+        default=1, description="Nodes of the job, each running processes_per_node processes."
+    )
+    nodes_reason: str = "1: one node"
+    backend: Literal["nccl", "gloo"] | None = Field(
+        default=None,
+        description="The torch.distributed back end the processes communicate over; None: one "
+        "training process, no process group.",
+    )
+    backend_reason: str = "none: one training process, so no process group"
+
+    @property
+    def world_size(self) -> int:
+        """Training processes in the job: every node's."""
+        return self.nodes * self.processes_per_node
 
 
 def derive_topology(
@@ -68,17 +83,26 @@ def derive_topology(
     *,
     device: str,
     tensor_core_math: bool,
+    nodes: int | None = None,
 ) -> Topology:
     """The topology of a profile that trains on ``device`` ('cuda', 'mps' or 'cpu', as the
     rules chose it) of ``snapshot``, with ``processes_per_node`` training processes where the
-    user gave them (None: one per GPU, one on the CPU and on MPS), computing in a type that
-    runs on Tensor Cores (AMP or TF32) where ``tensor_core_math``. Pure."""
+    user gave them (None: one per GPU, one on the CPU and on MPS) on each of ``nodes`` nodes
+    (None: one), computing in a type that runs on Tensor Cores (AMP or TF32) where
+    ``tensor_core_math``. Pure."""
     targets = device_accelerators(device, snapshot)
     processes, processes_reason = _processes(device, targets, processes_per_node, snapshot)
     devices, devices_reason = _devices(device)
     cpus, cpus_reason = _cpus(snapshot.host, processes)
     multiple, multiple_reason = _multiple(device, targets, tensor_core_math)
+    count = 1 if nodes is None or device == "mps" else nodes
+    nodes_reason = "1: one node" if count == 1 else f"{count}: as the job runs (its nodes)"
+    backend, backend_reason = _backend(device, targets, processes, count)
     return Topology(
+        nodes=count,
+        nodes_reason=nodes_reason,
+        backend=backend,
+        backend_reason=backend_reason,
         device=device,  # type: ignore[arg-type]  # validated: one of the three
         processes_per_node=processes,
         processes_reason=processes_reason,
@@ -122,6 +146,26 @@ def _processes(
     if gpus == 1:
         return 1, "1: one process for the one GPU"
     return gpus, f"{gpus}: one per GPU, as DDP runs them (torchrun --nproc-per-node={gpus})"
+
+
+def _backend(
+    device: str, targets: list[Accelerator], processes: int, nodes: int
+) -> tuple[Literal["nccl", "gloo"] | None, str]:
+    """(the torch.distributed back end, why): NCCL (RCCL on ROCm) between GPUs, gloo on the
+    CPU and where ranks share a GPU (NCCL refuses two ranks on one GPU)."""
+    if processes * nodes == 1:
+        return None, "none: one training process, so no process group"
+    if device != "cuda":
+        return "gloo", "gloo: the ranks train on the CPU, and NCCL is for GPUs"
+    if processes > max(1, len(targets)):
+        return "gloo", (
+            f"gloo: {processes} ranks share {len(targets)} GPU(s) on a node, and NCCL refuses two "
+            "ranks on one GPU"
+        )
+    rocm = any(a.backend is Backend.ROCM for a in targets)
+    return "nccl", "nccl: " + (
+        "RCCL, ROCm's NCCL, between the GPUs" if rocm else "NVIDIA's collectives between GPUs"
+    )
 
 
 def _devices(device: str) -> tuple[int, str]:

@@ -125,4 +125,5 @@ class Context:
             self.preferences.processes_per_node,
             device=self.device,
             tensor_core_math=tensor_core_math,
+            nodes=self.preferences.nodes,
         )

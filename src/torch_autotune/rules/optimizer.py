@@ -169,11 +169,12 @@ def accumulation(batch: int, target: int, processes: int) -> tuple[int, str]:
 
 def _accumulation(ctx: Context) -> Finding:
     """L1: the steps that keep the target global batch (``--target-batch``) with the measured
-    batch over the training processes of the topology; 1 without a target or a batch."""
+    batch over the training processes of the job (every node's); 1 without a target or a
+    batch. Under DDP the first steps of each update run in ``model.no_sync()``."""
     target = ctx.preferences.target_global_batch
     batch = ctx.measurements.batch_size if ctx.measurements is not None else None
     if target is not None and batch is not None:
-        steps, why = accumulation(batch, target, ctx.topology.processes_per_node)
+        steps, why = accumulation(batch, target, ctx.topology.world_size)
         return Finding("batch.grad_accum_steps", steps, "L1", why, Source.MEASURED)
     if target is not None:
         return Finding(
