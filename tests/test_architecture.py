@@ -43,6 +43,7 @@ DATA_MODEL = {
         "records",
         "settings",
         "evidence",
+        "bench_record",
         "invariants",
         "topology",
         "launch",

@@ -25,11 +25,13 @@ from torch_autotune.rules import precision as precision_rules
 
 PACKAGE = Path(torch_autotune.__file__).parent
 GROUND_FLOOR = {
+    "torch_autotune.bench_record",
     "torch_autotune.bounds",
     "torch_autotune.errors",
     "torch_autotune.evidence",
     "torch_autotune.hardware",
     "torch_autotune.invariants",
+    "torch_autotune.launch",
     "torch_autotune.profile",
     "torch_autotune.records",
     "torch_autotune.settings",

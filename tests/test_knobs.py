@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.test_bench import measured
-from torch_autotune.evidence import TrainConfig
+from torch_autotune.bench_record import TrainConfig
 from torch_autotune.knobs import KNOBS, settings_config, train_settings, with_knob
 from torch_autotune.settings import Settings, setting_value, settings_paths, torch_defaults
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from torch_autotune.evidence import TrainConfig
+from torch_autotune.bench_record import TrainConfig
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import EXPORTS, render_accelerate, tool_notes
 from torch_autotune.knobs import (

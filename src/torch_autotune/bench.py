@@ -34,19 +34,19 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from torch_autotune.evidence import (
+from torch_autotune.bench_record import (
     BASELINE_BATCH_SIZE,
     ArmRecord,
     BenchEvidence,
     CompileMode,
     Dtype,
     Effect,
-    Evidence,
     Outcome,
     SettingEffect,
     TrainConfig,
     Verdict,
 )
+from torch_autotune.evidence import Evidence
 from torch_autotune.knobs import (
     KNOB_BY_NAME,
     KNOBS,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch_autotune.evidence import TrainConfig
+from torch_autotune.bench_record import TrainConfig
 from torch_autotune.records import SettingRecord, on_off
 from torch_autotune.settings import (
     RECORD_BY_NAME,

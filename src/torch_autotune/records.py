@@ -39,7 +39,13 @@ TOOLS: tuple[Tool, ...] = ("hf", "lightning", "accelerate")
 """The tools ``autotune export`` writes for, as the records name them."""
 
 AppliedBy = Literal[
-    "apply", "prepare_model", "dataloader_kwargs", "optimizer_kwargs", "autocast", "environment"
+    "apply",
+    "prepare_model",
+    "dataloader_kwargs",
+    "optimizer_kwargs",
+    "autocast",
+    "environment",
+    "wrap_ddp",
 ]
 """The profile's helper that applies a setting in a training script (``Profile.apply()``,
 ``Profile.prepare_model()``, ...; ``environment``: ``autotune export --format env``)."""
@@ -51,6 +57,7 @@ _HOW_APPLIED: Mapping[str, str] = {
     "optimizer_kwargs": "the optimizer's **profile.optimizer_kwargs()",
     "autocast": "with profile.autocast():",
     "environment": "source 'autotune export --format env' first",
+    "wrap_ddp": "model = profile.wrap_ddp(model) in each torchrun process",
 }
 
 

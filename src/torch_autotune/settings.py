@@ -117,6 +117,28 @@ class OptimizerSettings(StrictModel):
     fused: bool = False
 
 
+class DdpSettings(StrictModel):
+    """DistributedDataParallel's options, where several processes train (``Profile.ddp``).
+
+    Each default is DDP's own, so a profile of one process, or one written before these
+    existed, wraps as a script that sets nothing does."""
+
+    gradient_as_bucket_view: bool = Field(
+        default=False,
+        description="Gradients are views into DDP's all-reduce buckets: one copy of the "
+        "gradients less on every rank.",
+    )
+    static_graph: bool = Field(
+        default=False,
+        description="The parameters used, and the graph, never change between iterations.",
+    )
+    find_unused_parameters: bool = Field(
+        default=False,
+        description="Walk the autograd graph every step for parameters that got no gradient: "
+        "only where the model has some, as its first step showed.",
+    )
+
+
 class BatchSettings(StrictModel):
     """Filled by the probe: a batch size is only ever one that ran on this machine."""
 
@@ -151,6 +173,12 @@ class Settings(StrictModel):
         description="Set before torch starts CUDA; only the allow-listed variables.",
     )
     batch: BatchSettings = BatchSettings()
+    ddp: DdpSettings = DdpSettings()
+
+
+def _ddp(s: Settings) -> str:
+    on = [name for name, value in s.ddp.model_dump().items() if value]
+    return ", ".join(on) if on else "DDP's defaults"
 
 
 def _workers(s: Settings) -> str:
@@ -314,6 +342,16 @@ RECORDS: tuple[SettingRecord, ...] = (
         summary=False,
         not_ablated="the seed: what the reproducible mode asks for, not a speed setting",
         changed=lambda s: s.seed is not None,
+    ),
+    SettingRecord(
+        "ddp",
+        ("ddp.gradient_as_bucket_view", "ddp.static_graph", "ddp.find_unused_parameters"),
+        "DDP",
+        _ddp,
+        applied_by="wrap_ddp",
+        summary=False,  # the summary's ranks row says it, where several processes train
+        not_ablated="DDP's options: one process trains in the bench, so there is nothing to wrap",
+        changed=lambda s: s.ddp != DdpSettings(),
     ),
     SettingRecord(
         "environment",

@@ -57,7 +57,7 @@ from torch_autotune.settings import Settings, torch_defaults
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from torch_autotune.evidence import TrainConfig
+    from torch_autotune.bench_record import TrainConfig
     from torch_autotune.probe.workloads import Workload
 
 WARMUP_STEPS = 3

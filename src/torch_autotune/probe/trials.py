@@ -233,7 +233,10 @@ class TrialRunner:
         if variant.fresh_model:
             self.release_model()
         settings = self.settings.with_variant(variant)
-        base = None if variant.fresh_model else self
+        return self.sibling(settings, base=None if variant.fresh_model else self)
+
+    def sibling(self, settings: StepSettings, *, base: Self | None) -> Self:
+        """A runner of this class with ``settings``, on ``base``'s model where given."""
         return type(self)(self.workload, settings, clock=self.clock, base=base)
 
     def release_model(self) -> None:

@@ -35,6 +35,7 @@ class Measurements(BaseModel):
     compile_enabled: bool | None = None  # torch.compile kept or dropped by measurement
     compile_reason: str | None = None  # measured: why, with the numbers; else why not measured
     batch_choice: BatchChoice | None = None  # how the probe chose batch_size, as facts
+    unused_parameters: int | None = None  # parameters DDP's first step left without a gradient
 
 
 @dataclass(frozen=True)

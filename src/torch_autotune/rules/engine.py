@@ -27,6 +27,7 @@ from torch_autotune.rules.backend import choose_device
 from torch_autotune.rules.compile import compile_settings
 from torch_autotune.rules.context import Context, Finding, Measurements, Preferences
 from torch_autotune.rules.dataloader import cpu_threads, dataloader
+from torch_autotune.rules.distributed import ddp
 from torch_autotune.rules.memory import allocator, cudnn, memory_format
 from torch_autotune.rules.optimizer import batch, optimizer
 from torch_autotune.rules.precision import precision, tf32
@@ -48,6 +49,7 @@ RULES: tuple[Rule, ...] = (
     dataloader,
     cpu_threads,
     allocator,
+    ddp,
     batch,
 )
 """Every rule, in the order it runs."""

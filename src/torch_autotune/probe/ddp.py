@@ -1,0 +1,150 @@
+"""The probe's runner for one rank of several: the model trains in DistributedDataParallel over
+the job's data group, with the profile's DDP options (rules DP1-DP3).
+
+A search trial runs each rank on its own gradients (``no_sync``): no collective happens inside
+it, so a rank that runs out of memory leaves no other waiting in an all-reduce, and the ranks
+agree on the outcome afterwards (``probe.ranks``). Its memory is DDP's all the same: the
+buckets are allocated when the model is wrapped, and the gradients are views into them
+(``gradient_as_bucket_view``) or beside them, as in training. A throughput point's first step,
+which pays the warm-up, runs the same way and the ranks agree that it ran; its timed blocks then
+all-reduce the gradients as training does, every rank running the same blocks
+(``TrialRunner.agreed``). Training fed by the DataLoader runs each rank on its own gradients:
+its step counts differ between ranks, which an all-reduce would hang on.
+
+Before the model is wrapped, one forward and backward pass at the first trial's size finds the
+parameters that get no gradient, which DDP refuses unless ``find_unused_parameters`` (DP3).
+``alone()`` lets rank 0 train by itself, for the one-rank rate the scaling efficiency is
+measured against.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+from torch_autotune.apply import autocast, batch_to_device
+from torch_autotune.errors import blame_user_code
+from torch_autotune.probe.fed import FedTrial
+from torch_autotune.probe.loop import FedRunner
+from torch_autotune.probe.ranks import Group
+from torch_autotune.probe.trials import StepSettings
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from torch_autotune.probe.workloads import Workload
+
+__all__ = ["DdpRunner", "unused_parameters"]
+
+
+class DdpRunner(FedRunner):
+    """A ``FedRunner`` whose model trains in DDP over ``group.data`` (the module docstring)."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        settings: StepSettings,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        base: DdpRunner | None = None,
+        group: Group,
+    ) -> None:
+        super().__init__(workload, settings, clock=clock, base=base)
+        self.group = group
+        self._ddp: Any = None
+        self._first: int | None = None  # the first trial's size, for the unused-parameter pass
+        self._alone = False
+        self.unused_parameters: int | None = None if base is None else base.unused_parameters
+
+    @property
+    def ddp(self) -> Any:
+        """The DistributedDataParallel module this runner trains (its base's, for a variant
+        that wraps it again: torch.compile compiles the DDP module, as DDPOptimizer wants)."""
+        base = self._base
+        if self._ddp is None and isinstance(base, DdpRunner):
+            return base.ddp
+        return self._ddp
+
+    def distribute(self, model: Any) -> Any:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        options = self.settings.settings.ddp
+        unused = unused_parameters(self.workload, self.settings, model, self._first or 1)
+        # the ranks see the same model; agreeing keeps one rank's odd result from hanging DDP
+        self.unused_parameters = self.group.reduce(unused, largest=True)
+        cuda = self.settings.device == "cuda"
+        self._ddp = DistributedDataParallel(
+            model,
+            device_ids=[torch.cuda.current_device()] if cuda else None,
+            process_group=self.group.data,
+            gradient_as_bucket_view=options.gradient_as_bucket_view,
+            static_graph=options.static_graph,
+            find_unused_parameters=options.find_unused_parameters or self.unused_parameters > 0,
+        )
+        return self._ddp
+
+    def _stepper(self, batch_size: int, *, typical: bool = False) -> Callable[[], None]:
+        if self._first is None:
+            self._first = batch_size
+        return super()._stepper(batch_size, typical=typical)
+
+    def synced(self, on: bool) -> AbstractContextManager[object]:
+        module = self.ddp
+        if module is None or (on and not self._alone):
+            return nullcontext()
+        no_sync: AbstractContextManager[object] = module.no_sync()
+        return no_sync
+
+    def agreed(self, value: int, *, largest: bool) -> int:
+        return value if self._alone else self.group.reduce(value, largest=largest)
+
+    @contextmanager
+    def alone(self) -> Iterator[None]:
+        """This rank trains by itself: no collective, no all-reduce (the others wait)."""
+        self._alone = True
+        try:
+            with self.synced(False):
+                yield
+        finally:
+            self._alone = False
+
+    def fed(
+        self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
+    ) -> FedTrial:
+        self.model  # noqa: B018  # wrapped before no_sync is asked of it
+        with self.synced(False):
+            return super().fed(batch_size, num_workers, threads, seconds=seconds)
+
+    def sibling(self, settings: StepSettings, *, base: Self | None) -> Self:
+        return type(self)(self.workload, settings, clock=self.clock, base=base, group=self.group)
+
+    def release_model(self) -> None:
+        self._ddp = None
+        super().release_model()
+
+
+def unused_parameters(workload: Workload, settings: StepSettings, model: Any, size: int) -> int:
+    """Parameters that need a gradient but got none in one forward and backward pass of
+    ``model`` at ``size`` under the settings' autocast (their gradients are cleared after)."""
+    batch = batch_to_device(settings.settings, _users(workload.make_batch, size))
+    model.train()
+    step = workload.train_step
+    with autocast(settings.settings):  # a step of ours marks the user's errors itself
+        ours = getattr(step, "marks_user_code", False)
+        loss = step(model, batch) if ours else _users(step, model, batch)
+    _users(loss.backward)
+    wanted = [p for p in model.parameters() if p.requires_grad]
+    unused = sum(1 for p in wanted if p.grad is None)
+    model.zero_grad(set_to_none=True)
+    return unused
+
+
+def _users(call: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return call(*args)
+    except Exception as error:  # the user's model, loss or data: theirs, as in a trial
+        blame_user_code(error)
+        raise

@@ -1,0 +1,416 @@
+"""The training processes of a job probing together: rank 0 leads, the others follow.
+
+Rank 0 runs the probe's orchestration (``probe.run``) as one process would; its runner is a
+``Leader``, the seam's ``Trials``, which sends every call to every rank before it makes the call
+itself, so that all ranks train the same trial at the same time in DistributedDataParallel
+(``probe.ddp.DdpRunner``), and then combines what each measured into one outcome: a size fits
+only where it fit on every rank (so the largest batch is the smallest rank's, and mixed GPUs
+work), a step takes the slowest rank's time, the group trains the sum of the ranks' samples.
+The other ranks ``follow``: each call on their own runner, what they measured sent back, until
+rank 0 says the probe is done and hands them the profile. Decisions are rank 0's alone (its
+clock, its budget), so no two ranks can decide differently and wait for each other.
+
+Control messages go over a gloo group of their own (``Group.control``) with a bounded timeout,
+and DDP communicates over a group of its own (``Group.data``) with the same bound: a rank that
+stops leaves none waiting longer than that (a rank killed outright closes its connections, and
+the others' next message fails at once). A rank that fails posts what it said to the job's
+store before it exits, where rank 0 reads it (``RankFailedError``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch_autotune.errors import EXIT_PROBE, AutotuneError, RankFailedError, raised_by_user_code
+from torch_autotune.launch import Ranks
+from torch_autotune.probe.fed import FedTrial
+from torch_autotune.probe.loader import LoaderTrial
+from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.trials import PointOutcome, StepSettings
+from torch_autotune.probe.variants import Variant
+
+__all__ = ["Follower", "Group", "Leader", "joined"]
+
+_KEY = "torch_autotune/failed/"
+_DONE = "done"
+
+
+@dataclass
+class Group:
+    """The job's ranks as the probe talks to them: ``control`` (gloo) carries the calls and
+    what each rank measured, ``data`` is what DDP all-reduces over, ``store`` the job's
+    key-value store (None where the job has none reachable), each wait bounded by
+    ``timeout_s``."""
+
+    ranks: Ranks
+    control: Any
+    data: Any
+    store: Any
+    timeout_s: float
+    device: str
+
+    @property
+    def rank(self) -> int:
+        return self.ranks.rank
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank."""
+        import torch.distributed as dist
+
+        box = [value]
+        self._guarded(lambda: dist.broadcast_object_list(box, src=0, group=self.control))
+        return box[0]
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank."""
+        import torch.distributed as dist
+
+        values: list[Any] = [None] * self.ranks.world_size
+        self._guarded(lambda: dist.all_gather_object(values, value, group=self.control))
+        return values
+
+    def reduce(self, value: int, *, largest: bool) -> int:
+        """The largest (``largest``) or smallest of every rank's ``value``."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([value], dtype=torch.int64)
+        op = dist.ReduceOp.MAX if largest else dist.ReduceOp.MIN
+        self._guarded(lambda: dist.all_reduce(tensor, op=op, group=self.control))
+        return int(tensor.item())
+
+    def _guarded(self, call: Callable[[], object]) -> None:
+        """``call()``; a rank that stopped or failed becomes ``RankFailedError``."""
+        try:
+            call()
+        except (RuntimeError, ConnectionError, TimeoutError) as error:  # gloo's, torch's
+            raise self.failure(error) from None
+
+    def failure(self, error: BaseException | None = None) -> RankFailedError:
+        """What another rank posted before it stopped, or that one stopped without a word."""
+        posted = self.posted()
+        if posted:
+            rank, (code, text) = min(posted.items())
+            return RankFailedError(f"rank {rank} failed: {text}", exit_code=code)
+        why = f" ({type(error).__name__})" if error is not None else ""
+        return RankFailedError(
+            f"a rank stopped without a word while the ranks probed together{why}: killed, "
+            f"crashed or out of host memory; its launcher's log says which (every rank "
+            f"stops within {self.timeout_s:.0f} s of it)"
+        )
+
+    def post(self, code: int, text: str) -> None:
+        """Post this rank's failure for rank 0 (best effort: the store may be gone too)."""
+        if self.store is None:
+            return
+        try:
+            self.store.set(f"{_KEY}{self.rank}", pickle.dumps((code, text)))
+        except (RuntimeError, ConnectionError, TimeoutError):
+            return
+
+    def posted(self) -> dict[int, tuple[int, str]]:
+        """The failures other ranks posted, by rank."""
+        if self.store is None:
+            return {}
+        found: dict[int, tuple[int, str]] = {}
+        for rank in range(self.ranks.world_size):
+            key = f"{_KEY}{rank}"
+            try:
+                if rank != self.rank and self.store.check([key]):
+                    found[rank] = pickle.loads(self.store.get(key))  # our own
+            except (RuntimeError, ConnectionError, TimeoutError, pickle.UnpicklingError):
+                continue
+        return found
+
+
+@contextmanager
+def joined(ranks: Ranks, device: str, *, timeout_s: float) -> Iterator[Group]:
+    """The job's process group, joined as torchrun set it up (``env://``), or the one the
+    user's script already made; the probe's own control and data groups in it, each wait
+    bounded by ``timeout_s``. On a GPU each rank drives the GPU of its local rank. What this
+    made is taken down on the way out."""
+    import torch
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(ranks.local_rank)
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group(backend=backend, timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout)
+    data = dist.new_group(backend=backend, timeout=timeout)
+    try:
+        yield Group(ranks, control, data, _store(timeout), timeout_s, device)
+    finally:
+        if made:
+            dist.destroy_process_group()
+        else:
+            for group in (data, control):
+                dist.destroy_process_group(group)
+
+
+def _store(timeout: datetime.timedelta) -> Any:
+    """A client of the job's store, where torchrun says it is (None: not reachable)."""
+    import torch.distributed as dist
+
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        return None
+    try:
+        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+    except (RuntimeError, ConnectionError, TimeoutError):
+        return None
+
+
+# --- the calls ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call of the seam, as rank 0 sends it: which runner, which method, its arguments.
+    ``left_s``: for a point, the seconds left until its deadline (each rank's own clock)."""
+
+    runner: int
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    left_s: float | None = None
+    variant: tuple[str, tuple[tuple[str, Any], ...], bool, bool] | None = None
+
+
+def _variant_spec(variant: Variant) -> tuple[str, tuple[tuple[str, Any], ...], bool, bool]:
+    """What a follower needs of a variant to make its runner (its warm-up estimate is rank
+    0's business, and may not pickle)."""
+    return (variant.name, variant.changes, variant.fresh_model, variant.changes_memory)
+
+
+class Leader:
+    """Rank 0's ``Trials``: each call sent to every rank, made here too, and what the ranks
+    measured combined (module docstring)."""
+
+    def __init__(
+        self, group: Group, runner: Any, *, ident: int = 0, count: list[int] | None = None
+    ):
+        self.group = group
+        self.runner = runner
+        self.ident = ident
+        self._count = count if count is not None else [0]
+
+    @property
+    def settings(self) -> StepSettings:
+        settings: StepSettings = self.runner.settings
+        return settings
+
+    def _all(self, call: _Call, here: Callable[[], Any]) -> list[Any]:
+        """``call`` made on every rank, ``here`` on this one; what each rank returned. What
+        raises here propagates as in one process (the other ranks stop when this process
+        ends, or when their wait's bound passes)."""
+        self.group.broadcast(call)
+        return self.group.gather(here())
+
+    def __call__(self, batch_size: int) -> TrialOutcome:
+        found = self._all(
+            _Call(self.ident, "__call__", (batch_size,)), lambda: self.runner(batch_size)
+        )
+        return combine_trials(found)
+
+    def point(self, batch_size: int, *, until: float) -> PointOutcome:
+        left = until - self.runner.clock()
+        call = _Call(self.ident, "point", (batch_size,), left_s=left)
+        found = self._all(call, lambda: self.runner.point(batch_size, until=until))
+        return combine_points(found)
+
+    def variant(self, variant: Variant) -> Leader:
+        self._count[0] += 1
+        child = self._count[0]
+        call = _Call(self.ident, "variant", (child,), variant=_variant_spec(variant))
+        made: list[Any] = []
+        self._all(call, lambda: made.append(self.runner.variant(variant)))
+        return Leader(self.group, made[0], ident=child, count=self._count)
+
+    def apply_flags(self, *, cudnn_benchmark: bool | None = None) -> None:
+        kwargs = {"cudnn_benchmark": cudnn_benchmark}
+        self._all(
+            _Call(self.ident, "apply_flags", kwargs=kwargs),
+            lambda: self.runner.apply_flags(**kwargs),
+        )
+
+    def leaf_modules(self) -> int:
+        found = self._all(_Call(self.ident, "leaf_modules"), self.runner.leaf_modules)
+        return int(found[0])
+
+    def memory_limit(self) -> int | None:
+        found = self._all(_Call(self.ident, "memory_limit"), self.runner.memory_limit)
+        known = [value for value in found if value is not None]
+        return min(known) if len(known) == len(found) else None
+
+    def load(
+        self, num_workers: int, batch_size: int, *, batches: int, timeout_s: float, seconds: float
+    ) -> LoaderTrial:
+        kwargs = {"batches": batches, "timeout_s": timeout_s, "seconds": seconds}
+        call = _Call(self.ident, "load", (num_workers, batch_size), kwargs)
+        found = self._all(call, lambda: self.runner.load(num_workers, batch_size, **kwargs))
+        return combine_loads(found)
+
+    def fed(
+        self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
+    ) -> FedTrial:
+        call = _Call(self.ident, "fed", (batch_size, num_workers, threads), {"seconds": seconds})
+        found = self._all(
+            call, lambda: self.runner.fed(batch_size, num_workers, threads, seconds=seconds)
+        )
+        return combine_fed(found)
+
+    def done(self, result: Any) -> None:
+        """Tell every rank the probe is over, with ``result`` (the profile) for them."""
+        self.group.broadcast(_Call(self.ident, _DONE, (result,)))
+
+
+class Follower:
+    """A rank other than 0: each call rank 0 sends, made on this rank's runners, until done."""
+
+    def __init__(self, group: Group, runner: Any):
+        self.group = group
+        self.runners: dict[int, Any] = {0: runner}
+
+    def follow(self) -> Any:
+        """Make rank 0's calls until it is done; what it handed over at the end."""
+        while True:
+            call: _Call = self.group.broadcast(None)
+            if call.method == _DONE:
+                return call.args[0]
+            self.group.gather(_made(self.group, self._make, call))
+
+    def _make(self, call: _Call) -> Any:
+        runner = self.runners[call.runner]
+        if call.method == "variant":
+            assert call.variant is not None
+            name, changes, fresh, memory = call.variant
+            variant = Variant(name, changes, fresh_model=fresh, changes_memory=memory)
+            self.runners[call.args[0]] = runner.variant(variant)
+            return None
+        kwargs = dict(call.kwargs)
+        if call.left_s is not None:
+            kwargs["until"] = runner.clock() + call.left_s
+        return getattr(runner, call.method)(*call.args, **kwargs)
+
+
+def _made(group: Group, make: Callable[[_Call], Any], call: _Call) -> Any:
+    """``make(call)`` on this rank; where it raises, the rank posts what it said, shows the
+    user's traceback where their code raised, and exits at once, so that no rank waits on it
+    for longer than its connections take to close."""
+    try:
+        return make(call)
+    except RankFailedError:
+        raise
+    except BaseException as error:  # every way a rank can fail: it must not leave the others
+        _exit(group, error)
+        raise  # unreachable: _exit does not return
+
+
+def _exit(group: Group, error: BaseException) -> None:
+    import sys
+    import traceback
+
+    if raised_by_user_code(error):
+        traceback.print_exception(error)
+        code, text = 5, f"the training step raised {type(error).__name__}: {error}"
+    elif isinstance(error, AutotuneError):
+        code, text = error.exit_code, str(error)
+    elif isinstance(error, KeyboardInterrupt):
+        code, text = 130, "interrupted"
+    else:
+        traceback.print_exception(error)
+        code, text = 1, f"{type(error).__name__}: {error} (a bug of torch-autotune)"
+    group.post(code, text)
+    sys.stderr.write(f"autotune: error: rank {group.rank}: {text.splitlines()[0]}\n")
+    sys.stderr.flush()
+    os._exit(code if code != 1 else EXIT_PROBE)
+
+
+# --- combining what the ranks measured -------------------------------------------------------
+
+
+def _most(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def combine_trials(found: list[TrialOutcome]) -> TrialOutcome:
+    """A search trial over every rank: it fits only where it fit on each; the largest peak,
+    the slowest time (DDP steps at the pace of its slowest rank)."""
+    if not all(t.fits for t in found):
+        return TrialOutcome(False)
+    peaks = [t.peak_memory_bytes for t in found]
+    return TrialOutcome(
+        True,
+        max(peaks) if all(p is not None for p in peaks) else None,  # type: ignore[type-var]
+        _most([t.seconds for t in found]),
+        warmup_s=_most([t.warmup_s for t in found]),
+        step_s=_most([t.step_s for t in found]),
+    )
+
+
+def combine_points(found: list[PointOutcome]) -> PointOutcome:
+    """A throughput point over every rank: the group's samples/s (the sum of the ranks': each
+    trains its own batch in the same synchronised steps), steady only where every rank's was,
+    the widest spread, the slowest step, the largest peak."""
+    first = found[0]
+    if not all(p.fits for p in found):
+        return PointOutcome(first.batch_size, False, seconds=max(p.seconds for p in found))
+    rates = [p.samples_per_s for p in found]
+    peaks = [p.peak_memory_bytes for p in found]
+    return PointOutcome(
+        first.batch_size,
+        True,
+        samples_per_s=sum(r for r in rates if r is not None) if None not in rates else None,
+        relative_spread=_most([p.relative_spread for p in found]),
+        steady=all(p.steady for p in found),
+        warmup_s=_most([p.warmup_s for p in found]),
+        step_s=_most([p.step_s for p in found]),
+        blocks=max(p.blocks for p in found),
+        peak_memory_bytes=max(peaks) if None not in peaks else None,  # type: ignore[type-var]
+        seconds=max(p.seconds for p in found),
+    )
+
+
+def combine_loads(found: list[LoaderTrial]) -> LoaderTrial:
+    """The DataLoader measured on every rank at once (they share the node's CPUs): the group
+    is fed as fast as its slowest rank's loader, times the ranks."""
+    failed = [t for t in found if not t.ok]
+    if failed:
+        return failed[0]
+    slowest = min(found, key=lambda t: t.samples_per_s or 0.0)
+    return LoaderTrial(
+        slowest.num_workers,
+        (slowest.samples_per_s or 0.0) * len(found),
+        sum(t.batches for t in found),
+        sum(t.samples for t in found),
+        max(t.seconds for t in found),
+        startup_s=_most([t.startup_s for t in found]),
+    )
+
+
+def combine_fed(found: list[FedTrial]) -> FedTrial:
+    """Training fed by the DataLoader on every rank at once: the slowest rank's rate, times the
+    ranks (DDP trains at its slowest rank's pace)."""
+    failed = [t for t in found if not t.ok]
+    if failed:
+        return failed[0]
+    slowest = min(found, key=lambda t: t.samples_per_s or 0.0)
+    rate = (slowest.samples_per_s or 0.0) * len(found)
+    return FedTrial(
+        slowest.batch_size,
+        slowest.num_workers,
+        slowest.threads,
+        rate,
+        max(t.seconds for t in found),
+    )
