@@ -14,27 +14,28 @@ probe, and with it torch, when they run.
 
 from __future__ import annotations
 
-import importlib.util
+import os
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune import compose
+from torch_autotune import compose, together
 from torch_autotune.bench import TrainConfig
 from torch_autotune.detect import Machine
 from torch_autotune.detect import detect as detect_machine
 from torch_autotune.errors import (
-    ProbeError,
     StaleProfileWarning,
     StoredProfileWarning,
     StoreError,
     UnusableGpuWarning,
 )
 from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.launch import ranks_from_environment
 from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS, Measure
-from torch_autotune.profile import Mode, Preferences, Profile, fingerprint
+from torch_autotune.probe.interrupts import import_torch
+from torch_autotune.profile import Evidence, Mode, Preferences, Profile, fingerprint
 from torch_autotune.store import Lookup, ProfileStore, machine_id
 
 if TYPE_CHECKING:
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str, str], None]
 """``progress(phase, what)``: called as each phase and each trial starts."""
-
-
-def _silent(_phase: str, _what: str) -> None:
-    """Progress that goes nowhere: the library never prints."""
 
 
 def detect(machine: Machine | None = None, *, deep: bool = False) -> HardwareSnapshot:
@@ -107,8 +104,9 @@ def profile_for(
     cannot know, so nothing is called stale. A rules-only profile says this host wrote it.
     """
     wanted = None if mode is None else Mode(mode)
+    ranks = together.ranks_or_none()  # under torchrun: the profile of its world size
     try:
-        lookup = ProfileStore(store).lookup(snapshot, writer, workload)
+        lookup = together.lookup(ProfileStore(store), snapshot, writer, workload, ranks)
     except StoreError as error:  # a corrupt or foreign profile, or one that cannot be read
         warnings.warn(StoredProfileWarning(error), stacklevel=3)
         lookup = Lookup(None, None, None)
@@ -125,7 +123,8 @@ def profile_for(
             ),
             stacklevel=3,
         )
-    profile = rules_profile(snapshot, Preferences(mode=wanted or Mode.SPEED))
+    preferences = together.job_preferences(ranks, Preferences(mode=wanted or Mode.SPEED))
+    profile = rules_profile(snapshot, preferences)
     _warn_if_gpu_unused(profile)
     return profile
 
@@ -218,7 +217,7 @@ def tune(
         processes_per_node=processes_per_node,
     )
     if trials is None:
-        _import_torch()
+        import_torch()
     from torch_autotune.probe.run import default_budget_s, measure
     from torch_autotune.rules.context import Measurements
     from torch_autotune.rules.engine import build_profile
@@ -234,7 +233,7 @@ def tune(
         "train_step": train_step,
         "datamodule": datamodule,
     }
-    report = progress or _silent
+    report = progress or (lambda _phase, _what: None)
     started = clock()
     report("detect", "this machine")
     machine = snapshot or detect()
@@ -242,17 +241,42 @@ def tune(
     chosen = _workload(
         workload, machine, host, objects=objects, name=name, min_batch_size=min_batch_size
     )
-    preferences = compose.preferences(
-        chosen,
-        Mode(mode),
-        fixed_shapes,
-        num_workers,
-        target_global_batch,
-        processes_per_node=processes_per_node,
+    ranks = None if trials is not None else ranks_from_environment(os.environ)
+    preferences = together.job_preferences(
+        ranks,
+        compose.preferences(
+            chosen,
+            Mode(mode),
+            fixed_shapes,
+            num_workers,
+            target_global_batch,
+            processes_per_node=processes_per_node,
+        ),
     )
     rules_only = build_profile(machine, preferences=preferences, host_id=host)
     total = budget_s if budget_s is not None else default_budget_s(rules_only)
     report("budget", f"{total:g} s")
+
+    def threads_for(workers: int) -> int | None:  # the threads the rules set beside them
+        measured = Measurements(num_workers=workers)
+        return build_profile(machine, measured, preferences, host_id=host).settings.cpu_threads
+
+    def build(measured: Measurements, evidence: Evidence) -> Profile:
+        return build_profile(machine, measured, preferences, evidence=evidence, host_id=host)
+
+    if ranks is not None and ranks.world_size > 1:  # torchrun's ranks: they probe together
+        return together.tune_together(
+            ranks,
+            chosen,
+            rules_only,
+            build=build,
+            budget_s=total,
+            started=started,
+            max_batch_size=max_batch_size,
+            progress=report,
+            clock=clock,
+            threads_for=threads_for,
+        )
     result = measure(
         chosen,
         rules_only,
@@ -262,27 +286,9 @@ def tune(
         progress=report,
         clock=clock,
         trials=trials,
-        threads_for=lambda workers: (
-            build_profile(  # the threads the rules set beside them
-                machine, Measurements(num_workers=workers), preferences, host_id=host
-            ).settings.cpu_threads
-        ),
+        threads_for=threads_for,
     )
-    measured = compose.measurements(result)
-    return build_profile(machine, measured, preferences, evidence=result.evidence, host_id=host)
-
-
-def _import_torch() -> None:
-    """Import torch before anything is measured, with Ctrl-C held (its start-up would lose
-    one); ProbeError, naming the fix, where torch is not installed."""
-    if importlib.util.find_spec("torch") is None:
-        raise ProbeError(
-            "torch is not installed, so nothing can be probed; install the build for this "
-            "machine (https://pytorch.org/get-started/locally/) and run autotune again"
-        )
-    from torch_autotune.probe.interrupts import import_holding_ctrl_c
-
-    import_holding_ctrl_c("torch")
+    return build(compose.measurements(result), result.evidence)
 
 
 def _workload(
@@ -335,7 +341,7 @@ def bench(
 
     compose.check_bench_arguments(rounds, seconds)
     if measure is None:
-        _import_torch()
+        import_torch()
     started = clock()
     from torch_autotune.probe.ablation import run_arms
     from torch_autotune.probe.workloads.resolve import (

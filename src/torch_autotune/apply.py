@@ -231,6 +231,38 @@ def prepare_model(settings: Settings, model: Any) -> Any:
     return compile_model(settings, model)
 
 
+def wrap_ddp(
+    settings: Settings,
+    model: Any,
+    *,
+    process_group: Any = None,
+    find_unused_parameters: bool = False,
+) -> Any:
+    """``DistributedDataParallel(model, ...)`` with the settings' DDP options (rules DP1-DP3)
+    where torch.distributed is initialised with more than one rank (in ``process_group``,
+    default the whole job), on the current GPU on CUDA; ``model`` as it is otherwise, or where
+    it is already wrapped. ``find_unused_parameters``: also where the settings leave it off
+    (the probe's first step found unused parameters)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return model
+    if isinstance(model, DistributedDataParallel):
+        return model
+    options = settings.ddp
+    unused = options.find_unused_parameters or find_unused_parameters
+    return DistributedDataParallel(
+        model,
+        device_ids=[torch.cuda.current_device()] if settings.device == "cuda" else None,
+        process_group=process_group,
+        gradient_as_bucket_view=options.gradient_as_bucket_view,
+        static_graph=options.static_graph,
+        find_unused_parameters=unused,
+    )
+
+
 def compile_model(settings: Settings, model: Any) -> Any:
     """``torch.compile(model, mode=...)`` where the settings enable it, else ``model``.
 

@@ -66,6 +66,11 @@ class StaleProfileWarning(UserWarning):
     changed; it is not used."""
 
 
+class WorldSizeWarning(UserWarning):
+    """``recommend()`` under torchrun found no profile for the job's world size and returns
+    the profile of one process, whose batch ran without DDP's extra memory a rank."""
+
+
 class LateEnvironmentWarning(UserWarning):
     """An environment setting was applied after the library that reads it had started."""
 
@@ -142,9 +147,10 @@ class RankFailedError(ProbeError):
     that rank), ran out of memory outside a trial, or stopped (killed, crashed). Every rank
     stops within its wait's bound; the message names the rank and what it said."""
 
-    def __init__(self, message: str, *, exit_code: int = EXIT_PROBE) -> None:
+    def __init__(self, message: str, *, exit_code: int = EXIT_PROBE, said: bool = False) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+        self.said = said  # the failed rank said it itself (its one line is on its stderr)
 
 
 class PlotUnavailableError(AutotuneError):

@@ -12,6 +12,12 @@ one, so a crash never leaves half a profile. Under ``profiles/``:
                                      ``workload_key`` makes the name a file name);
                                      what ``recommend(workload=...)`` returns
 
+A job's profile (several ranks under torchrun, ``topology.world_size`` N above 1) goes beside
+them, never over the profile of one process:
+
+    <fingerprint>/world-<N>.json             the last job profile of N ranks saved
+    <fingerprint>/world-<N>/<workload>.json  the job profile of N ranks measured on each workload
+
 A measured profile is written to both, so measuring a second workload no longer replaces the
 first one's profile (before, ``autotune bench -m transformer`` silently replaced the conv
 profile). Stores written by earlier versions hold only ``<fingerprint>.json``: it is read as it
@@ -125,8 +131,12 @@ class ProfileStore:
     def profiles_dir(self) -> Path:
         return self.directory / "profiles"
 
-    def path_for(self, fingerprint_hex: str, workload: str | None = None) -> Path:
-        """The machine's profile, or with ``workload`` the one measured on it."""
+    def path_for(self, fingerprint_hex: str, workload: str | None = None, world: int = 1) -> Path:
+        """The machine's profile, or with ``workload`` the one measured on it; of a job of
+        ``world`` ranks where that is above 1."""
+        if world > 1:
+            job = self.profiles_dir / fingerprint_hex / f"world-{world}"
+            return job / f"{workload_key(workload)}.json" if workload else job.with_suffix(".json")
         if workload is None:
             return self.profiles_dir / f"{fingerprint_hex}.json"
         return self.profiles_dir / fingerprint_hex / f"{workload_key(workload)}.json"
@@ -142,13 +152,14 @@ class ProfileStore:
         from torch_autotune.profile_io import dump_profile
 
         text = dump_profile(profile, "json")
-        machine = self.path_for(profile.provenance.fingerprint)
+        world = profile.topology.world_size
+        machine = self.path_for(profile.provenance.fingerprint, world=world)
         if not profile.measured and not force:
             self._check_replaceable(machine)
         workload = measured_on(profile)
         targets = [machine]
         if workload is not None:
-            targets.insert(0, self.path_for(profile.provenance.fingerprint, workload))
+            targets.insert(0, self.path_for(profile.provenance.fingerprint, workload, world))
         for target in targets:
             try:
                 write_atomically(target, text)
@@ -180,19 +191,29 @@ class ProfileStore:
                 "it, or leave out --save"
             )
 
-    def load(self, fingerprint_hex: str, workload: str | None = None) -> Profile | None:
-        """The machine's profile, or the one measured on ``workload``; None when there is none.
+    def load(
+        self, fingerprint_hex: str, workload: str | None = None, world: int = 1
+    ) -> Profile | None:
+        """The machine's profile, or the one measured on ``workload``, of a job of ``world``
+        ranks; None when there is none.
 
         A workload without a file of its own gets the machine's profile when that was measured
         on it (a store written by an earlier version).
         """
+        machine_path = self.path_for(fingerprint_hex, world=world)
         if workload is None:
-            return self._read_for(fingerprint_hex, self.path_for(fingerprint_hex), workload)
-        own = self._read_for(fingerprint_hex, self.path_for(fingerprint_hex, workload), workload)
+            return self._of_world(self._read_for(fingerprint_hex, machine_path, workload), world)
+        own_path = self.path_for(fingerprint_hex, workload, world)
+        own = self._of_world(self._read_for(fingerprint_hex, own_path, workload), world)
         if own is not None and measured_on(own) == workload:
             return own
-        machine = self._read_for(fingerprint_hex, self.path_for(fingerprint_hex), workload)
+        machine = self._of_world(self._read_for(fingerprint_hex, machine_path, workload), world)
         return machine if machine is not None and measured_on(machine) == workload else None
+
+    @staticmethod
+    def _of_world(profile: Profile | None, world: int) -> Profile | None:
+        """``profile`` where it is for a job of ``world`` ranks (a file moved by hand is not)."""
+        return profile if profile is not None and profile.topology.world_size == world else None
 
     def measured_workloads(self, fingerprint_hex: str) -> list[str]:
         """The workloads with a measured profile for this fingerprint, sorted by name."""
@@ -203,16 +224,21 @@ class ProfileStore:
         return sorted(name for name in found if name is not None)
 
     def lookup(
-        self, snapshot: HardwareSnapshot, machine: str | None, workload: str | None = None
+        self,
+        snapshot: HardwareSnapshot,
+        machine: str | None,
+        workload: str | None = None,
+        world: int = 1,
     ) -> Lookup:
-        """The fresh profile for this snapshot (measured on ``workload`` when one is named), or
-        the stale one ``machine`` left behind; with ``machine`` None (a recorded snapshot of
-        some machine, whose history this store cannot know), no stale one."""
+        """The fresh profile for this snapshot (measured on ``workload`` when one is named, for
+        a job of ``world`` ranks), or the stale one ``machine`` left behind; with ``machine``
+        None (a recorded snapshot of some machine, whose history this store cannot know), or
+        for a job, no stale one."""
         wanted = fingerprint(snapshot)
-        fresh = self.load(wanted, workload)
+        fresh = self.load(wanted, workload, world)
         if fresh is not None:
             return Lookup(fresh, None, None)
-        if machine is None:
+        if machine is None or world > 1:
             return Lookup(None, None, None)
         stale = self._newest_other(wanted, machine, workload)
         return Lookup(None, stale, None if stale is None else changes_since(stale, snapshot))

@@ -48,6 +48,7 @@ class Group(click.Group):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        self.arguments = list(sys.argv[1:] if args is None else args)  # for --nproc-per-node
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
@@ -71,6 +72,8 @@ class Group(click.Group):
             finally:
                 sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         except AutotuneError as error:
+            if _quiet(error):  # a rank other than 0, or a failure its own rank said
+                ctx.exit(error.exit_code)
             cause = error.__cause__
             if cause is not None and raised_by_user_code(cause):  # their factory, model, data
                 import traceback
@@ -92,6 +95,18 @@ class Group(click.Group):
                 ctx.exit(EXIT_INTERRUPTED)
             _report_bug(error)
             ctx.exit(EXIT_INTERNAL)
+
+
+def _quiet(error: AutotuneError) -> bool:
+    """Whether a rank of a job says nothing of ``error`` (``launch.quiet_rank``)."""
+    from torch_autotune.cli.launch import quiet_rank
+    from torch_autotune.launch import ranks_from_environment
+
+    try:
+        ranks = ranks_from_environment(os.environ)
+    except AutotuneError:  # variables torchrun would not set: the error says so itself
+        return False
+    return quiet_rank(ranks, error)
 
 
 def _usage_line(error: click.ClickException) -> str:

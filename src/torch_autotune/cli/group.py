@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,6 +44,7 @@ _NOT_OURS = r"(?!torch_autotune(\.|$))"
 @options.variable_shapes()
 @options.workers()
 @options.processes_per_node()
+@options.launch()
 @options.plot(
     "Also draw the charts into a PNG file (needs the 'plot' extra; without it they are drawn "
     "in the terminal)."
@@ -61,6 +64,9 @@ def cli(  # click passes options by name
     variable_shapes: bool,
     workers: int | None,
     processes_per_node: int | None,
+    nproc_per_node: int | None,
+    nnodes: int,
+    rdzv_endpoint: str | None,
     plot_file: Path | None,
     no_save: bool,
     store: Path | None,
@@ -83,10 +89,17 @@ def cli(  # click passes options by name
     if ctx.invoked_subcommand is not None:
         return
     from torch_autotune import api
+    from torch_autotune.cli.launch import launch, quiet_rank
+    from torch_autotune.launch import ranks_from_environment
     from torch_autotune.render import progress_reporter, render_run
 
+    if nproc_per_node is not None or nnodes > 1:  # start the job's ranks, or print the line
+        ctx.exit(launch(ctx, nproc_per_node or 1, nnodes, rdzv_endpoint))
+    quiet = quiet_rank(ranks_from_environment(os.environ))  # a rank other than 0: no report
+    total = budget or api.default_tune_budget_s()
+
     def run() -> Any:
-        with progress_reporter(budget or api.default_tune_budget_s()) as report:
+        with nullcontext(None) if quiet else progress_reporter(total) as report:
             return api.tune(
                 workload,
                 mode=mode,
@@ -101,6 +114,8 @@ def cli(  # click passes options by name
             )
 
     profile = user_code(ctx, run)
+    if quiet:  # rank 0 saves the job's profile and reports it
+        return
     warn_unused_gpu(profile)
     saved = None if no_save else api.save(profile, store)
     render_run(profile, console(), saved)

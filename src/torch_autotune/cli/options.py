@@ -241,6 +241,39 @@ def processes_per_node() -> Decorator:
     )
 
 
+def launch() -> Decorator:
+    """``--nproc-per-node N``, ``--nnodes M``, ``--rdzv-endpoint HOST:PORT``: the job's ranks."""
+    options = (
+        click.option(
+            "--nproc-per-node",
+            type=click.IntRange(1, MAX_CPUS),
+            help="Start N ranks on this node through torch.distributed.run (one per GPU) and "
+            "tune them together: one profile for the job, saved by rank 0.",
+        ),
+        click.option(
+            "--nnodes",
+            type=click.IntRange(1, MAX_CPUS),
+            default=1,
+            show_default=True,
+            help="Nodes of the job: above 1, print the torchrun line every node runs (with "
+            "--nproc-per-node) instead of starting anything.",
+        ),
+        click.option(
+            "--rdzv-endpoint",
+            metavar="HOST:PORT",
+            help="Where the nodes meet (c10d rendezvous), for --nnodes above 1; default this "
+            "host, port 29500.",
+        ),
+    )
+
+    def decorate(function: Any) -> Any:
+        for option in reversed(options):
+            function = option(function)
+        return function
+
+    return decorate
+
+
 def rounds() -> Decorator:
     """``--rounds N``: the bench's interleaved rounds."""
     return click.option(

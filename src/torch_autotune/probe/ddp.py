@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.apply import autocast, batch_to_device
+from torch_autotune.apply import autocast, batch_to_device, wrap_ddp
 from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.fed import FedTrial
 from torch_autotune.probe.loop import FedRunner
@@ -68,21 +68,14 @@ class DdpRunner(FedRunner):
         return self._ddp
 
     def distribute(self, model: Any) -> Any:
-        import torch
-        from torch.nn.parallel import DistributedDataParallel
-
-        options = self.settings.settings.ddp
         unused = unused_parameters(self.workload, self.settings, model, self._first or 1)
         # the ranks see the same model; agreeing keeps one rank's odd result from hanging DDP
         self.unused_parameters = self.group.reduce(unused, largest=True)
-        cuda = self.settings.device == "cuda"
-        self._ddp = DistributedDataParallel(
+        self._ddp = wrap_ddp(
+            self.settings.settings,
             model,
-            device_ids=[torch.cuda.current_device()] if cuda else None,
             process_group=self.group.data,
-            gradient_as_bucket_view=options.gradient_as_bucket_view,
-            static_graph=options.static_graph,
-            find_unused_parameters=options.find_unused_parameters or self.unused_parameters > 0,
+            find_unused_parameters=self.unused_parameters > 0,
         )
         return self._ddp
 
@@ -110,6 +103,14 @@ class DdpRunner(FedRunner):
                 yield
         finally:
             self._alone = False
+
+    def device_name(self) -> str:
+        """What this rank trains on: its GPU's name, or the CPU."""
+        if self.settings.device != "cuda":
+            return self.settings.device
+        import torch
+
+        return f"{torch.cuda.get_device_name()} (cuda:{torch.cuda.current_device()})"
 
     def fed(
         self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float

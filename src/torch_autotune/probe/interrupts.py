@@ -15,12 +15,15 @@ SIGINT (a command started in the background), is left as it is.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import signal
 import sys
 import threading
 from types import FrameType, ModuleType
 
-__all__ = ["import_holding_ctrl_c"]
+from torch_autotune.errors import ProbeError
+
+__all__ = ["import_holding_ctrl_c", "import_torch"]
 
 
 def import_holding_ctrl_c(name: str) -> ModuleType:
@@ -44,3 +47,14 @@ def import_holding_ctrl_c(name: str) -> ModuleType:
     if pressed:
         raise KeyboardInterrupt
     return module
+
+
+def import_torch() -> None:
+    """Import torch before anything is measured, with Ctrl-C held (its start-up would lose
+    one); ProbeError, naming the fix, where torch is not installed."""
+    if importlib.util.find_spec("torch") is None:
+        raise ProbeError(
+            "torch is not installed, so nothing can be probed; install the build for this "
+            "machine (https://pytorch.org/get-started/locally/) and run autotune again"
+        )
+    import_holding_ctrl_c("torch")

@@ -28,14 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch_autotune.errors import EXIT_PROBE, AutotuneError, RankFailedError, raised_by_user_code
+from torch_autotune.evidence import EAGER
 from torch_autotune.launch import Ranks
+from torch_autotune.probe.combine import combine_fed, combine_loads, combine_points, combine_trials
 from torch_autotune.probe.fed import FedTrial
 from torch_autotune.probe.loader import LoaderTrial
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import PointOutcome, StepSettings
 from torch_autotune.probe.variants import Variant
 
-__all__ = ["Follower", "Group", "Leader", "joined"]
+__all__ = ["Follower", "Group", "Leader", "joined", "run_ranks"]
 
 _KEY = "torch_autotune/failed/"
 _DONE = "done"
@@ -97,7 +99,7 @@ class Group:
         posted = self.posted()
         if posted:
             rank, (code, text) = min(posted.items())
-            return RankFailedError(f"rank {rank} failed: {text}", exit_code=code)
+            return RankFailedError(f"rank {rank} failed: {text}", exit_code=code, said=True)
         why = f" ({type(error).__name__})" if error is not None else ""
         return RankFailedError(
             f"a rank stopped without a word while the ranks probed together{why}: killed, "
@@ -197,17 +199,21 @@ class Leader:
     measured combined (module docstring)."""
 
     def __init__(
-        self, group: Group, runner: Any, *, ident: int = 0, count: list[int] | None = None
+        self,
+        group: Group,
+        runner: Any,
+        *,
+        name: str = EAGER,
+        ident: int = 0,
+        family: dict[str, Leader] | None = None,
     ):
         self.group = group
         self.runner = runner
+        self.settings: StepSettings = runner.settings
+        self.name = name
         self.ident = ident
-        self._count = count if count is not None else [0]
-
-    @property
-    def settings(self) -> StepSettings:
-        settings: StepSettings = self.runner.settings
-        return settings
+        self.family = family if family is not None else {}  # every variant's, by name
+        self.family.setdefault(name, self)
 
     def _all(self, call: _Call, here: Callable[[], Any]) -> list[Any]:
         """``call`` made on every rank, ``here`` on this one; what each rank returned. What
@@ -229,12 +235,24 @@ class Leader:
         return combine_points(found)
 
     def variant(self, variant: Variant) -> Leader:
-        self._count[0] += 1
-        child = self._count[0]
+        child = len(self.family)
         call = _Call(self.ident, "variant", (child,), variant=_variant_spec(variant))
         made: list[Any] = []
         self._all(call, lambda: made.append(self.runner.variant(variant)))
-        return Leader(self.group, made[0], ident=child, count=self._count)
+        leader = Leader(self.group, made[0], name=variant.name, ident=child, family=self.family)
+        self.family[variant.name] = leader
+        return leader
+
+    def devices(self) -> list[str]:
+        """What each rank trains on, in rank order."""
+        return self._all(_Call(self.ident, "device_name"), self.runner.device_name)
+
+    def alone(self, batch_size: int, *, seconds: float) -> PointOutcome:
+        """A throughput point of rank 0 by itself (the others wait): the one-rank rate the
+        group's is measured against."""
+        with self.runner.alone():
+            point: PointOutcome = self.runner.point(batch_size, until=self.runner.clock() + seconds)
+        return point
 
     def apply_flags(self, *, cudnn_benchmark: bool | None = None) -> None:
         kwargs = {"cudnn_benchmark": cudnn_benchmark}
@@ -336,81 +354,35 @@ def _exit(group: Group, error: BaseException) -> None:
     os._exit(code if code != 1 else EXIT_PROBE)
 
 
-# --- combining what the ranks measured -------------------------------------------------------
+def run_ranks(
+    arguments: list[str], *, nproc_per_node: int
+) -> tuple[int, tuple[int, int, str] | None]:
+    """``python -m torch_autotune arguments`` as ``nproc_per_node`` ranks on this node
+    (``together.start_ranks``); (the job's exit code, (rank, local rank, signal) where the
+    first rank to fail was ended by a signal)."""
+    import signal
 
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
 
-def _most(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return max(known) if known else None
-
-
-def combine_trials(found: list[TrialOutcome]) -> TrialOutcome:
-    """A search trial over every rank: it fits only where it fit on each; the largest peak,
-    the slowest time (DDP steps at the pace of its slowest rank)."""
-    if not all(t.fits for t in found):
-        return TrialOutcome(False)
-    peaks = [t.peak_memory_bytes for t in found]
-    return TrialOutcome(
-        True,
-        max(peaks) if all(p is not None for p in peaks) else None,  # type: ignore[type-var]
-        _most([t.seconds for t in found]),
-        warmup_s=_most([t.warmup_s for t in found]),
-        step_s=_most([t.step_s for t in found]),
+    args = get_args_parser().parse_args(
+        [
+            "--nnodes=1",
+            f"--nproc-per-node={nproc_per_node}",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=localhost:0",
+            "--max-restarts=0",
+            "--module",
+            "torch_autotune",
+            *arguments,
+        ]
     )
-
-
-def combine_points(found: list[PointOutcome]) -> PointOutcome:
-    """A throughput point over every rank: the group's samples/s (the sum of the ranks': each
-    trains its own batch in the same synchronised steps), steady only where every rank's was,
-    the widest spread, the slowest step, the largest peak."""
-    first = found[0]
-    if not all(p.fits for p in found):
-        return PointOutcome(first.batch_size, False, seconds=max(p.seconds for p in found))
-    rates = [p.samples_per_s for p in found]
-    peaks = [p.peak_memory_bytes for p in found]
-    return PointOutcome(
-        first.batch_size,
-        True,
-        samples_per_s=sum(r for r in rates if r is not None) if None not in rates else None,
-        relative_spread=_most([p.relative_spread for p in found]),
-        steady=all(p.steady for p in found),
-        warmup_s=_most([p.warmup_s for p in found]),
-        step_s=_most([p.step_s for p in found]),
-        blocks=max(p.blocks for p in found),
-        peak_memory_bytes=max(peaks) if None not in peaks else None,  # type: ignore[type-var]
-        seconds=max(p.seconds for p in found),
-    )
-
-
-def combine_loads(found: list[LoaderTrial]) -> LoaderTrial:
-    """The DataLoader measured on every rank at once (they share the node's CPUs): the group
-    is fed as fast as its slowest rank's loader, times the ranks."""
-    failed = [t for t in found if not t.ok]
-    if failed:
-        return failed[0]
-    slowest = min(found, key=lambda t: t.samples_per_s or 0.0)
-    return LoaderTrial(
-        slowest.num_workers,
-        (slowest.samples_per_s or 0.0) * len(found),
-        sum(t.batches for t in found),
-        sum(t.samples for t in found),
-        max(t.seconds for t in found),
-        startup_s=_most([t.startup_s for t in found]),
-    )
-
-
-def combine_fed(found: list[FedTrial]) -> FedTrial:
-    """Training fed by the DataLoader on every rank at once: the slowest rank's rate, times the
-    ranks (DDP trains at its slowest rank's pace)."""
-    failed = [t for t in found if not t.ok]
-    if failed:
-        return failed[0]
-    slowest = min(found, key=lambda t: t.samples_per_s or 0.0)
-    rate = (slowest.samples_per_s or 0.0) * len(found)
-    return FedTrial(
-        slowest.batch_size,
-        slowest.num_workers,
-        slowest.threads,
-        rate,
-        max(t.seconds for t in found),
-    )
+    try:
+        run(args)
+    except ChildFailedError as failed:
+        rank, failure = failed.get_first_failure()
+        if failure.exitcode >= 0:
+            return int(failure.exitcode), None  # the rank said why itself
+        name = signal.Signals(-failure.exitcode).name
+        return EXIT_PROBE, (int(rank), int(failure.local_rank), name)
+    return 0, None

@@ -11,10 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from torch_autotune.bench import BenchEvidence, Effect
-from torch_autotune.profile import CompileRecord, Evidence, Profile
+from torch_autotune.profile import CompileRecord, Evidence, Profile, RanksRecord
 from torch_autotune.render.machine import facts_table
 from torch_autotune.rules.optimizer import except_compile
-from torch_autotune.settings import RECORDS
+from torch_autotune.settings import RECORD_BY_NAME, RECORDS
 
 
 def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
@@ -62,6 +62,8 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
         ]
         if evidence.compile is not None:
             facts.append(("torch.compile", _compile_text(evidence.compile)))
+        if evidence.ranks is not None:
+            facts.append(("ranks", _ranks_text(profile, evidence.ranks)))
     s = profile.settings
     facts += [(record.label, record.show(s)) for record in RECORDS if record.summary]
     return facts
@@ -113,6 +115,27 @@ _CONFIRMED = {
     "its fed pass": "loading limits training: the smallest batch as fast fed by the DataLoader,"
     " which it trained in with these settings",
 }
+
+
+def _ranks_text(profile: Profile, ranks: RanksRecord) -> str:
+    """The job's ranks: how many, where, over what, the global batch, how the group scaled
+    against rank 0 alone, the DDP options."""
+    nodes = f"{ranks.nodes} node{'s' if ranks.nodes > 1 else ''}"
+    each = ranks.world_size // ranks.nodes
+    kinds = sorted(set(ranks.devices))
+    text = f"{ranks.world_size} ({nodes} x {each}, {ranks.backend}, {', '.join(kinds)}); "
+    batch = profile.settings.batch.batch_size
+    if batch is not None:
+        text += f"batch {batch} a rank, {batch * ranks.world_size} a step together"
+    if ranks.group_samples_per_s is not None:
+        text += f", {ranks.group_samples_per_s:,.0f} samples/s together"
+    efficiency = ranks.scaling_efficiency
+    if efficiency is not None and ranks.one_rank_samples_per_s is not None:
+        text += (
+            f", {efficiency:.2f} of {ranks.world_size} x rank 0 alone "
+            f"({ranks.one_rank_samples_per_s:,.0f} samples/s)"
+        )
+    return text + f"; DDP: {RECORD_BY_NAME['ddp'].show(profile.settings)}"
 
 
 def _recommended(profile: Profile, evidence: Evidence) -> str:

@@ -1,0 +1,230 @@
+"""``tune()`` in a job of several ranks under torchrun: every rank trains every trial in
+DistributedDataParallel, rank 0 decides, and every rank returns the one profile for the job.
+
+``api.tune`` comes here when torchrun started this process in a world of more than one
+(``launch.ranks_from_environment``). Rank 0 runs the probe (``probe.run.measure``) with a
+``probe.ranks.Leader`` as its runner, so that each call reaches every rank and the outcomes are
+combined; then it measures itself alone at the recommended batch, for the scaling efficiency,
+builds the profile and hands it to the others, which followed its calls
+(``probe.ranks.Follower``) until then. The waits between ranks are bounded by the budget and
+``WAIT_MARGIN_S``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch_autotune.errors import LaunchError, WorldSizeWarning
+from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.invariants import device_accelerators
+from torch_autotune.launch import Ranks, ranks_from_environment
+from torch_autotune.probe.seam import Progress, Trials
+from torch_autotune.probe.trials import StepSettings
+from torch_autotune.probe.workers_phase import ThreadsFor
+from torch_autotune.probe.workloads import Workload
+from torch_autotune.profile import Preferences, Profile, RanksRecord
+from torch_autotune.store import Lookup, ProfileStore
+
+WAIT_MARGIN_S = 120.0
+"""Beyond the budget, the longest a rank waits on another: a compile or a DataLoader's start on
+one rank is not a failure; a rank killed outright is seen at once, its connections closed."""
+ALONE_S = 5.0
+"""The most rank 0 trains by itself for the one-rank rate (a point stops once steady)."""
+
+
+def check_ranks(local_world_size: int, rules_only: Profile) -> None:
+    """Refuse, in one line, ranks a node cannot run: more processes on a node than it has
+    GPUs, where NCCL refuses two ranks on one GPU ("Duplicate GPU detected")."""
+    topology = rules_only.topology
+    gpus = len(device_accelerators(topology.device, rules_only.provenance.snapshot))
+    if topology.device == "cuda" and local_world_size > gpus:
+        raise LaunchError(
+            f"{local_world_size} training processes on this node but {gpus} GPU(s): NCCL "
+            "refuses two ranks on one GPU (one process drives one GPU); start one per GPU: "
+            f"torchrun --nproc-per-node={gpus} (or autotune --nproc-per-node {gpus})"
+        )
+
+
+def tune_together(
+    ranks: Ranks,
+    workload: Workload,
+    rules_only: Profile,
+    *,
+    build: Callable[..., Profile],
+    budget_s: float,
+    started: float,
+    max_batch_size: int | None,
+    progress: Progress,
+    clock: Callable[[], float] = time.perf_counter,
+    threads_for: ThreadsFor | None = None,
+) -> Profile:
+    """Probe ``workload`` on every rank of the job and return the job's profile, the same on
+    every rank. ``build(measurements, evidence)`` makes the measured profile (the rules engine,
+    as ``api.tune`` calls it)."""
+    from torch_autotune import compose
+    from torch_autotune.probe.ddp import DdpRunner
+    from torch_autotune.probe.ranks import Follower, Leader, joined
+    from torch_autotune.probe.run import measure
+    from torch_autotune.probe.state import preserved
+    from torch_autotune.probe.workloads.copies import parked
+
+    check_ranks(ranks.local_world_size, rules_only)
+    wait_s = budget_s + WAIT_MARGIN_S
+    with joined(ranks, rules_only.settings.device, timeout_s=wait_s) as group:
+        if not ranks.leader:
+            settings: StepSettings = group.broadcast(None)
+            runner = DdpRunner(workload, settings, clock=clock, group=group)
+            with preserved(), parked(workload.make_model):
+                profile: Profile = Follower(group, runner).follow()
+            return profile
+        leaders: list[Leader] = []
+
+        def trials(chosen: Workload, settings: StepSettings) -> Trials:
+            group.broadcast(settings)
+            leader = Leader(group, DdpRunner(chosen, settings, clock=clock, group=group))
+            leaders.append(leader)
+            return leader
+
+        result = measure(
+            workload,
+            rules_only,
+            budget_s=budget_s,
+            started=started,
+            max_batch_size=max_batch_size,
+            progress=progress,
+            clock=clock,
+            trials=trials,
+            threads_for=threads_for,
+        )
+        leader = leaders[0]
+        progress("ranks", "rank 0 alone, for the scaling")
+        with preserved(), parked(workload.make_model):
+            record = _ranks_record(leader, result.evidence, rules_only, wait_s)
+        evidence = result.evidence.model_copy(update={"ranks": record})
+        measured = compose.measurements(result).model_copy(
+            update={"unused_parameters": record.unused_parameters}
+        )
+        profile = build(measured, evidence)
+        leader.done(profile)
+        return profile
+
+
+def _ranks_record(leader: Any, evidence: Any, rules_only: Profile, wait_s: float) -> RanksRecord:
+    """How the ranks probed together: their devices, the group's rate at the recommended batch
+    and rank 0's alone at the same batch and settings."""
+    choice = evidence.batch_choice
+    name = choice.variant if choice is not None else leader.name
+    chosen = leader.family.get(name, leader)
+    point = next(
+        (
+            r
+            for r in evidence.throughput
+            if r.batch_size == evidence.batch_size and r.variant == name and r.steady
+        ),
+        None,
+    )
+    alone = None
+    if point is not None:
+        solo = chosen.alone(evidence.batch_size, seconds=ALONE_S)
+        alone = solo.samples_per_s if solo.fits and solo.samples_per_s else None
+    topology = rules_only.topology
+    assert topology.backend is not None  # several ranks: a process group
+    return RanksRecord(
+        world_size=topology.world_size,
+        nodes=topology.nodes,
+        backend=topology.backend,
+        devices=tuple(leader.devices()),
+        group_samples_per_s=point.samples_per_s if point is not None else None,
+        one_rank_samples_per_s=alone,
+        unused_parameters=leader.runner.unused_parameters,
+        wait_s=wait_s,
+    )
+
+
+def job_preferences(ranks: Ranks | None, preferences: Preferences) -> Preferences:
+    """The preferences of a job torchrun started: its processes per node and nodes, unless the
+    user gave them."""
+    if ranks is None:
+        return preferences
+    update: dict[str, int] = {}
+    if preferences.processes_per_node is None:
+        update["processes_per_node"] = ranks.local_world_size
+    if preferences.nodes is None:
+        update["nodes"] = ranks.nodes
+    return preferences.model_copy(update=update)
+
+
+__all__ = [
+    "JobEnd",
+    "check_ranks",
+    "job_preferences",
+    "lookup",
+    "ranks_or_none",
+    "start_ranks",
+    "tune_together",
+]
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a job of ranks started here ended: its exit code, and where a rank was ended by a
+    signal (it could say nothing itself), which rank and which signal."""
+
+    exit_code: int
+    rank: int | None = None
+    local_rank: int | None = None
+    signal: str | None = None
+
+
+def start_ranks(arguments: list[str], *, nproc_per_node: int) -> JobEnd:
+    """Run ``python -m torch_autotune arguments`` as ``nproc_per_node`` ranks on this node
+    through torch.distributed.run: the c10d rendezvous on a free local port (several jobs can
+    share a host), no restarts (a restarted probe would measure a half-torn-down job)."""
+    from torch_autotune.probe.ranks import run_ranks
+
+    code, dead = run_ranks(arguments, nproc_per_node=nproc_per_node)
+    if dead is None:
+        return JobEnd(code)
+    return JobEnd(code, rank=dead[0], local_rank=dead[1], signal=dead[2])
+
+
+def ranks_or_none() -> Ranks | None:
+    """This process's ranks where torchrun started it; None outside torchrun, and where its
+    variables are not as torchrun sets them (``recommend()`` never stops a script over them:
+    ``tune()`` says what is wrong)."""
+    try:
+        return ranks_from_environment(os.environ)
+    except LaunchError:
+        return None
+
+
+def lookup(
+    store: ProfileStore,
+    snapshot: HardwareSnapshot,
+    writer: str | None,
+    workload: str | None,
+    ranks: Ranks | None,
+) -> Lookup:
+    """``store.lookup`` for the job this process belongs to: the profile of its world size;
+    where only the profile of one process is stored, that one, with a ``WorldSizeWarning``."""
+    world = ranks.world_size if ranks is not None else 1
+    found = store.lookup(snapshot, writer, workload, world)
+    if found.profile is not None or world == 1:
+        return found
+    alone = store.lookup(snapshot, writer, workload)
+    if alone.profile is not None:
+        warnings.warn(
+            WorldSizeWarning(
+                f"no profile for a job of {world} ranks is stored, so this is the profile of "
+                f"one process: its batch ran without DDP, which needs more memory a rank; run "
+                f"autotune under torchrun (or autotune --nproc-per-node "
+                f"{ranks.local_world_size if ranks else world}) to measure the job"
+            ),
+            stacklevel=4,
+        )
+    return alone
