@@ -92,12 +92,14 @@ def _run_here(rest: list[str], nproc_per_node: int) -> int:
 
 
 def quiet_rank(ranks: Ranks | None, error: BaseException | None = None) -> bool:
-    """Whether this process says nothing: a rank other than 0 prints only its own errors, and
-    no rank repeats a failure its own rank (or the launcher) says."""
+    """Whether this process says nothing (of ``error``, or of its run where None): a rank other
+    than 0 says only the failures of its own while it followed rank 0 (``probe.ranks``), as
+    they come; what every rank finds alike (a workload that cannot be built, a launch that
+    cannot run) rank 0 says; no rank repeats a failure the failed rank or the launcher says."""
     if ranks is None:
         return False
-    if isinstance(error, LaunchError):  # every rank finds it alike: rank 0 says it
-        return not ranks.leader
+    if not ranks.leader:  # its own failures while it followed rank 0 it said as they came
+        return True
     if not isinstance(error, RankFailedError):
-        return error is None and not ranks.leader
-    return not ranks.leader or error.said or bool(os.environ.get(LAUNCHED))
+        return False
+    return error.said or bool(os.environ.get(LAUNCHED))

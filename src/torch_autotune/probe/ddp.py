@@ -96,13 +96,21 @@ class DdpRunner(FedRunner):
 
     @contextmanager
     def alone(self) -> Iterator[None]:
-        """This rank trains by itself: no collective, no all-reduce (the others wait)."""
+        """This rank trains by itself: no collective, no all-reduce (the others wait). DDP
+        broadcasts the buffers (BatchNorm's statistics) at the first forward after a step
+        that all-reduced, ``no_sync`` or not: that flag is cleared for the while."""
         self._alone = True
+        module = self.ddp
+        before = getattr(module, "require_forward_param_sync", None)
+        if before is not None:
+            module.require_forward_param_sync = False
         try:
             with self.synced(False):
                 yield
         finally:
             self._alone = False
+            if before is not None:
+                module.require_forward_param_sync = before
 
     def device_name(self) -> str:
         """What this rank trains on: its GPU's name, or the CPU."""

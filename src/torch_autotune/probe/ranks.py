@@ -360,6 +360,7 @@ def run_ranks(
     """``python -m torch_autotune arguments`` as ``nproc_per_node`` ranks on this node
     (``together.start_ranks``); (the job's exit code, (rank, local rank, signal) where the
     first rank to fail was ended by a signal)."""
+    import logging
     import signal
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -377,6 +378,8 @@ def run_ranks(
             *arguments,
         ]
     )
+    # the agent logs each failed rank; the ranks and the caller say it once, in our words
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         run(args)
     except ChildFailedError as failed:

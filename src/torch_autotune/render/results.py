@@ -202,11 +202,13 @@ def _fed_table(evidence: Evidence, workers: int) -> Table:
 
 def saved_note(profile: Profile, saved: Path) -> str:
     """Where a profile was stored and the call that returns it."""
+    world = profile.topology.world_size
+    where = "on this machine" if world == 1 else f"in each rank of a job of {world} under torchrun"
     if profile.evidence is None:
-        return f"saved to {saved}; torch_autotune.recommend() returns it on this machine"
+        return f"saved to {saved}; torch_autotune.recommend() returns it {where}"
     return (
         f"saved to {saved}; torch_autotune.recommend(workload={profile.evidence.workload!r}) "
-        "returns it on this machine, and so does recommend() until another profile is saved"
+        f"returns it {where}, and so does recommend() until another profile is saved"
     )
 
 

@@ -78,8 +78,12 @@ def _mark(error: BaseException, call: str) -> None:
 
 
 def _unwrapped(model: Module) -> Module:
-    """The module itself under ``torch.compile``'s wrapper (its forward's signature)."""
-    return getattr(model, "_orig_mod", model)
+    """The module itself under ``torch.compile``'s wrapper and DistributedDataParallel's (its
+    forward's signature): compile wraps DDP, which wraps the model."""
+    module = getattr(model, "_orig_mod", model)
+    if type(module).__name__ == "DistributedDataParallel":
+        module = getattr(module, "module", module)
+    return module
 
 
 class _Keywords:

@@ -1,0 +1,111 @@
+"""Workloads the ranks tests (``tests/test_ranks.py``) train under torchrun, as ``autotune -m
+tests.ranks_workloads:NAME`` imports them: a user's model in the forms users train (dict
+batches, two inputs, BatchNorm, a parameter no step uses), and models whose rank 1 runs out of
+memory above a size, is killed, or raises. Each reads its rank from torchrun's ``RANK``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+OOM_ABOVE = 48
+"""Rank 1 of ``oom_on_rank_1`` runs out of memory above this batch; rank 0 fits the CPU cap."""
+KILLED_AT = 64
+"""Rank 1 of ``killed_rank_1`` is killed by SIGKILL at the first batch this large."""
+
+
+def _adamw(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class TwoInputs(nn.Module):
+    """An image and a feature vector in, ten classes out; ``unused`` is declared and never
+    called, so DDP must walk the graph for it (find_unused_parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.image = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+        self.extra = nn.Linear(4, 8)
+        self.head = nn.Linear(16, 10)
+        self.unused = nn.Linear(16, 16)
+
+    def forward(self, image: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.image(image), self.extra(extra)], dim=1))
+
+
+class Samples(Dataset[dict[str, torch.Tensor]]):
+    """Dict samples: ``image``, ``extra`` and ``label``, seeded by index."""
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(index)
+        return {
+            "image": torch.randn(3, 16, 16, generator=generator),
+            "extra": torch.randn(4, generator=generator),
+            "label": torch.randint(0, 10, (), generator=generator),
+        }
+
+
+def user_model() -> dict[str, Any]:
+    """The user's model with its dataset: the probe calls ``model(image=..., extra=...)`` and
+    takes ``label`` as the targets of cross-entropy."""
+    return {"model": TwoInputs(), "optimizer": _adamw, "dataset": Samples()}
+
+
+class _Failing(nn.Module):
+    """A small MLP whose rank 1 fails at some batch sizes, as ``failing`` says."""
+
+    def __init__(self, failing: str) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.failing = failing
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = x.shape[0]
+        if _rank() == 1:
+            if self.failing == "oom" and size > OOM_ABOVE:
+                raise MemoryError(f"out of memory on rank 1 at batch {size} (simulated)")
+            if self.failing == "kill" and size >= KILLED_AT:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.failing == "raise" and size >= KILLED_AT:
+                raise ValueError(f"rank 1 cannot take batch {size}")
+        return self.layers(x)
+
+
+def _mlp_data(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(size)
+    return torch.randn(size, 32, generator=generator), torch.randint(0, 10, (size,))
+
+
+def _failing(how: str) -> dict[str, Any]:
+    return {"model": lambda: _Failing(how), "optimizer": _adamw, "example_batch": _mlp_data(8)}
+
+
+def oom_on_rank_1() -> dict[str, Any]:
+    return _failing("oom")
+
+
+def killed_rank_1() -> dict[str, Any]:
+    return _failing("kill")
+
+
+def raising_rank_1() -> dict[str, Any]:
+    return _failing("raise")
