@@ -1,0 +1,319 @@
+"""The job's pure parts: what the ranks measured combined into one outcome, DDP's options
+(DP1-DP3), the ranks a node can run, the launcher's command line, who says what, the store's
+job profiles by world size and ``recommend()`` under torchrun, the summary's ranks row."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+
+from tests.rules.helpers import context_with, run, snapshot
+from tests.test_bench import measured
+from torch_autotune.api import recommend
+from torch_autotune.cli import cli
+from torch_autotune.cli.launch import LAUNCHED, quiet_rank, without_launch_options
+from torch_autotune.detect import RecordedMachine
+from torch_autotune.errors import EXIT_USAGE, LaunchError, RankFailedError, WorldSizeWarning
+from torch_autotune.launch import Ranks
+from torch_autotune.probe.combine import combine_fed, combine_loads, combine_points, combine_trials
+from torch_autotune.probe.fed import FedTrial
+from torch_autotune.probe.loader import LoaderTrial
+from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.trials import PointOutcome
+from torch_autotune.profile import Preferences, Profile, RanksRecord
+from torch_autotune.render.results import render_run
+from torch_autotune.rules.context import Finding, Measurements
+from torch_autotune.rules.distributed import ddp
+from torch_autotune.rules.engine import build_profile
+from torch_autotune.store import ProfileStore
+from torch_autotune.together import check_ranks
+
+RANK_0 = Ranks(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0)
+RANK_1 = Ranks(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0)
+TORCHRUN_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+
+
+# --- combining what the ranks measured ----------------------------------------------------------
+
+trial_outcomes = st.builds(
+    TrialOutcome,
+    fits=st.booleans(),
+    peak_memory_bytes=st.integers(1, 1 << 40),
+    seconds=st.floats(0.001, 100.0),
+    warmup_s=st.floats(0.0, 10.0),
+    step_s=st.floats(0.001, 10.0),
+)
+
+
+@given(st.lists(trial_outcomes, min_size=1, max_size=8))
+def test_a_trial_fits_only_where_it_fit_on_every_rank(found: list[TrialOutcome]) -> None:
+    combined = combine_trials(found)
+    assert combined.fits == all(t.fits for t in found)
+    if combined.fits:  # DDP steps at its slowest rank's pace, and the fullest GPU decides
+        assert combined.step_s == max(t.step_s for t in found if t.step_s is not None)
+        assert combined.peak_memory_bytes == max(t.peak_memory_bytes or 0 for t in found)
+    else:
+        assert combined == TrialOutcome(False)
+
+
+def _point(rate: float, *, steady: bool = True, fits: bool = True) -> PointOutcome:
+    return PointOutcome(
+        64,
+        fits,
+        samples_per_s=rate if fits else None,
+        relative_spread=0.02,
+        steady=steady,
+        warmup_s=0.5,
+        step_s=64 / rate,
+        blocks=3,
+        peak_memory_bytes=1000,
+        seconds=2.0,
+    )
+
+
+def test_the_groups_rate_is_every_ranks_samples_together() -> None:
+    combined = combine_points([_point(1000.0), _point(900.0)])
+    assert combined.samples_per_s == 1900.0
+    assert combined.step_s == pytest.approx(64 / 900.0)  # the slowest rank's step
+    assert combined.steady
+
+
+def test_a_point_is_steady_only_where_every_ranks_was() -> None:
+    assert not combine_points([_point(1000.0), _point(900.0, steady=False)]).steady
+
+
+def test_a_point_one_rank_could_not_train_did_not_fit() -> None:
+    combined = combine_points([_point(1000.0), _point(1.0, fits=False)])
+    assert not combined.fits
+    assert combined.samples_per_s is None
+
+
+def test_the_dataloader_feeds_the_group_as_fast_as_its_slowest_rank() -> None:
+    loads = [LoaderTrial(2, 5000.0, 20, 640, 1.0), LoaderTrial(2, 3000.0, 12, 384, 1.0)]
+    assert combine_loads(loads).samples_per_s == 6000.0
+    failed = LoaderTrial(2, None, 0, 0, 0.5, error="a worker died")
+    assert combine_loads([loads[0], failed]).error == "a worker died"
+    fed = [FedTrial(64, 2, 1, 800.0, 3.0), FedTrial(64, 2, 1, 700.0, 3.2)]
+    assert combine_fed(fed) == FedTrial(64, 2, 1, 1400.0, 3.2)
+
+
+# --- DDP's options (DP1-DP3) --------------------------------------------------------------------
+
+
+def _ddp(measurements: Measurements | None = None, **preferences: object) -> dict[str, Finding]:
+    return run(context_with("a100-sxm4-80gb-8x", measurements, **preferences), ddp)
+
+
+def test_one_process_keeps_ddps_defaults_and_says_why() -> None:
+    found = _ddp(processes_per_node=1)
+    assert [f.value for f in found.values()] == [False, False, False]
+    for finding in found.values():
+        assert "one training process" in finding.reason
+
+
+def test_eight_ranks_take_gradients_as_bucket_views() -> None:
+    found = _ddp()
+    view = found["ddp.gradient_as_bucket_view"]
+    assert view.value is True
+    assert view.reason.startswith("on: the 8 ranks (1 node(s) x 8) each hold")
+    assert found["ddp.static_graph"].value is False
+
+
+@pytest.mark.parametrize(
+    ("unused", "value", "says"),
+    [
+        (None, False, "not measured: run autotune under torchrun"),
+        (0, False, "every parameter got a gradient in the model's first step"),
+        (3, True, "the model's first step left 3 parameter(s) without a gradient"),
+    ],
+)
+def test_unused_parameters_as_the_first_step_found_them(
+    unused: int | None, value: bool, says: str
+) -> None:
+    finding = _ddp(Measurements(unused_parameters=unused))["ddp.find_unused_parameters"]
+    assert finding.value is value
+    assert says in finding.reason
+
+
+# --- the ranks a node can run -------------------------------------------------------------------
+
+
+def test_two_ranks_on_one_gpu_are_refused_in_one_line() -> None:
+    one_gpu = build_profile(snapshot("h100-80gb-hbm3"), preferences=Preferences())
+    with pytest.raises(LaunchError) as raised:
+        check_ranks(2, one_gpu)
+    assert str(raised.value) == (
+        "2 training processes on this node but 1 GPU(s): NCCL refuses two ranks on one GPU (one"
+        " process drives one GPU); start one per GPU: torchrun --nproc-per-node=1 (or autotune"
+        " --nproc-per-node 1)"
+    )
+    assert raised.value.exit_code == EXIT_USAGE
+
+
+def test_one_rank_per_gpu_and_ranks_on_the_cpu_run() -> None:
+    check_ranks(8, build_profile(snapshot("a100-sxm4-80gb-8x"), preferences=Preferences()))
+    check_ranks(2, build_profile(snapshot("cpu-laptop-linux"), preferences=Preferences()))
+
+
+# --- the launcher's command line, and who says what ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "kept"),
+    [
+        (["-m", "mlp", "--nproc-per-node", "2"], ["-m", "mlp"]),
+        (["--nproc-per-node=2", "--budget", "30"], ["--budget", "30"]),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--no-save"], ["--no-save"]),
+    ],
+)
+def test_the_ranks_run_the_command_line_less_the_launch_options(
+    arguments: list[str], kept: list[str]
+) -> None:
+    assert without_launch_options(arguments) == kept
+
+
+def test_several_nodes_get_the_torchrun_line_each_runs() -> None:
+    done = CliRunner().invoke(
+        cli,
+        ["-m", "resnet50", "--nproc-per-node", "8", "--nnodes", "4", "--rdzv-endpoint", "n1:29500"],
+    )
+    assert done.exit_code == 0, done.output
+    line = (
+        "torchrun --nnodes=4 --nproc-per-node=8 --rdzv-backend=c10d --rdzv-endpoint=n1:29500 "
+        "--rdzv-id=autotune --max-restarts=0 -m torch_autotune -m resnet50"
+    )
+    assert done.output.splitlines() == [
+        "# run on each of the 4 nodes (the same line), e.g. under SLURM:",
+        f"# srun --nodes=4 --ntasks-per-node=1 {line}",
+        line,
+    ]
+
+
+def test_nproc_per_node_inside_a_torchrun_rank_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in TORCHRUN_2.items():
+        monkeypatch.setenv(name, value)
+    done = CliRunner().invoke(cli, ["-m", "mlp", "--nproc-per-node", "2"])
+    assert done.exit_code == EXIT_USAGE
+    assert "already one of torchrun's ranks" in done.output
+
+
+def test_who_says_what(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(LAUNCHED, raising=False)
+    killed = RankFailedError("a rank stopped without a word")
+    said = RankFailedError("rank 1 failed: ...", said=True)
+    assert not quiet_rank(None)  # one process: everything
+    assert quiet_rank(RANK_1)  # a rank other than 0 reports nothing
+    assert not quiet_rank(RANK_0)
+    assert quiet_rank(RANK_1, LaunchError("two ranks on one GPU"))  # rank 0 says it
+    assert not quiet_rank(RANK_0, LaunchError("two ranks on one GPU"))
+    assert not quiet_rank(RANK_0, killed)  # no one else can say it
+    assert quiet_rank(RANK_0, said)  # rank 1 said it itself
+    monkeypatch.setenv(LAUNCHED, "1")
+    assert quiet_rank(RANK_0, killed)  # the launcher says it
+
+
+# --- the store and recommend() under torchrun ---------------------------------------------------
+
+
+def _job_profile(world: int) -> Profile:
+    """A measured profile of ``world`` ranks (1: one process) on the laptop's fingerprint."""
+    return measured(snapshot("cpu-laptop-linux"), workload="mlp") if world == 1 else _ranks(world)
+
+
+def _ranks(world: int) -> Profile:
+    """A profile of a job of ``world`` ranks, measured as the laptop's single process was."""
+    machine = snapshot("cpu-laptop-linux")
+    alone = measured(machine, workload="mlp")
+    preferences = alone.provenance.preferences.model_copy(update={"processes_per_node": world})
+    assert alone.evidence is not None
+    return build_profile(
+        machine,
+        Measurements(batch_size=alone.evidence.batch_size, num_workers=0),
+        preferences,
+        evidence=alone.evidence,
+    )
+
+
+def test_a_jobs_profile_is_stored_beside_the_single_process_one(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path)
+    alone, job = _job_profile(1), _job_profile(2)
+    fingerprint = alone.provenance.fingerprint
+    assert store.save(alone) == tmp_path / "profiles" / fingerprint / "mlp.json"
+    assert store.save(job) == tmp_path / "profiles" / fingerprint / "world-2" / "mlp.json"
+    assert (tmp_path / "profiles" / fingerprint / "world-2.json").exists()
+    assert store.load(fingerprint, "mlp") == alone  # the job did not replace it
+    assert store.load(fingerprint, "mlp", world=2) == job
+    assert store.load(fingerprint, world=2) == job
+    assert store.load(fingerprint, "mlp", world=4) is None
+
+
+def test_recommend_under_torchrun_returns_the_jobs_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ProfileStore(tmp_path).save(_job_profile(1))
+    ProfileStore(tmp_path).save(_job_profile(2))
+    for name, value in TORCHRUN_2.items():
+        monkeypatch.setenv(name, value)
+    machine = RecordedMachine(snapshot("cpu-laptop-linux"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        profile = recommend(workload="mlp", store=tmp_path, machine=machine)
+    assert profile.topology.world_size == 2
+
+
+def test_recommend_under_torchrun_warns_where_only_one_processs_profile_is_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alone = _job_profile(1)
+    ProfileStore(tmp_path).save(alone)
+    for name, value in TORCHRUN_2.items():
+        monkeypatch.setenv(name, value)
+    machine = RecordedMachine(snapshot("cpu-laptop-linux"))
+    with pytest.warns(WorldSizeWarning, match="no profile for a job of 2 ranks is stored"):
+        profile = recommend(workload="mlp", store=tmp_path, machine=machine)
+    assert profile == alone
+
+
+def test_recommend_under_torchrun_with_nothing_stored_gives_the_jobs_rules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in TORCHRUN_2.items():
+        monkeypatch.setenv(name, value)
+    profile = recommend(store=tmp_path, machine=RecordedMachine(snapshot("cpu-laptop-linux")))
+    assert not profile.measured
+    assert (profile.topology.world_size, profile.topology.backend) == (2, "gloo")
+    assert profile.settings.ddp.gradient_as_bucket_view
+
+
+# --- the summary's ranks row --------------------------------------------------------------------
+
+
+def test_the_summary_says_the_global_batch_and_the_scaling() -> None:
+    job = _ranks(2)
+    assert job.evidence is not None
+    record = RanksRecord(
+        world_size=2,
+        nodes=1,
+        backend="gloo",
+        devices=("cpu", "cpu"),
+        group_samples_per_s=9000.0,
+        one_rank_samples_per_s=5000.0,
+        unused_parameters=0,
+        wait_s=130.0,
+    )
+    job = job.model_copy(update={"evidence": job.evidence.model_copy(update={"ranks": record})})
+    out = io.StringIO()
+    render_run(job, Console(file=out, width=400, color_system=None), saved=None)
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("ranks "))
+    assert row.split(None, 1)[1] == (
+        "2 (1 node x 2, gloo, cpu); batch 256 a rank, 512 a step together, 9,000 samples/s "
+        "together, 0.90 of 2 x rank 0 alone (5,000 samples/s); DDP: gradient_as_bucket_view"
+    )
+    assert record.scaling_efficiency == pytest.approx(0.9)

@@ -1,0 +1,137 @@
+"""Several ranks on this CPU over gloo: ``torchrun -m torch_autotune`` and ``autotune
+--nproc-per-node 2`` tune a built-in and a user's model (dict batches, two inputs, BatchNorm, a
+parameter no step uses) as one job; a rank that runs out of memory at a size the other fits,
+one that is killed and one whose model raises end the job within bounds, with one message.
+
+System tier: the installed package in subprocesses, as a user runs it. Each job has a short
+budget; together these take about a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import env_importing_from
+from tests.ranks_workloads import KILLED_AT, OOM_ABOVE
+from torch_autotune.profile import Profile
+
+pytestmark = pytest.mark.system
+
+ROOT = Path(__file__).resolve().parent.parent
+BOUND_S = 90.0  # a job that hangs is killed here, and fails the test
+HEADER = "torch-autotune: measured profile"
+
+
+def _job(*args: str, store: Path, torchrun: bool) -> subprocess.CompletedProcess[str]:
+    """A job of two ranks from the checkout's root (where ``tests.ranks_workloads`` imports),
+    started by torchrun or by ``autotune --nproc-per-node 2``; ``_took[0]``: its seconds."""
+    tune = ["--store", str(store), *args]
+    if torchrun:
+        start = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
+        start += ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--max-restarts=0"]
+        command = [*start, "-m", "torch_autotune", *tune]
+    else:
+        command = [sys.executable, "-m", "torch_autotune", "--nproc-per-node", "2", *tune]
+    began = time.monotonic()
+    done = subprocess.run(
+        command,
+        cwd=ROOT,
+        env=env_importing_from(ROOT / "src", OMP_NUM_THREADS="1"),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+    )
+    _took[:] = [time.monotonic() - began]
+    return done
+
+
+_took: list[float] = [0.0]
+
+
+def _saved(store: Path) -> list[Profile]:
+    """Every profile the job saved, each once (the machine's and the workload's files)."""
+    paths = sorted((store / "profiles").rglob("*.json"))
+    texts = {path.read_text(encoding="utf-8") for path in paths}
+    return [Profile.model_validate(json.loads(text)) for text in texts]
+
+
+@pytest.mark.parametrize("torchrun", [True, False], ids=["torchrun", "--nproc-per-node"])
+@pytest.mark.parametrize(
+    "workload", ["mlp", "tests.ranks_workloads:user_model"], ids=["built-in", "user model"]
+)
+def test_two_ranks_tune_as_one_job(workload: str, torchrun: bool, tmp_path: Path) -> None:
+    done = _job("-m", workload, "--budget", "10", store=tmp_path, torchrun=torchrun)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count(HEADER) == 1  # rank 0 reports; rank 1 says nothing
+    assert "Traceback" not in done.stderr
+    (profile,) = _saved(tmp_path)  # one profile for the job, in the job's files only
+    assert profile.topology.world_size == 2
+    assert profile.topology.backend == "gloo"
+    files = sorted(p.relative_to(tmp_path / "profiles") for p in tmp_path.rglob("*.json"))
+    assert all(part.startswith("world-2") for f in files for part in f.parts[1:2])
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.ranks is not None
+    assert evidence.ranks.devices == ("cpu", "cpu")
+    assert profile.settings.ddp.gradient_as_bucket_view
+    # the user's model declares a layer it never calls: its first step found it, DDP walks it
+    unused = workload != "mlp"
+    assert evidence.ranks.unused_parameters == (2 if unused else 0)
+    assert profile.settings.ddp.find_unused_parameters is unused
+    ranks_row = next(line for line in done.stdout.splitlines() if line.startswith("ranks "))
+    batch = profile.settings.batch.batch_size
+    assert batch is not None
+    assert f"batch {batch} a rank, {2 * batch} a step together" in ranks_row
+
+
+def test_a_rank_out_of_memory_at_a_size_the_other_fits_sets_the_largest(tmp_path: Path) -> None:
+    """Rank 1 runs out of memory above 48; rank 0 would train up to the CPU cap (512). The
+    largest batch is rank 1's, and nothing hangs."""
+    workload = "tests.ranks_workloads:oom_on_rank_1"
+    done = _job("-m", workload, "--budget", "10", store=tmp_path, torchrun=False)
+    assert done.returncode == 0, done.stderr
+    (profile,) = _saved(tmp_path)
+    assert profile.evidence is not None
+    assert profile.evidence.max_batch_size == OOM_ABOVE
+    batch = profile.settings.batch.batch_size
+    assert batch is not None
+    assert batch <= OOM_ABOVE
+    assert f"largest batch       {OOM_ABOVE} (limited by memory" in done.stdout
+
+
+@pytest.mark.parametrize("torchrun", [False, True], ids=["--nproc-per-node", "torchrun"])
+def test_a_killed_rank_ends_the_job_within_its_bound(torchrun: bool, tmp_path: Path) -> None:
+    """Rank 1 is killed (SIGKILL) at its first batch of 64: the job ends within seconds, not at
+    a timeout, nothing is saved, and no rank prints a traceback."""
+    workload = "tests.ranks_workloads:killed_rank_1"
+    done = _job("-m", workload, "--budget", "30", store=tmp_path, torchrun=torchrun)
+    assert done.returncode != 0
+    assert _took[0] < 30.0  # well before the budget, let alone the wait's bound (budget + 120 s)
+    assert not (tmp_path / "profiles").exists()
+    if not torchrun:  # torchrun's own summary names the rank where it started the job
+        errors = [line for line in done.stderr.splitlines() if "error" in line]
+        assert errors == [
+            "autotune: error: rank 1 (local rank 1) was ended by SIGKILL while the ranks "
+            "probed together; the others were stopped"
+        ], done.stderr
+        assert done.returncode == 6
+    assert KILLED_AT == 64
+
+
+def test_a_rank_whose_model_raises_shows_its_traceback_and_one_line(tmp_path: Path) -> None:
+    workload = "tests.ranks_workloads:raising_rank_1"
+    done = _job("-m", workload, "--budget", "30", store=tmp_path, torchrun=False)
+    assert done.returncode == 5
+    assert done.stderr.count("Traceback (most recent call last)") == 1  # rank 1's, the user's
+    errors = [line for line in done.stderr.splitlines() if line.startswith("autotune: error")]
+    assert errors == [
+        "autotune: error: rank 1: the training step raised ValueError: rank 1 cannot take batch 512"
+    ]
+    assert not (tmp_path / "profiles").exists()
