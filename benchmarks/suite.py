@@ -126,7 +126,11 @@ def _markdown(machine: dict[str, Any], tiers: list[dict[str, Any]], extra: list[
         f"{machine['cuda']}, cuDNN {machine['cudnn']}, Triton {machine['triton']}, "
         f"torch-autotune {machine['torch_autotune']} (from the {machine['installed']}); "
         f"{machine['date']}.",
-        *(["", f"Every tier ran with `{' '.join(extra)}`."] if extra else []),
+        *(
+            ["", f"Every tier ran with `{' '.join(extra)}` (the GPU tier without `-n`)."]
+            if extra
+            else []
+        ),
         "",
         "| tier | `-m` | passed | failed | errors | skipped | wall s |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -147,6 +151,21 @@ def _markdown(machine: dict[str, Any], tiers: list[dict[str, Any]], extra: list[
     return "\n".join(lines) + "\n"
 
 
+def _serial(extra: list[str]) -> list[str]:
+    """``extra`` without pytest-xdist's ``-n N``: the GPU tier's tests share one device, and
+    one's allocations would move another's memory limit and timings."""
+    kept: list[str] = []
+    skip = False
+    for word in extra:
+        if skip:
+            skip = False
+        elif word in ("-n", "--numprocesses"):
+            skip = True
+        elif not word.startswith(("-n=", "--numprocesses=")) and not re.fullmatch(r"-n\d+", word):
+            kept.append(word)
+    return kept
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiers", nargs="+", choices=list(TIERS), default=list(TIERS))
@@ -164,7 +183,8 @@ def main() -> int:
     for name in args.tiers:
         print(f"suite: {name} tier (-m '{TIERS[name]}') ...", file=sys.stderr, flush=True)
         log = args.out / f"suite_{slug}_{name}.log"
-        tiers.append(_run_tier(name, TIERS[name], args.pytest_args, log))
+        extra = _serial(args.pytest_args) if name == "gpu" else args.pytest_args
+        tiers.append(_run_tier(name, TIERS[name], extra, log))
     result = {"benchmark": "suite", "machine": machine, "pytest_args": args.pytest_args}
     result["tiers"] = tiers
     (args.out / f"suite_{slug}.json").write_text(json.dumps(result, indent=2) + "\n")

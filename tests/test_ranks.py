@@ -42,7 +42,8 @@ def _job(*args: str, store: Path, torchrun: bool) -> subprocess.CompletedProcess
     done = subprocess.run(
         command,
         cwd=ROOT,
-        env=env_importing_from(ROOT / "src", OMP_NUM_THREADS="1"),
+        # the CPU over gloo on any machine: a GPU machine's one GPU would refuse two ranks
+        env=env_importing_from(ROOT / "src", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
         check=False,
         capture_output=True,
         text=True,
