@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from torch_autotune.apply import apply_environment
+from torch_autotune.apply import apply_environment, apply_flags, global_flags, restore_flags
 from torch_autotune.errors import LateEnvironmentWarning
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Mode, Preferences, Profile
@@ -116,6 +116,23 @@ def test_tf32_uses_only_the_api_the_profile_names(
     profile.apply()
     assert torch.backends.cuda.matmul.fp32_precision == "tf32"
     assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+
+
+def test_the_flags_are_read_and_put_back_after_a_profile_set_tf32_the_new_way(
+    torch_state: None, cuda_not_started: None
+) -> None:
+    """Found on an H100 with torch 2.11: once a profile set TF32 through fp32_precision,
+    torch.get_float32_matmul_precision() raises ("mix of the legacy and new APIs"), and the
+    workers phase, which saves the flags again, failed the whole run."""
+    h100 = profile_for("h100-80gb-hbm3")
+    newer = h100.provenance.snapshot.software.model_copy(update={"torch_version": "2.9.0+cu128"})
+    profile = build_profile(h100.provenance.snapshot.model_copy(update={"software": newer}))
+    before = global_flags(torch)
+    apply_flags(profile.settings, threads=False)
+    during = global_flags(torch)  # raised here
+    assert during["fp32_precision"] == ("tf32", "tf32", "tf32")
+    restore_flags(torch, before)
+    assert global_flags(torch) == before
 
 
 def test_channels_last_is_applied_to_a_conv_model() -> None:

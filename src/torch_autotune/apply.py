@@ -120,10 +120,11 @@ def global_flags(torch: Any) -> dict[str, Any]:
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "deterministic.warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
         "num_threads": torch.get_num_threads(),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
     matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9: read the new API only (catalog B2)
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9: read the new API only (catalog B2):
+        # get_float32_matmul_precision() raises once a profile set it ("mix of the legacy and
+        # new APIs"; seen on an H100 with torch 2.11, where the workers phase read the flags)
         flags["fp32_precision"] = (
             matmul.fp32_precision,
             torch.backends.cudnn.conv.fp32_precision,
@@ -131,6 +132,7 @@ def global_flags(torch: Any) -> dict[str, Any]:
         )
     else:
         flags["allow_tf32"] = (matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        flags["float32_matmul_precision"] = torch.get_float32_matmul_precision()
     return flags
 
 
