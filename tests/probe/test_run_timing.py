@@ -13,6 +13,7 @@ from tests.probe.fake_trials import cpu_machine, recorded, tune_on
 from torch_autotune.api import tune
 from torch_autotune.errors import ProbeError
 from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.probe.guard import NEAR_TIME_GUARD, TIME_GUARD
 from torch_autotune.probe.judge import payoff_minutes
 from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
 from torch_autotune.probe.trials import StepSettings
@@ -180,6 +181,30 @@ def test_a_size_too_slow_for_the_time_left_is_skipped_with_its_prediction() -> N
     assert evidence.limit_reason is not None
     assert "predicted" in evidence.limit_reason or "spent" in evidence.limit_reason
     assert evidence.elapsed_s <= evidence.budget_s
+
+
+def test_a_size_refused_beside_one_refused_for_time_says_so() -> None:
+    """Found on an H100 (its GPU tier): a size within 25% of the largest that ran, beside a
+    smaller size refused for time, was recorded as refused for time with no prediction, as if
+    its own prediction had refused it. A slow decoder-like step on the recorded H100, 110 s."""
+    machine = SimulatedMachine(
+        fixed_s=0.0355, per_sample_s=0.424, first_s=3.82, limit=8458, compile_s=7.96, leaves=1
+    )
+    profile = _tune(machine, snapshot=recorded("h100-80gb-hbm3"), budget_s=110.3)
+    evidence = profile.evidence
+    assert evidence is not None
+    by_time = [t for t in evidence.search if t.step == TIME_GUARD]
+    beside = [t for t in evidence.search if t.step == NEAR_TIME_GUARD]
+    assert by_time
+    assert beside
+    for record in by_time:  # refused by its own prediction: the record gives it
+        assert record.predicted_s is not None
+        assert record.left_s is not None
+    for record in beside:  # a size refused for time lies within 25% of the largest that ran
+        refused = [t.batch_size for t in by_time if t.variant == record.variant]
+        ran = [t.batch_size for t in evidence.search if t.fits and t.variant == record.variant]
+        assert min(refused) <= 1.25 * max(ran) < 1.25 * record.batch_size
+        assert record.predicted_s is not None
 
 
 def test_the_cpu_search_reaches_the_cap() -> None:

@@ -17,6 +17,7 @@ from torch_autotune.profile import EAGER, SearchTrialRecord
 EXTRAPOLATE = 4  # a time prediction past 4x the largest measured size is checked first
 CLOSE_ENOUGH = 1.25  # a time-limited search stops within 25% of the size refused for time
 TIME_GUARD = "time-guard (not run)"
+NEAR_TIME_GUARD = "time-guard (not run: within 25% of the largest that ran, beside a size refused)"
 
 
 class OutOfTime(Exception):
@@ -114,8 +115,12 @@ class SearchGuard:
                 and ran
                 and batch_size > max(ran)
                 and min(refused) <= CLOSE_ENOUGH * max(ran)
-            ):
-                return refused_record(batch_size, TIME_GUARD, left_s=left)
+            ):  # not refused by its own prediction: the step says by what
+                needed = self.needed_s(batch_size)
+                predicted = None if needed is None else needed[0]
+                return refused_record(
+                    batch_size, NEAR_TIME_GUARD, predicted_s=predicted, left_s=left
+                )
             needed = self.needed_s(batch_size)
             if needed is None or needed[1] <= left:
                 return None
