@@ -29,6 +29,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,10 +132,24 @@ def _no_real_hardware(
     torch = _torch()
     if torch is not None:
         for name in ("_lazy_init", "init", "mem_get_info"):
-            monkeypatch.setattr(torch.cuda, name, _refuse("CUDA"))
-        monkeypatch.setattr(torch.cuda, "is_available", _no_gpu_for_torch("is_available", False))
-        monkeypatch.setattr(torch.cuda, "device_count", _no_gpu_for_torch("device_count", 0))
+            _guard_everywhere(monkeypatch, torch, name, _refuse("CUDA"))
+        _guard_everywhere(
+            monkeypatch, torch, "is_available", _no_gpu_for_torch("is_available", False)
+        )
+        _guard_everywhere(monkeypatch, torch, "device_count", _no_gpu_for_torch("device_count", 0))
     yield
+
+
+def _guard_everywhere(monkeypatch: pytest.MonkeyPatch, torch: Any, name: str, guard: Any) -> None:
+    """``torch.cuda.<name>`` replaced by ``guard``, and so is every binding of it that torch's
+    own modules made at import (``torch.cuda.random`` imports ``device_count`` and
+    ``_lazy_init`` by name): on a real GPU machine those answered 1 GPU to torch's seeding
+    while CUDA passed for started and had no generators, an IndexError in 4 tests on an H100."""
+    real = getattr(torch.cuda, name)
+    monkeypatch.setattr(torch.cuda, name, guard)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("torch.cuda.") and getattr(module, name, None) is real:
+            monkeypatch.setattr(module, name, guard)
 
 
 def as_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
