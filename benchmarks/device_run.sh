@@ -14,7 +14,6 @@ export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     python3 -c 'import sys, torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "triton", triton.__version__, "python", sys.version.split()[0])'
-    git log -1 --format='torch-autotune at %h (%s)' 2>/dev/null || true
 } > "$out/device.txt" 2>&1
 cat "$out/device.txt"
 
