@@ -4,11 +4,13 @@ job profiles by world size and ``recommend()`` under torchrun, the summary's ran
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,11 +18,20 @@ from rich.console import Console
 
 from tests.rules.helpers import context_with, run, snapshot
 from tests.test_bench import measured
+from tests.test_integrations import no_cuda  # noqa: F401  # a fixture: libraries ask torch
 from torch_autotune.api import recommend
 from torch_autotune.cli import cli
 from torch_autotune.cli.launch import LAUNCHED, quiet_rank, without_launch_options
 from torch_autotune.detect import RecordedMachine
 from torch_autotune.errors import EXIT_USAGE, LaunchError, RankFailedError, WorldSizeWarning
+from torch_autotune.integrations import (
+    hf_notes,
+    hf_training_arguments,
+    lightning_notes,
+    lightning_trainer_kwargs,
+    render_accelerate,
+    render_lightning,
+)
 from torch_autotune.launch import Ranks
 from torch_autotune.probe.combine import combine_fed, combine_loads, combine_points, combine_trials
 from torch_autotune.probe.fed import FedTrial
@@ -317,3 +328,75 @@ def test_the_summary_says_the_global_batch_and_the_scaling() -> None:
         "together, 0.90 of 2 x rank 0 alone (5,000 samples/s); DDP: gradient_as_bucket_view"
     )
     assert record.scaling_efficiency == pytest.approx(0.9)
+
+
+# --- the job's exports --------------------------------------------------------------------------
+
+
+def _eight_by_two(*, unused: int = 0) -> Profile:
+    """A measured profile of 2 nodes of 8 A100s whose first step left ``unused`` parameters."""
+    alone = measured("a100-sxm4-80gb-8x", workload="mlp")
+    preferences = alone.provenance.preferences.model_copy(update={"nodes": 2})
+    assert alone.evidence is not None
+    return build_profile(
+        alone.provenance.snapshot,
+        Measurements(batch_size=alone.evidence.batch_size, num_workers=4, unused_parameters=unused),
+        preferences,
+        evidence=alone.evidence,
+    )
+
+
+def test_lightning_gets_the_strategy_the_devices_and_the_nodes() -> None:
+    kwargs = lightning_trainer_kwargs(_eight_by_two())
+    assert (kwargs["devices"], kwargs["num_nodes"], kwargs["strategy"]) == (8, 2, "ddp")
+    unused = lightning_trainer_kwargs(_eight_by_two(unused=2))
+    assert unused["strategy"] == "ddp_find_unused_parameters_true"
+    note = next(n for n in lightning_notes(_eight_by_two()) if "DDPStrategy" in n)
+    assert "DDPStrategy(gradient_as_bucket_view=True)" in note
+    assert "strategy" not in lightning_trainer_kwargs(measured("h100-80gb-hbm3"))
+
+
+@pytest.mark.slow  # imports Lightning and builds a Trainer: seconds
+@pytest.mark.usefixtures("no_cuda")
+def test_lightnings_trainer_takes_a_jobs_strategy(tmp_path: Path) -> None:
+    """Lightning's DDP over gloo on this CPU, 2 devices: built, not launched."""
+    lightning = pytest.importorskip("lightning.pytorch")
+    job = _ranks(2)
+    kwargs = yaml.safe_load(render_lightning(job))["trainer"]
+    assert (kwargs["accelerator"], kwargs["devices"], kwargs["strategy"]) == ("cpu", 2, "ddp")
+    trainer = lightning.Trainer(**kwargs, default_root_dir=tmp_path, logger=False)
+    assert type(trainer.strategy).__name__ == "DDPStrategy"
+    assert trainer.num_devices == 2
+    assert trainer.num_nodes == 1
+
+
+def test_accelerate_counts_every_machines_processes(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    job = _eight_by_two()
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(render_accelerate(job))
+    config = load_config_from_file(str(path))
+    assert config.distributed_type is DistributedType.MULTI_GPU
+    assert (config.num_processes, config.num_machines) == (16, 2)
+    assert "DistributedDataParallelKwargs(gradient_as_bucket_view=True)" in path.read_text()
+    assert "machine_rank and main_process_ip" in path.read_text()
+
+
+def test_training_arguments_take_the_jobs_ddp_options() -> None:
+    transformers = pytest.importorskip("transformers")
+    kwargs = hf_training_arguments(_ranks(2))
+    assert kwargs["ddp_backend"] == "gloo"
+    assert kwargs["ddp_find_unused_parameters"] is False
+    assert kwargs["ddp_static_graph"] is False
+    # built under torchrun only (with ddp_backend it sets up the process group): its fields
+    fields = {f.name: f for f in dataclasses.fields(transformers.TrainingArguments)}
+    assert set(kwargs) <= set(fields)
+    backends = fields["ddp_backend"].metadata.get("choices", ["gloo", "nccl"])
+    assert {"gloo", "nccl"} <= set(backends)
+    assert any("gradient_as_bucket_view" in note for note in hf_notes(_ranks(2)))
+    gpu_job = hf_training_arguments(_eight_by_two(unused=1))
+    assert (gpu_job["ddp_backend"], gpu_job["ddp_find_unused_parameters"]) == ("nccl", True)
+    assert "ddp_backend" not in hf_training_arguments(measured("h100-80gb-hbm3"))

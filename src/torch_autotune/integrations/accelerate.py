@@ -11,7 +11,6 @@ from torch_autotune.integrations.common import (
     header,
     line,
     notes,
-    process_count,
     to_yaml,
 )
 from torch_autotune.records import Export
@@ -24,9 +23,12 @@ _ACCELERATE_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
 
 
 def accelerate_config(profile: Profile) -> dict[str, Any]:
-    """An accelerate config file's content (``accelerate config``'s keys, one machine)."""
+    """An accelerate config file's content (``accelerate config``'s keys): ``num_processes``
+    every machine's processes, ``num_machines`` the job's nodes; on several machines each sets
+    its own ``machine_rank`` and the first one's address (``main_process_ip``)."""
     s = profile.settings
-    processes = process_count(profile)
+    topology = profile.topology
+    processes = topology.world_size  # accelerate counts every machine's processes
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "debug": False,
@@ -35,7 +37,7 @@ def accelerate_config(profile: Profile) -> dict[str, Any]:
         "enable_cpu_affinity": False,
         "machine_rank": 0,
         "main_training_function": "main",
-        "num_machines": 1,
+        "num_machines": topology.nodes,
         "num_processes": processes,
         "rdzv_backend": "static",
         "same_network": True,
@@ -79,6 +81,24 @@ def render_accelerate(profile: Profile) -> str:
 
 _BATCH = "DataLoader(dataset, batch_size={}) (profile.batch_size)"
 
+
+def _accelerate_ddp(profile: Profile) -> str | None:
+    """DDP's options, which accelerate takes in code only (its config file has no key)."""
+    options = [f"{name}=True" for name, on in profile.settings.ddp.model_dump().items() if on]
+    if not options:
+        return None
+    machines = profile.topology.nodes
+    where = (
+        f"; on each of the {machines} machines set machine_rank and main_process_ip (the first"
+        " machine's address) in its copy of this file"
+        if machines > 1
+        else ""
+    )
+    return (
+        f"Accelerator(kwargs_handlers=[DistributedDataParallelKwargs({', '.join(options)})]){where}"
+    )
+
+
 ACCELERATE: Mapping[str, Export] = {
     "device": Export(itself="use_cpu, gpu_ids and the processes: accelerate_config"),
     "precision": always(
@@ -92,6 +112,7 @@ ACCELERATE: Mapping[str, Export] = {
         lambda s: None if s.batch.batch_size is None else _BATCH.format(s.batch.batch_size)
     ),
     "compile": Export(args=_accelerate_compile),
+    "ddp": Export(note=_accelerate_ddp),
     "grad_accum_steps": line(
         lambda s: (
             None

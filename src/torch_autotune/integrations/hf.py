@@ -27,7 +27,8 @@ def hf_training_arguments(profile: Profile) -> dict[str, Any]:
     Keys appear only when the profile decides them: ``tf32`` is True or None (None leaves
     torch's defaults), persistent workers and prefetch only with workers, the batch size only
     when the probe measured one, the seed only when the profile fixes one, ``optim`` only where
-    the profile decided the optimizer's kernel (``hf_optim``).
+    the profile decided the optimizer's kernel (``hf_optim``), the ``ddp_*`` arguments only in
+    a job's profile (several ranks; the batch is per device).
     """
     return {**arguments(profile, HF), "use_cpu": profile.settings.device == "cpu"}
 
@@ -126,6 +127,31 @@ def render_hf(profile: Profile) -> str:
     return json.dumps(hf_training_arguments(profile), indent=2) + "\n"
 
 
+def _hf_ddp(profile: Profile) -> dict[str, Any]:
+    """The ``ddp_*`` arguments: the back end of a job's profile (several ranks), the unused
+    parameters and the static graph wherever the profile says (the Trainer wraps the model in
+    DDP itself under torchrun)."""
+    topology, ddp = profile.topology, profile.settings.ddp
+    args: dict[str, Any] = {}
+    if topology.world_size > 1:
+        args["ddp_backend"] = topology.backend
+    if topology.world_size > 1 or ddp.find_unused_parameters or ddp.static_graph:
+        args["ddp_find_unused_parameters"] = ddp.find_unused_parameters
+        args["ddp_static_graph"] = ddp.static_graph
+    return args
+
+
+def _hf_ddp_note(profile: Profile) -> str | None:
+    """gradient_as_bucket_view, which TrainingArguments has no argument for."""
+    if not profile.settings.ddp.gradient_as_bucket_view:
+        return None
+    return (
+        "gradient_as_bucket_view: TrainingArguments has no argument for it; the Trainer's"
+        " accelerate takes it as Accelerator(kwargs_handlers=[DistributedDataParallelKwargs("
+        "gradient_as_bucket_view=True)]) in a subclass's create_accelerator_and_postprocess()"
+    )
+
+
 HF: Mapping[str, Export] = {
     "device": Export(itself="use_cpu: hf_training_arguments"),
     "precision": Export(args=_hf_precision),
@@ -155,5 +181,6 @@ HF: Mapping[str, Export] = {
     "seed_workers": Export(itself="the Trainer seeds its DataLoader's workers"),
     "determinism": always(lambda s: {"full_determinism": s.backends.deterministic_algorithms}),
     "seed": always(lambda s: {} if s.seed is None else {"seed": s.seed}),
+    "ddp": Export(args=_hf_ddp, note=_hf_ddp_note),
 }
 """What ``TrainingArguments`` writes for each setting, by record name (``Export``)."""

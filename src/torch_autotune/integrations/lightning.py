@@ -32,12 +32,32 @@ def lightning_trainer_kwargs(profile: Profile) -> dict[str, Any]:
 
     ``precision`` is the mixed form (``bf16-mixed``/``16-mixed``, weights stay float32, a
     GradScaler comes with 16-mixed), as the profile's autocast is; ``32-true`` without AMP.
+    A job's profile (several ranks) adds ``strategy`` (DDP, with the unused parameters its
+    first step found) and ``num_nodes``; ``devices`` is the ranks on each node.
     """
-    return {
+    kwargs: dict[str, Any] = {
         "accelerator": _LIGHTNING_ACCELERATOR[profile.settings.device],
         "devices": process_count(profile),
-        **arguments(profile, LIGHTNING),
     }
+    topology = profile.topology
+    if topology.world_size > 1:  # a job: Lightning's DDP, on every node
+        unused = profile.settings.ddp.find_unused_parameters
+        kwargs["strategy"] = "ddp_find_unused_parameters_true" if unused else "ddp"
+        kwargs["num_nodes"] = topology.nodes
+    return {**kwargs, **arguments(profile, LIGHTNING)}
+
+
+def _lightning_ddp(profile: Profile) -> str | None:
+    """DDP's options a strategy string cannot carry (Lightning passes DDPStrategy's keyword
+    arguments on to DistributedDataParallel)."""
+    ddp = profile.settings.ddp
+    if not (ddp.gradient_as_bucket_view or ddp.static_graph):
+        return None
+    options = [f"{name}=True" for name, on in ddp.model_dump().items() if on]
+    return (
+        f"Trainer(strategy=DDPStrategy({', '.join(options)})) in code, for the options the"
+        " strategy string cannot carry (lightning.pytorch.strategies.DDPStrategy)"
+    )
 
 
 def _lightning_precision(profile: Profile) -> dict[str, Any]:
@@ -176,5 +196,6 @@ LIGHTNING: Mapping[str, Export] = {
     "seed_workers": Export(covered_by="seed"),
     "determinism": always(lambda s: {"deterministic": s.backends.deterministic_algorithms}),
     "seed": Export(note=_seed),
+    "ddp": Export(note=_lightning_ddp),
 }
 """What Lightning writes for each setting, by record name (``Export``)."""
