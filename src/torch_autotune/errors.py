@@ -6,7 +6,8 @@ exit code. Messages say what happened, why, and what fixes it.
 Exit codes (documented in the README):
     0  success
     1  an unexpected internal error (a bug: please report it with the traceback)
-    2  usage error: unknown option, bad argument (click's own code)
+    2  usage error: unknown option, bad argument (click's own code); ranks a node cannot run,
+       torchrun's variables not as torchrun sets them
     3  an input file is missing, unreadable, or not valid (snapshot, profile)
     4  the profile store cannot be read or written (location, permissions, disk), a stored
        profile is corrupt or was made for another machine, or a write would replace a
@@ -16,7 +17,8 @@ Exit codes (documented in the README):
        training step raises an error that is not out-of-memory (the user's own traceback is
        shown, but for a package their module imports that is not installed)
     6  the probe could not measure: the time budget ran out before a batch finished, or a
-       size that ran no longer runs (the device is shared)
+       size that ran no longer runs (the device is shared), or another rank of the job
+       stopped
   130  interrupted (Ctrl-C): one line, no traceback
   141  standard output was closed early (``autotune show | head -1``): quietly, as a process
        that SIGPIPE ends (128 + 13)

@@ -82,7 +82,7 @@ def cli(  # click passes options by name
     3 an input file is missing or invalid, 4 the profile store cannot be
     read or written (or holds a corrupt or foreign profile, or --save would
     replace a measured one), 5 the workload cannot be built or trained,
-    6 the probe could not measure (no torch, budget too small),
+    6 the probe could not measure (no torch, budget too small, a rank stopped),
     130 interrupted, 141 standard output closed early.
     'autotune diff' exits 1 when the profiles differ, as diff(1).
     """
