@@ -109,3 +109,39 @@ def killed_rank_1() -> dict[str, Any]:
 
 def raising_rank_1() -> dict[str, Any]:
     return _failing("raise")
+
+
+SHARDED_ABOVE = 32
+"""``too_big_for_ddp`` trains sharded (FSDP2) up to this batch; in DDP, not even batch 1."""
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
+
+
+class TooBigForDdp(nn.Module):
+    """Three repeated blocks and a head. Whole on a rank (DDP), it runs out of memory at any
+    batch; sharded over the ranks (FSDP2 swaps its class), up to ``SHARDED_ABOVE``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(_Block(), _Block(), _Block())
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(self, FSDPModule):
+            raise MemoryError("out of memory: the whole model on one rank (simulated)")
+        if x.shape[0] > SHARDED_ABOVE:
+            raise MemoryError(f"out of memory at batch {x.shape[0]}, sharded (simulated)")
+        return self.head(self.blocks(x))
+
+
+def too_big_for_ddp() -> dict[str, Any]:
+    return {"model": TooBigForDdp, "optimizer": _adamw, "example_batch": _mlp_data(8)}

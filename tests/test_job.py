@@ -124,7 +124,7 @@ def _ddp(measurements: Measurements | None = None, **preferences: object) -> dic
 
 def test_one_process_keeps_ddps_defaults_and_says_why() -> None:
     found = _ddp(processes_per_node=1)
-    assert [f.value for f in found.values()] == [False, False, False]
+    assert [f.value for f in found.values()] == [False, False, False, False]
     for finding in found.values():
         assert "one training process" in finding.reason
 
@@ -400,3 +400,82 @@ def test_training_arguments_take_the_jobs_ddp_options() -> None:
     gpu_job = hf_training_arguments(_eight_by_two(unused=1))
     assert (gpu_job["ddp_backend"], gpu_job["ddp_find_unused_parameters"]) == ("nccl", True)
     assert "ddp_backend" not in hf_training_arguments(measured("h100-80gb-hbm3"))
+
+
+# --- FSDP2 where DDP does not fit (DP4) ---------------------------------------------------------
+
+
+def test_a_sharded_job_keeps_ddps_defaults_and_says_why() -> None:
+    reason = "DDP did not train batch 1 on every rank (...); sharded ... was 32"
+    found = _ddp(Measurements(fsdp_reason=reason, unused_parameters=0))
+    assert found["fsdp.enabled"].value is True
+    assert found["fsdp.enabled"].reason == f"on: {reason}"
+    for setting in (
+        "ddp.gradient_as_bucket_view",
+        "ddp.static_graph",
+        "ddp.find_unused_parameters",
+    ):
+        assert found[setting].value is False
+        assert "FSDP2 shards the model in place of DDP (DP4)" in found[setting].reason
+    assert _ddp()["fsdp.enabled"].value is False  # DDP fits: FSDP2 is not measured
+
+
+def test_the_repeated_block_is_what_fsdp2_shards() -> None:
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from tests.ranks_workloads import TooBigForDdp
+    from torch_autotune.apply import repeated_blocks
+
+    model = TooBigForDdp()
+    blocks = repeated_blocks(model)
+    assert [type(b).__name__ for b in blocks] == ["_Block"] * 3  # not their Linear layers
+    assert blocks == list(reversed(list(model.blocks)))  # deepest (last) first
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    assert repeated_blocks(mlp) == [mlp[2], mlp[0]]  # the Linear layers repeat; ReLU holds none
+    assert repeated_blocks(nn.Linear(3, 3)) == []
+    assert torch.is_tensor(next(model.parameters()))
+
+
+def test_a_model_neither_ddp_nor_fsdp2_trains_says_both() -> None:
+    from torch_autotune.errors import DoesNotFitError
+    from torch_autotune.together import _ddp_or_fsdp
+
+    tried: list[bool] = []
+
+    def probe(profile: Profile) -> object:
+        tried.append(profile.settings.fsdp.enabled)
+        message = "the big workload does not train even at batch size 1 on cuda: it runs out"
+        raise DoesNotFitError(message, batch_size=1)
+
+    rules_only = build_profile(snapshot("a100-sxm4-80gb-8x"), preferences=Preferences())
+    with pytest.raises(DoesNotFitError) as raised:
+        _ddp_or_fsdp(probe, rules_only, Ranks(0, 0, 8, 8, 0))  # type: ignore[arg-type]
+    assert tried == [False, True]
+    assert str(raised.value) == (
+        "the big workload does not train even at batch size 1 on cuda in DDP, nor sharded with"
+        " FSDP2 over the 8 ranks (batch 1): it runs out of memory; use a smaller model, more"
+        " ranks or larger devices"
+    )
+    assert raised.value.exit_code == 5
+
+
+def test_the_exports_of_a_sharded_job(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    job = _eight_by_two()
+    settings = job.settings.model_copy(
+        update={"fsdp": job.settings.fsdp.model_copy(update={"enabled": True})}
+    )
+    sharded = job.model_copy(update={"settings": settings})
+    kwargs = lightning_trainer_kwargs(sharded)
+    assert "strategy" not in kwargs  # Lightning's "fsdp" is FSDP1, which was not measured
+    assert any("ModelParallelStrategy" in note for note in lightning_notes(sharded))
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(render_accelerate(sharded))
+    config = load_config_from_file(str(path))
+    assert config.distributed_type is DistributedType.FSDP
+    assert config.fsdp_config["fsdp_version"] == 2
+    assert any("FSDP2" in note for note in hf_notes(sharded))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import env_importing_from
-from tests.ranks_workloads import KILLED_AT, OOM_ABOVE
+from tests.ranks_workloads import KILLED_AT, OOM_ABOVE, SHARDED_ABOVE
 from torch_autotune.profile import Profile
 
 pytestmark = pytest.mark.system
@@ -136,3 +136,24 @@ def test_a_rank_whose_model_raises_shows_its_traceback_and_one_line(tmp_path: Pa
         "autotune: error: rank 1: the training step raised ValueError: rank 1 cannot take batch 512"
     ]
     assert not (tmp_path / "profiles").exists()
+
+
+def test_a_model_ddp_cannot_train_is_sharded_with_fsdp2(tmp_path: Path) -> None:
+    """Whole on a rank it runs out of memory at any batch (DDP); sharded over the two ranks it
+    trains up to 32: the job's profile shards it, with the numbers of both."""
+    workload = "tests.ranks_workloads:too_big_for_ddp"
+    done = _job("-m", workload, "--budget", "15", store=tmp_path, torchrun=False)
+    assert done.returncode == 0, done.stderr
+    (profile,) = _saved(tmp_path)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.ranks is not None
+    assert profile.settings.fsdp.enabled
+    assert evidence.ranks.ddp_did_not_fit == 1
+    assert evidence.max_batch_size == SHARDED_ABOVE
+    assert evidence.ranks.one_rank_samples_per_s is None  # no rank trains it alone
+    decision = profile.decision("fsdp.enabled")
+    assert decision is not None
+    assert decision.reason.startswith("on: DDP did not train batch 1 on every rank")
+    assert f"the largest batch that trained was {SHARDED_ABOVE}" in decision.reason
+    assert "sharded with FSDP2: DDP did not train batch 1 on every rank" in done.stdout

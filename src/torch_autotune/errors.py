@@ -116,6 +116,15 @@ class WorkloadError(AutotuneError):
     exit_code = EXIT_WORKLOAD
 
 
+class DoesNotFitError(WorkloadError):
+    """Not even the smallest batch trains: it runs out of memory (``batch_size``). Where the
+    ranks of a job trained it in DDP, they try FSDP2 next (``together``)."""
+
+    def __init__(self, message: str, *, batch_size: int) -> None:
+        super().__init__(message)
+        self.batch_size = batch_size
+
+
 def user_code_failed(message: str, error: BaseException) -> WorkloadError:
     """The ``WorkloadError`` for ``error``, which the user's own code raised while the workload
     was built (their module, factory, model, optimizer factory or dataset): ``error`` is marked

@@ -251,6 +251,10 @@ class RanksRecord(StrictModel):
         default=None, description="Parameters the model's first step left without a gradient."
     )
     wait_s: float = Field(gt=0, description="The longest any rank waits on another.")
+    ddp_did_not_fit: BatchSize | None = Field(
+        default=None,
+        description="The batch DDP did not train on every rank, where FSDP2 sharded the model.",
+    )
 
     @property
     def scaling_efficiency(self) -> float | None:

@@ -253,22 +253,24 @@ class Profile(StrictModel):
 
     def prepare_model(self, model: Any) -> Any:
         """Apply memory format, then (a job's profile, in a process group of several ranks)
-        DistributedDataParallel with the profile's options, then torch.compile; returns the
-        model to train. A model already wrapped in DDP is not wrapped again."""
-        from torch_autotune.apply import prepare_model, wrap_ddp
+        DDP with the profile's options or FSDP2 where it shards (``parallelize``), then
+        torch.compile; returns the model to train. A model already wrapped is not wrapped
+        again."""
+        from torch_autotune.apply import parallelize, prepare_model
 
         if self.topology.world_size == 1:
             return prepare_model(self.settings, model)
         eager = self.settings.model_copy(update={"compile": Compile()})
-        return prepare_model(self.settings, wrap_ddp(self.settings, prepare_model(eager, model)))
+        return prepare_model(self.settings, parallelize(self.settings, prepare_model(eager, model)))
 
-    def wrap_ddp(self, model: Any) -> Any:
-        """``DistributedDataParallel(model)`` with the profile's DDP options, on the GPU of this
-        rank (call ``torch.cuda.set_device(local_rank)`` first), where a process group of
-        several ranks is initialised; the model as it is otherwise, or already wrapped."""
-        from torch_autotune.apply import wrap_ddp
+    def parallelize(self, model: Any) -> Any:
+        """The model as the job's ranks train it, where a process group of several ranks is
+        initialised: in ``DistributedDataParallel`` with the profile's DDP options, on the GPU
+        of this rank (call ``torch.cuda.set_device(local_rank)`` first), or sharded with FSDP2
+        where the profile says; the model as it is otherwise, or already wrapped."""
+        from torch_autotune.apply import parallelize
 
-        return wrap_ddp(self.settings, model)
+        return parallelize(self.settings, model)
 
 
 def profile_problems(profile: Profile) -> list[str]:

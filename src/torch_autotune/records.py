@@ -45,7 +45,7 @@ AppliedBy = Literal[
     "optimizer_kwargs",
     "autocast",
     "environment",
-    "wrap_ddp",
+    "parallelize",
 ]
 """The profile's helper that applies a setting in a training script (``Profile.apply()``,
 ``Profile.prepare_model()``, ...; ``environment``: ``autotune export --format env``)."""
@@ -57,7 +57,8 @@ _HOW_APPLIED: Mapping[str, str] = {
     "optimizer_kwargs": "the optimizer's **profile.optimizer_kwargs()",
     "autocast": "with profile.autocast():",
     "environment": "source 'autotune export --format env' first",
-    "wrap_ddp": "model = profile.wrap_ddp(model) in each torchrun process",
+    "parallelize": "model = profile.prepare_model(model) in each torchrun process (or"
+    " profile.parallelize(model))",
 }
 
 

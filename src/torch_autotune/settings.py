@@ -139,6 +139,14 @@ class DdpSettings(StrictModel):
     )
 
 
+class FsdpSettings(StrictModel):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) in place of DDP, where the model does not
+    train under DDP even at its smallest batch: each repeated block sharded over the ranks, then
+    the root (``apply.parallelize``)."""
+
+    enabled: bool = False
+
+
 class BatchSettings(StrictModel):
     """Filled by the probe: a batch size is only ever one that ran on this machine."""
 
@@ -174,6 +182,7 @@ class Settings(StrictModel):
     )
     batch: BatchSettings = BatchSettings()
     ddp: DdpSettings = DdpSettings()
+    fsdp: FsdpSettings = FsdpSettings()
 
 
 def _ddp(s: Settings) -> str:
@@ -348,10 +357,21 @@ RECORDS: tuple[SettingRecord, ...] = (
         ("ddp.gradient_as_bucket_view", "ddp.static_graph", "ddp.find_unused_parameters"),
         "DDP",
         _ddp,
-        applied_by="wrap_ddp",
+        applied_by="parallelize",
         summary=False,  # the summary's ranks row says it, where several processes train
         not_ablated="DDP's options: one process trains in the bench, so there is nothing to wrap",
         changed=lambda s: s.ddp != DdpSettings(),
+    ),
+    SettingRecord(
+        "fsdp",
+        ("fsdp.enabled",),
+        "FSDP2",
+        lambda s: "fully_shard (in place of DDP)" if s.fsdp.enabled else "off",
+        applied_by="parallelize",
+        summary=False,  # the summary's ranks row says it, where several processes train
+        memory=True,
+        not_ablated="FSDP2: one process trains in the bench, so there is nothing to shard",
+        changed=lambda s: s.fsdp.enabled,
     ),
     SettingRecord(
         "environment",

@@ -17,9 +17,9 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch_autotune.errors import LaunchError, WorldSizeWarning
+from torch_autotune.errors import DoesNotFitError, LaunchError, WorldSizeWarning
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.invariants import device_accelerators
 from torch_autotune.launch import Ranks, ranks_from_environment
@@ -28,7 +28,11 @@ from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workers_phase import ThreadsFor
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import Preferences, Profile, RanksRecord
+from torch_autotune.settings import FsdpSettings
 from torch_autotune.store import Lookup, ProfileStore
+
+if TYPE_CHECKING:
+    from torch_autotune.probe.run import ProbeResult
 
 WAIT_MARGIN_S = 120.0
 """Beyond the budget, the longest a rank waits on another: a compile or a DataLoader's start on
@@ -76,42 +80,81 @@ def tune_together(
     check_ranks(ranks.local_world_size, rules_only)
     wait_s = budget_s + WAIT_MARGIN_S
     with joined(ranks, rules_only.settings.device, timeout_s=wait_s) as group:
+
+        def runner(chosen: Workload, settings: StepSettings) -> DdpRunner:
+            return DdpRunner(chosen, settings, clock=clock, group=group)
+
         if not ranks.leader:
-            settings: StepSettings = group.broadcast(None)
-            runner = DdpRunner(workload, settings, clock=clock, group=group)
             with preserved(), parked(workload.make_model):
-                profile: Profile = Follower(group, runner).follow()
+                profile: Profile = Follower(group, lambda s: runner(workload, s)).follow()
             return profile
         leaders: list[Leader] = []
 
         def trials(chosen: Workload, settings: StepSettings) -> Trials:
-            group.broadcast(settings)
-            leader = Leader(group, DdpRunner(chosen, settings, clock=clock, group=group))
-            leaders.append(leader)
-            return leader
+            made = runner(chosen, settings)
+            leaders.append(Leader.first(group, made) if not leaders else leaders[-1].again(made))
+            return leaders[-1]
 
-        result = measure(
-            workload,
-            rules_only,
-            budget_s=budget_s,
-            started=started,
-            max_batch_size=max_batch_size,
-            progress=progress,
-            clock=clock,
-            trials=trials,
-            threads_for=threads_for,
-        )
-        leader = leaders[0]
+        def probe(profile: Profile) -> ProbeResult:
+            return measure(
+                workload,
+                profile,
+                budget_s=budget_s,
+                started=started,
+                max_batch_size=max_batch_size,
+                progress=progress,
+                clock=clock,
+                trials=trials,
+                threads_for=threads_for,
+            )
+
+        result, did_not_fit = _ddp_or_fsdp(probe, rules_only, ranks)
         progress("ranks", "rank 0 alone, for the scaling")
         with preserved(), parked(workload.make_model):
-            record = _ranks_record(leader, result.evidence, rules_only, wait_s)
+            record = _ranks_record(leaders[-1], result.evidence, rules_only, wait_s)
+        record = record.model_copy(update={"ddp_did_not_fit": did_not_fit})
         evidence = result.evidence.model_copy(update={"ranks": record})
-        measured = compose.measurements(result).model_copy(
-            update={"unused_parameters": record.unused_parameters}
-        )
-        profile = build(measured, evidence)
-        leader.done(profile)
+        update: dict[str, object] = {"unused_parameters": record.unused_parameters}
+        if did_not_fit is not None:
+            update["fsdp_reason"] = _fsdp_reason(did_not_fit, evidence, ranks.world_size)
+        profile = build(compose.measurements(result).model_copy(update=update), evidence)
+        leaders[-1].done(profile)
         return profile
+
+
+def _ddp_or_fsdp(
+    probe: Callable[[Profile], ProbeResult], rules_only: Profile, ranks: Ranks
+) -> tuple[ProbeResult, int | None]:
+    """The probe in DDP; where not even its smallest batch trains, again sharded with FSDP2
+    (rule DP4); (what it measured, the batch DDP did not train, or None)."""
+    try:
+        return probe(rules_only), None
+    except DoesNotFitError as error:
+        ddp = error
+    settings = rules_only.settings.model_copy(update={"fsdp": FsdpSettings(enabled=True)})
+    try:
+        return probe(rules_only.model_copy(update={"settings": settings})), ddp.batch_size
+    except DoesNotFitError as error:
+        raise DoesNotFitError(
+            f"{str(ddp).partition(':')[0]} in DDP, nor sharded with FSDP2 over the "
+            f"{ranks.world_size} ranks (batch {error.batch_size}): it runs out of memory; use "
+            "a smaller model, more ranks or larger devices",
+            batch_size=error.batch_size,
+        ) from None
+
+
+def _fsdp_reason(did_not_fit: int, evidence: Any, world: int) -> str:
+    """DP4's reason, with the numbers: what DDP could not train, what FSDP2 trained."""
+    text = (
+        f"DDP did not train batch {did_not_fit} on every rank (out of memory: DDP keeps a "
+        f"whole copy of the model, its gradients and optimizer state on each); sharded over "
+        f"the {world} ranks with FSDP2 the largest batch that trained was "
+        f"{evidence.max_batch_size}"
+    )
+    ranks = evidence.ranks
+    if ranks is not None and ranks.group_samples_per_s is not None:
+        text += f", {ranks.group_samples_per_s:,.0f} samples/s together at {evidence.batch_size}"
+    return text
 
 
 def _ranks_record(leader: Any, evidence: Any, rules_only: Profile, wait_s: float) -> RanksRecord:
@@ -130,8 +173,8 @@ def _ranks_record(leader: Any, evidence: Any, rules_only: Profile, wait_s: float
     )
     alone = None
     if point is not None:
-        solo = chosen.alone(evidence.batch_size, seconds=ALONE_S)
-        alone = solo.samples_per_s if solo.fits and solo.samples_per_s else None
+        solo = chosen.alone(evidence.batch_size, seconds=ALONE_S)  # None: sharded
+        alone = solo.samples_per_s if solo and solo.fits and solo.samples_per_s else None
     topology = rules_only.topology
     assert topology.backend is not None  # several ranks: a process group
     return RanksRecord(

@@ -40,10 +40,11 @@ def lightning_trainer_kwargs(profile: Profile) -> dict[str, Any]:
         "devices": process_count(profile),
     }
     topology = profile.topology
-    if topology.world_size > 1:  # a job: Lightning's DDP, on every node
-        unused = profile.settings.ddp.find_unused_parameters
-        kwargs["strategy"] = "ddp_find_unused_parameters_true" if unused else "ddp"
+    if topology.world_size > 1:  # a job: on every node, Lightning's DDP (FSDP2: a note)
         kwargs["num_nodes"] = topology.nodes
+        unused = profile.settings.ddp.find_unused_parameters
+        if not profile.settings.fsdp.enabled:
+            kwargs["strategy"] = "ddp_find_unused_parameters_true" if unused else "ddp"
     return {**kwargs, **arguments(profile, LIGHTNING)}
 
 
@@ -197,5 +198,14 @@ LIGHTNING: Mapping[str, Export] = {
     "determinism": always(lambda s: {"deterministic": s.backends.deterministic_algorithms}),
     "seed": Export(note=_seed),
     "ddp": Export(note=_lightning_ddp),
+    "fsdp": line(
+        lambda s: (
+            "FSDP2: Trainer(strategy=ModelParallelStrategy()) with profile.parallelize(model)"
+            " in configure_model(), as measured (Lightning's 'fsdp' strategy is FSDP1, which"
+            " was not)"
+            if s.fsdp.enabled
+            else None
+        )
+    ),
 }
 """What Lightning writes for each setting, by record name (``Export``)."""

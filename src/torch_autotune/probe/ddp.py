@@ -14,7 +14,12 @@ its step counts differ between ranks, which an all-reduce would hang on.
 Before the model is wrapped, one forward and backward pass at the first trial's size finds the
 parameters that get no gradient, which DDP refuses unless ``find_unused_parameters`` (DP3).
 ``alone()`` lets rank 0 train by itself, for the one-rank rate the scaling efficiency is
-measured against.
+measured against (not where the model is sharded: FSDP2's forward gathers the parameters from
+every rank).
+
+Where the settings shard the model (FSDP2, rule DP4), ``fully_shard`` replaces DDP: a search
+trial keeps each rank's gradients (``set_requires_gradient_sync(False)``), but its forward and
+backward still all-gather the parameters, so every rank trains the same sizes together.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.apply import autocast, batch_to_device, wrap_ddp
+from torch_autotune.apply import autocast, batch_to_device, parallelize
 from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.fed import FedTrial
 from torch_autotune.probe.loop import FedRunner
@@ -68,10 +73,13 @@ class DdpRunner(FedRunner):
         return self._ddp
 
     def distribute(self, model: Any) -> Any:
+        if self.settings.settings.fsdp.enabled:  # FSDP2 needs no unused parameters found
+            self._ddp = parallelize(self.settings.settings, model, process_group=self.group.data)
+            return self._ddp
         unused = unused_parameters(self.workload, self.settings, model, self._first or 1)
         # the ranks see the same model; agreeing keeps one rank's odd result from hanging DDP
         self.unused_parameters = self.group.reduce(unused, largest=True)
-        self._ddp = wrap_ddp(
+        self._ddp = parallelize(
             self.settings.settings,
             model,
             process_group=self.group.data,
@@ -88,8 +96,15 @@ class DdpRunner(FedRunner):
         module = self.ddp
         if module is None or (on and not self._alone):
             return nullcontext()
+        if self.settings.settings.fsdp.enabled:
+            return _gradients_kept(module)
         no_sync: AbstractContextManager[object] = module.no_sync()
         return no_sync
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded (FSDP2): no rank can train it alone."""
+        return self.settings.settings.fsdp.enabled
 
     def agreed(self, value: int, *, largest: bool) -> int:
         return value if self._alone else self.group.reduce(value, largest=largest)
@@ -133,6 +148,17 @@ class DdpRunner(FedRunner):
     def release_model(self) -> None:
         self._ddp = None
         super().release_model()
+
+
+@contextmanager
+def _gradients_kept(module: Any) -> Iterator[None]:
+    """FSDP2's ``no_sync``: each rank keeps its own gradients (no reduce-scatter). Its forward
+    and backward still all-gather the parameters: the ranks train the same sizes together."""
+    module.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
 
 
 def unused_parameters(workload: Workload, settings: StepSettings, model: Any, size: int) -> int:

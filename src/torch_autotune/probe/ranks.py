@@ -41,6 +41,7 @@ __all__ = ["Follower", "Group", "Leader", "joined", "run_ranks"]
 
 _KEY = "torch_autotune/failed/"
 _DONE = "done"
+_AGAIN = "start again"
 
 
 @dataclass
@@ -247,9 +248,12 @@ class Leader:
         """What each rank trains on, in rank order."""
         return self._all(_Call(self.ident, "device_name"), self.runner.device_name)
 
-    def alone(self, batch_size: int, *, seconds: float) -> PointOutcome:
+    def alone(self, batch_size: int, *, seconds: float) -> PointOutcome | None:
         """A throughput point of rank 0 by itself (the others wait): the one-rank rate the
-        group's is measured against."""
+        group's is measured against; None where the model is sharded (no rank trains it
+        alone)."""
+        if self.runner.sharded:
+            return None
         with self.runner.alone():
             point: PointOutcome = self.runner.point(batch_size, until=self.runner.clock() + seconds)
         return point
@@ -291,13 +295,30 @@ class Leader:
         """Tell every rank the probe is over, with ``result`` (the profile) for them."""
         self.group.broadcast(_Call(self.ident, _DONE, (result,)))
 
+    @classmethod
+    def first(cls, group: Group, runner: Any) -> Leader:
+        """The leader of the probe's first start: the other ranks get its settings first."""
+        group.broadcast(runner.settings)
+        return cls(group, runner)
+
+    def again(self, runner: Any) -> Leader:
+        """The leader of a new start with ``runner`` (FSDP2 after DDP did not fit): every rank
+        lets go of the models it holds and makes a runner of the new settings."""
+        for leader in self.family.values():
+            leader.runner.release_model()
+        self._all(_Call(0, _AGAIN, (runner.settings,)), lambda: None)
+        return Leader(self.group, runner)
+
 
 class Follower:
-    """A rank other than 0: each call rank 0 sends, made on this rank's runners, until done."""
+    """A rank other than 0: each call rank 0 sends, made on this rank's runners, until done.
+    ``make(settings)`` builds a runner, for the first settings rank 0 sends and for each start
+    again (FSDP2 after DDP did not fit)."""
 
-    def __init__(self, group: Group, runner: Any):
+    def __init__(self, group: Group, make: Callable[[StepSettings], Any]):
         self.group = group
-        self.runners: dict[int, Any] = {0: runner}
+        self.make = make
+        self.runners: dict[int, Any] = {0: make(group.broadcast(None))}
 
     def follow(self) -> Any:
         """Make rank 0's calls until it is done; what it handed over at the end."""
@@ -309,6 +330,11 @@ class Follower:
 
     def _make(self, call: _Call) -> Any:
         runner = self.runners[call.runner]
+        if call.method == _AGAIN:  # the models of the last start let go, a runner of these
+            for old in self.runners.values():
+                old.release_model()
+            self.runners = {0: self.make(call.args[0])}
+            return None
         if call.method == "variant":
             assert call.variant is not None
             name, changes, fresh, memory = call.variant

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch_autotune.errors import ProbeError, WorkloadError
+from torch_autotune.errors import DoesNotFitError, ProbeError, WorkloadError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import Found, OutOfTime, SearchGuard, search_with_guard
@@ -84,9 +84,10 @@ def search(
             f"step of the {name} workload finished; give it more with --budget"
         )
     if found.largest is None:
-        raise WorkloadError(
+        raise DoesNotFitError(
             f"the {name} workload does not train even at batch size {guarded.start} on"
-            f" {device}: it runs out of memory; use a smaller model or a larger device"
+            f" {device}: it runs out of memory; use a smaller model or a larger device",
+            batch_size=guarded.start,
         )
     bounds = Bounds(
         cap=cap,

@@ -135,6 +135,11 @@ def _ranks_text(profile: Profile, ranks: RanksRecord) -> str:
             f", {efficiency:.2f} of {ranks.world_size} x rank 0 alone "
             f"({ranks.one_rank_samples_per_s:,.0f} samples/s)"
         )
+    if ranks.ddp_did_not_fit is not None:
+        return text + (
+            f"; sharded with FSDP2: DDP did not train batch {ranks.ddp_did_not_fit} on every"
+            " rank (no rank trains a sharded model alone)"
+        )
     return text + f"; DDP: {RECORD_BY_NAME['ddp'].show(profile.settings)}"
 
 

@@ -36,6 +36,7 @@ class Measurements(BaseModel):
     compile_reason: str | None = None  # measured: why, with the numbers; else why not measured
     batch_choice: BatchChoice | None = None  # how the probe chose batch_size, as facts
     unused_parameters: int | None = None  # parameters DDP's first step left without a gradient
+    fsdp_reason: str | None = None  # the ranks sharded the model with FSDP2: why, with numbers
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,10 @@ DP2 ``static_graph``: set only where the user's graph is known not to change bet
 iterations, which no first step can prove; off. DP3 ``find_unused_parameters``: walks the
 autograd graph every step ("applications should only set find_unused_parameters to True when
 necessary", DDP notes); on only where the probe's first step found parameters that got no
-gradient, which DDP without it refuses at its second step.
+gradient, which DDP without it refuses at its second step. DP4 ``fsdp.enabled``: FSDP2 in
+place of DDP only where the ranks measured that DDP does not train the model even at its
+smallest batch and FSDP2 does ("Use DDP when your model fits on a single GPU", Hugging Face's
+DDP guide; ZeRO-3's sharding costs about 1.5x DDP's communication, Rajbhandari et al. 2020).
 """
 
 from __future__ import annotations
@@ -23,14 +26,36 @@ from torch_autotune.settings import Source
 
 
 def ddp(ctx: Context) -> Iterator[Finding]:
-    """DP1-DP3: DDP's options for the job's world size."""
+    """DP1-DP4: DDP's options for the job's world size, and FSDP2 where DDP did not fit."""
     topology = ctx.topology
     if topology.world_size == 1:
         why = "one training process: nothing is wrapped in DDP, so DDP's default stays"
         yield Finding("ddp.gradient_as_bucket_view", False, "DP1", f"off: {why}")
         yield Finding("ddp.static_graph", False, "DP2", f"off: {why}")
         yield Finding("ddp.find_unused_parameters", False, "DP3", f"off: {why}")
+        yield Finding("fsdp.enabled", False, "DP4", "off: one training process, nothing to shard")
         return
+    sharded = ctx.measurements.fsdp_reason if ctx.measurements is not None else None
+    if sharded is not None:
+        why = "FSDP2 shards the model in place of DDP (DP4), so DDP's default stays"
+        yield Finding("ddp.gradient_as_bucket_view", False, "DP1", f"off: {why}")
+        yield Finding("ddp.static_graph", False, "DP2", f"off: {why}")
+        yield Finding("ddp.find_unused_parameters", False, "DP3", f"off: {why}")
+        yield Finding("fsdp.enabled", True, "DP4", f"on: {sharded}", Source.MEASURED)
+    else:
+        yield from _ddp_options(ctx)
+        yield Finding(
+            "fsdp.enabled",
+            False,
+            "DP4",
+            "off: DDP keeps a whole copy of the model on every rank, which trains where it fits"
+            " one GPU (FSDP2 is measured only where it does not: it communicates more)",
+        )
+
+
+def _ddp_options(ctx: Context) -> Iterator[Finding]:
+    """DP1-DP3 for a job of several ranks."""
+    topology = ctx.topology
     ranks = (
         f"{topology.world_size} ranks ({topology.nodes} node(s) x {topology.processes_per_node})"
     )
