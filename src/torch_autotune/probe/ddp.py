@@ -9,7 +9,8 @@ buckets are allocated when the model is wrapped, and the gradients are views int
 which pays the warm-up, runs the same way and the ranks agree that it ran; its timed blocks then
 all-reduce the gradients as training does, every rank running the same blocks
 (``TrialRunner.agreed``). Training fed by the DataLoader runs each rank on its own gradients:
-its step counts differ between ranks, which an all-reduce would hang on.
+its step counts differ between ranks, which an all-reduce would hang on (a sharded model's
+every step gathers from every rank, so it is not fed at all: the loader alone decides).
 
 Before the model is wrapped, one forward and backward pass at the first trial's size finds the
 parameters that get no gradient, which DDP refuses unless ``find_unused_parameters`` (DP3).
@@ -42,6 +43,11 @@ if TYPE_CHECKING:
     from torch_autotune.probe.workloads import Workload
 
 __all__ = ["DdpRunner", "unused_parameters"]
+
+_NOT_FED = (
+    "not run: a sharded model (FSDP2) gathers its parameters from every rank at every step, "
+    "and a pass fed by each rank's own loader runs as many steps as its loader allows"
+)
 
 
 class DdpRunner(FedRunner):
@@ -138,6 +144,8 @@ class DdpRunner(FedRunner):
     def fed(
         self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
     ) -> FedTrial:
+        if self.sharded:  # every step gathers the parameters: the ranks must step together
+            return FedTrial(batch_size, num_workers, threads, None, 0.0, _NOT_FED)
         self.model  # noqa: B018  # wrapped before no_sync is asked of it
         with self.synced(False):
             return super().fed(batch_size, num_workers, threads, seconds=seconds)
