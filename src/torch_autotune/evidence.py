@@ -32,7 +32,7 @@ from torch_autotune.bounds import (
     SmallCount,
     WorkerCount,
 )
-from torch_autotune.settings import StrictModel
+from torch_autotune.settings import RECORDS, Settings, StrictModel
 
 # --- the probe ----------------------------------------------------------------------------------
 
@@ -42,6 +42,11 @@ COMPILED = "compiled"
 """The probe's variant under torch.compile (the mode its ``CompileRecord`` names)."""
 
 VariantName = Annotated[str, Field(min_length=1, max_length=120)]
+
+
+_MEMORY_DEFAULTS = {r.name: r.show(Settings()) for r in RECORDS if r.memory}
+"""How each setting that changes memory shows at torch's default (``settings.memory_settings``),
+for a variant recorded before the setting existed."""
 
 
 class VariantRecord(StrictModel):
@@ -324,9 +329,15 @@ class Evidence(StrictModel):
         """Batch sizes that trained here: search trials that fit, steady points, passes fed by
         the DataLoader, the bench's arms. ``memory``: only the probe's runs with these values of
         settings that change memory (``memory_settings``, or some of them); ``invariants``
-        reads the arms. A file with no variants recorded (schema 1) counts every run."""
+        reads the arms. A file with no variants recorded (schema 1) counts every run; a setting
+        a variant did not record (one added to the records since, as FSDP2 was) ran at its
+        default."""
         wanted = dict(memory or {})
-        held = [v for v in self.variants if all(v.settings.get(k) == x for k, x in wanted.items())]
+        held = [
+            v
+            for v in self.variants
+            if all(v.settings.get(k, _MEMORY_DEFAULTS.get(k)) == x for k, x in wanted.items())
+        ]
         names = {v.name for v in held}
         if memory is None or not self.variants:
             names = {t.variant for t in self.search} | {t.variant for t in self.throughput}

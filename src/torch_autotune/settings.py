@@ -118,10 +118,8 @@ class OptimizerSettings(StrictModel):
 
 
 class DdpSettings(StrictModel):
-    """DistributedDataParallel's options, where several processes train (``Profile.ddp``).
-
-    Each default is DDP's own, so a profile of one process, or one written before these
-    existed, wraps as a script that sets nothing does."""
+    """DistributedDataParallel's options, where several processes train. Each default is
+    DDP's own: a profile written before these existed wraps as a script that sets nothing."""
 
     gradient_as_bucket_view: bool = Field(
         default=False,
@@ -140,9 +138,8 @@ class DdpSettings(StrictModel):
 
 
 class FsdpSettings(StrictModel):
-    """FSDP2 (``torch.distributed.fsdp.fully_shard``) in place of DDP, where the model does not
-    train under DDP even at its smallest batch: each repeated block sharded over the ranks, then
-    the root (``apply.parallelize``)."""
+    """FSDP2 (``fully_shard``) in place of DDP, where DDP does not train even the smallest
+    batch: each repeated block sharded over the ranks, then the root (``apply.parallelize``)."""
 
     enabled: bool = False
 

@@ -70,7 +70,6 @@ def tune_together(
     """Probe ``workload`` on every rank of the job and return the job's profile, the same on
     every rank. ``build(measurements, evidence)`` makes the measured profile (the rules engine,
     as ``api.tune`` calls it)."""
-    from torch_autotune import compose
     from torch_autotune.probe.ddp import DdpRunner
     from torch_autotune.probe.ranks import Follower, Leader, joined
     from torch_autotune.probe.run import measure
@@ -112,14 +111,25 @@ def tune_together(
         progress("ranks", "rank 0 alone, for the scaling")
         with preserved(), parked(workload.make_model):
             record = _ranks_record(leaders[-1], result.evidence, rules_only, wait_s)
-        record = record.model_copy(update={"ddp_did_not_fit": did_not_fit})
-        evidence = result.evidence.model_copy(update={"ranks": record})
-        update: dict[str, object] = {"unused_parameters": record.unused_parameters}
-        if did_not_fit is not None:
-            update["fsdp_reason"] = _fsdp_reason(did_not_fit, evidence, ranks.world_size)
-        profile = build(compose.measurements(result).model_copy(update=update), evidence)
+        profile = _job_profile(
+            result, record.model_copy(update={"ddp_did_not_fit": did_not_fit}), build
+        )
         leaders[-1].done(profile)
         return profile
+
+
+def _job_profile(
+    result: ProbeResult, record: RanksRecord, build: Callable[..., Profile]
+) -> Profile:
+    """The job's profile from what rank 0 measured and how the ranks probed together."""
+    from torch_autotune import compose
+
+    evidence = result.evidence.model_copy(update={"ranks": record})
+    update: dict[str, object] = {"unused_parameters": record.unused_parameters}
+    if record.ddp_did_not_fit is not None:
+        reason = _fsdp_reason(record.ddp_did_not_fit, evidence, record.world_size)
+        update["fsdp_reason"] = reason
+    return build(compose.measurements(result).model_copy(update=update), evidence)
 
 
 def _ddp_or_fsdp(

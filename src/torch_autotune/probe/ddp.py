@@ -20,7 +20,10 @@ every rank).
 
 Where the settings shard the model (FSDP2, rule DP4), ``fully_shard`` replaces DDP: a search
 trial keeps each rank's gradients (``set_requires_gradient_sync(False)``), but its forward and
-backward still all-gather the parameters, so every rank trains the same sizes together.
+backward still all-gather the parameters, so every rank trains the same sizes together. A
+step that ran out of memory leaves FSDP2 mid-step (its parameters gathered, its hooks half
+run: the next step crashed the process in CI), so the model is built and sharded again after
+a size that did not fit.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.fed import FedTrial
 from torch_autotune.probe.loop import FedRunner
 from torch_autotune.probe.ranks import Group
-from torch_autotune.probe.trials import StepSettings
+from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.trials import BLOCK_S, MAX_SPREAD, PointOutcome, StepSettings
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -106,6 +110,25 @@ class DdpRunner(FedRunner):
             return _gradients_kept(module)
         no_sync: AbstractContextManager[object] = module.no_sync()
         return no_sync
+
+    def __call__(self, batch_size: int) -> TrialOutcome:
+        outcome = super().__call__(batch_size)
+        if not outcome.fits and self.sharded:
+            self.release_model()  # FSDP2 left mid-step: its next trial builds it again
+        return outcome
+
+    def point(
+        self,
+        batch_size: int,
+        *,
+        until: float,
+        block_s: float = BLOCK_S,
+        max_spread: float = MAX_SPREAD,
+    ) -> PointOutcome:
+        outcome = super().point(batch_size, until=until, block_s=block_s, max_spread=max_spread)
+        if not outcome.fits and self.sharded:
+            self.release_model()
+        return outcome
 
     @property
     def sharded(self) -> bool:
