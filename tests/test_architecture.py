@@ -286,6 +286,7 @@ _CUDA_HOMES = (
     "probe.state",
     "probe.ddp",
     "probe.ranks",
+    "probe.estimate",
 )
 HOMES: dict[str, tuple[str, ...]] = {
     "torch": (*_CUDA_HOMES, "probe.workloads"),  # the workloads build models, never ask CUDA

@@ -107,9 +107,12 @@ def _batch_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
     reason = _reason(profile, "batch.batch_size")
     if batch != evidence.batch_size or not reason.startswith(f"{batch}: "):
         found.append(f"the batch {batch} is not the evidence's {evidence.batch_size}")
-    applies = margin_for(evidence.limited_by, profile.provenance.preferences.fixed_shapes)
+    limited_by = choice.limited_by or evidence.limited_by  # the chosen variant's own search's
+    applies = margin_for(limited_by, profile.provenance.preferences.fixed_shapes)
     if choice.margin != applies:
-        found.append(f"margin {choice.margin} recorded, {applies} applies ({evidence.limited_by})")
+        found.append(f"margin {choice.margin} recorded, {applies} applies ({limited_by})")
+    if choice.largest == evidence.max_batch_size and limited_by != evidence.limited_by:
+        found.append(f"the same largest, limited by {limited_by} and {evidence.limited_by}")
     if ("margin" in reason) != (choice.margin is not None and not choice.fed):
         found.append(f"the reason speaks of a margin: {choice.margin} applied")
     trained = _largest_trained(evidence, compiled=choice.compiled)
@@ -602,6 +605,38 @@ def test_the_checker_finds_a_wrong_claim(
     found_ = disagreements(wrong(steady))
     assert found_
     assert any(found in d for d in found_), found_
+
+
+def test_a_compiled_search_that_stopped_for_memory_takes_the_margin_below_a_capped_eager() -> None:
+    """Found by the property: eager reached the largest asked for (2, a cap) and the compiled
+    search ran out of memory at 2; the choice took the margin for the compiled search's limit,
+    which the check read from eager's. The choice now records its own search's limit."""
+    machine = SimulatedMachine(
+        limit=2,
+        compiled_limit=1,
+        fixed_s=0.015625,
+        per_sample_s=0.015625,
+        exponent=1.0,
+        first_s=0.0,
+        new_shape_s=0.0,
+        autotune_s=0.0,
+        compile_s=1.0,
+        compiled_speedup=1.5,
+        per_sample_bytes=1 << 20,
+        memory_bytes=2_150_629_376,
+        load_s=0.0078125,
+        host_cpus=2,
+        shares_cpus=False,
+        worker_start_s=0.1,
+        leaves=1,
+    )
+    profile = run(machine, "a100x8", budget_s=30.0, mode="speed", max_batch_size=2)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.batch_choice is not None
+    assert (evidence.limited_by, evidence.batch_choice.limited_by) == ("cap", "memory")
+    assert "trained compiled was 1, less a 10% margin" in _reason(profile, "batch.batch_size")
+    assert disagreements(profile) == []
 
 
 def test_a_compiled_choice_records_the_largest_its_own_search_trained() -> None:

@@ -218,7 +218,7 @@ def tune(
     )
     if trials is None:
         import_torch()
-    from torch_autotune.probe.run import default_budget_s, measure
+    from torch_autotune.probe.run import default_budget_s
     from torch_autotune.rules.context import Measurements
     from torch_autotune.rules.engine import build_profile
 
@@ -264,22 +264,11 @@ def tune(
     def build(measured: Measurements, evidence: Evidence) -> Profile:
         return build_profile(machine, measured, preferences, evidence=evidence, host_id=host)
 
-    if ranks is not None and ranks.world_size > 1:  # torchrun's ranks: they probe together
-        return together.tune_together(
-            ranks,
-            chosen,
-            rules_only,
-            build=build,
-            budget_s=total,
-            started=started,
-            max_batch_size=max_batch_size,
-            progress=report,
-            clock=clock,
-            threads_for=threads_for,
-        )
-    result = measure(
+    return together.probe(
+        ranks,
         chosen,
         rules_only,
+        build=build,
         budget_s=total,
         started=started,
         max_batch_size=max_batch_size,
@@ -288,7 +277,6 @@ def tune(
         trials=trials,
         threads_for=threads_for,
     )
-    return build(compose.measurements(result), result.evidence)
 
 
 def _workload(

@@ -267,11 +267,11 @@ def parallelize(
     )
 
 
-def shard(settings: Settings, model: Any, process_group: Any = None) -> Any:
-    """FSDP2 over the ranks of ``process_group``: ``fully_shard`` on each instance of the
-    model's repeated block (``repeated_blocks``), innermost first, then on the model itself,
-    as torchtitan shards a decoder's blocks and then its root. A model already sharded is left
-    as it is."""
+def shard(settings: Settings, model: Any, process_group: Any = None, *, mesh: Any = None) -> Any:
+    """FSDP2 over the ranks of ``process_group`` (or ``mesh``, a device mesh made already):
+    ``fully_shard`` on each instance of the model's repeated block (``repeated_blocks``),
+    innermost first, then on the model itself, as torchtitan shards a decoder's blocks and then
+    its root. A model already sharded is left as it is."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -282,8 +282,9 @@ def shard(settings: Settings, model: Any, process_group: Any = None) -> Any:
 
     if isinstance(model, FSDPModule):
         return model
-    group = process_group if process_group is not None else dist.group.WORLD
-    mesh = DeviceMesh.from_group(group, settings.device)
+    if mesh is None:
+        group = process_group if process_group is not None else dist.group.WORLD
+        mesh = DeviceMesh.from_group(group, settings.device)
     for block in repeated_blocks(model):
         fully_shard(block, mesh=mesh)
     return fully_shard(model, mesh=mesh)

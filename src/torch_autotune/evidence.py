@@ -170,6 +170,12 @@ class BatchChoice(StrictModel):
     margin: float | None = Field(
         default=None, ge=0, lt=1, description="Taken off the largest (None: not memory-bound)."
     )
+    limited_by: str | None = Field(
+        default=None,
+        max_length=40,
+        description="What limited the search the largest came from: the chosen variant's own, "
+        "which may stop below the base's (None in files written before it was recorded).",
+    )
     multiple: BatchSize = Field(default=1, description="Sizes rounded down to a multiple.")
     variant: VariantName = Field(default=EAGER, description="The chosen point's variant.")
     samples_per_s: float | None = Field(default=None, gt=0, description="The chosen point's.")

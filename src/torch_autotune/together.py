@@ -217,9 +217,11 @@ __all__ = [
     "check_ranks",
     "job_preferences",
     "lookup",
+    "probe",
     "ranks_or_none",
     "start_ranks",
     "tune_together",
+    "with_sharding_estimate",
 ]
 
 
@@ -281,3 +283,96 @@ def lookup(
             stacklevel=4,
         )
     return alone
+
+
+def probe(
+    ranks: Ranks | None,
+    workload: Workload,
+    rules_only: Profile,
+    *,
+    build: Callable[..., Profile],
+    budget_s: float,
+    started: float,
+    max_batch_size: int | None,
+    progress: Progress,
+    clock: Callable[[], float],
+    trials: Callable[[Workload, StepSettings], Trials] | None,
+    threads_for: ThreadsFor | None,
+) -> Profile:
+    """The measured profile of one process, or of the job torchrun started (``tune_together``);
+    where not even the smallest batch fits one GPU, the error says what FSDP2 would need a rank
+    (``with_sharding_estimate``)."""
+    from torch_autotune import compose
+    from torch_autotune.probe.run import measure
+
+    if ranks is not None and ranks.world_size > 1:  # torchrun's ranks: they probe together
+        return tune_together(
+            ranks,
+            workload,
+            rules_only,
+            build=build,
+            budget_s=budget_s,
+            started=started,
+            max_batch_size=max_batch_size,
+            progress=progress,
+            clock=clock,
+            threads_for=threads_for,
+        )
+    try:
+        result = measure(
+            workload,
+            rules_only,
+            budget_s=budget_s,
+            started=started,
+            max_batch_size=max_batch_size,
+            progress=progress,
+            clock=clock,
+            trials=trials,
+            threads_for=threads_for,
+        )
+    except DoesNotFitError as error:
+        raise with_sharding_estimate(error, workload, rules_only) from None
+    return build(compose.measurements(result), result.evidence)
+
+
+SHARD_FIT = 0.85
+"""An estimate counts only tensors: a rank is said to fit where it needs at most this share of
+its GPU's memory (the CUDA context, NCCL's buffers and the allocator take the rest)."""
+
+
+def with_sharding_estimate(
+    error: DoesNotFitError, workload: Workload, rules_only: Profile
+) -> DoesNotFitError:
+    """``error`` (one GPU: not even the smallest batch fits) with what a rank would need with
+    the model sharded by FSDP2 over this node's GPUs, or over 2, 4 and 8 where it has one: an
+    estimate (``probe.estimate``), since the ranks are not here to measure. As it was on the
+    CPU, or where nothing could be estimated."""
+    from torch_autotune.probe.estimate import fsdp_peak_bytes
+
+    targets = device_accelerators(rules_only.settings.device, rules_only.provenance.snapshot)
+    if rules_only.settings.device != "cuda" or not targets:
+        return error
+    gpus = len(targets)
+    worlds = [gpus, 2 * gpus, 4 * gpus] if gpus > 1 else [2, 4, 8]
+    settings = StepSettings.from_profile(rules_only)
+    batch = error.batch_size
+    needs = {
+        world: fsdp_peak_bytes(workload, settings, world_size=world, batch_size=batch)
+        for world in worlds
+    }
+    known = {world: peak for world, peak in needs.items() if peak is not None}
+    if not known:
+        return error
+    memory = min(a.memory_total_bytes or 0 for a in targets)
+    said = ", ".join(f"{w} ranks about {p / 2**30:.1f} GiB a rank" for w, p in known.items())
+    fits = [w for w, p in known.items() if memory and p <= SHARD_FIT * memory]
+    text = (
+        f"{error}. Sharded with FSDP2 at batch {batch} (an estimate of one step's tensors with"
+        f" torch's fake process group: no CUDA context, NCCL or allocator counted): {said};"
+        f" this GPU has {memory / 2**30:.0f} GiB"
+    )
+    if fits:
+        text += f": autotune --nproc-per-node {min(fits)} on GPUs like it would measure it"
+    else:
+        text += f": none of these fits in {SHARD_FIT:.0%} of it"
+    return DoesNotFitError(text, batch_size=batch)

@@ -75,6 +75,7 @@ def batch_choice(
         largest=largest,
         top=top,
         margin=margin_for(limited_by, fixed_shapes),
+        limited_by=limited_by,
         multiple=multiple,
         variant=EAGER if best is None else best.variant,
         samples_per_s=None if best is None else best.samples_per_s,
