@@ -28,6 +28,7 @@ from torch_autotune.probe.workloads import (
     Workload,
     as_workload,
     default_workload,
+    llama,
     load_workload,
     models,
     resolve_workload,
@@ -47,21 +48,28 @@ BATCH_OF_8 = {
     "mlp": ((8, 512), torch.float32, (8,), torch.int64, (8, 10)),
     "resnet50": ((8, 3, 224, 224), torch.float32, (8,), torch.int64, (8, 1000)),
     "gpt2": ((8, 512), torch.int64, (8, 512), torch.int64, (8, 512, 50257)),
+    "gpt2-large": ((8, 1024), torch.int64, (8, 1024), torch.int64, (8, 1024, 50257)),
+    "llama-1b": ((8, 2048), torch.int64, (8, 2048), torch.int64, (8, 2048, 32000)),
 }
 KIND = {"conv": "conv", "transformer": "transformer", "mlp": "mlp"}
 KIND |= {"resnet50": "conv", "gpt2": "transformer"}
+KIND |= {"gpt2-large": "transformer", "llama-1b": "transformer"}
 BUILT = {key: make() for key, make in BUILTIN_WORKLOADS.items()}
-# Workloads a CPU test trains at batch 8; a step of the realistic ones takes seconds here.
+# Workloads a CPU test trains at batch 8; a step of the realistic ones takes seconds here, and
+# the memory-bound ones (issue 21) are built on the meta device only.
 SMALL = ["conv", "transformer", "mlp"]
 REALISTIC = ["resnet50", "gpt2"]
+MEMORY_BOUND = ["gpt2-large", "llama-1b"]
 
 
 def quick_model(key: str) -> torch.nn.Module:
     """The workload's model; a realistic one as the same classes at a tiny size."""
     if key == "resnet50":
         return workloads.BottleneckResNet(blocks=(1, 1, 1, 1), widths=(8, 8, 16, 16))
-    if key == "gpt2":
+    if key in ("gpt2", "gpt2-large"):
         return workloads.GPT(vocab_size=64, max_len=32, d_model=32, nhead=4, num_layers=2)
+    if key == "llama-1b":
+        return _tiny_llama()
     return BUILT[key].make_model()
 
 
@@ -77,8 +85,8 @@ def train_step(workload: Workload, model: torch.nn.Module, batch_size: int = 8) 
 # --- built-in workloads ---------------------------------------------------------------------------
 
 
-def test_the_builtins_are_the_small_three_and_the_realistic_two_with_conv_the_default() -> None:
-    assert list(BUILTIN_WORKLOADS) == [*SMALL, *REALISTIC]
+def test_the_builtins_are_the_small_three_the_realistic_and_memory_bound_two() -> None:
+    assert list(BUILTIN_WORKLOADS) == [*SMALL, *REALISTIC, *MEMORY_BOUND]
     assert DEFAULT_WORKLOAD == "conv"
     assert resolve_workload(None).name == "conv"
 
@@ -241,7 +249,13 @@ def meta_model(key: str) -> torch.nn.Module:
 # torchvision's resnet50 has exactly 25,557,032; GPT-2 small 124,439,808 with 1024 positions,
 # 393,216 fewer with 512.
 @pytest.mark.parametrize(
-    ("key", "exact", "published"), [("resnet50", 25_557_032, 25.6e6), ("gpt2", 124_046_592, 124e6)]
+    ("key", "exact", "published"),
+    [
+        ("resnet50", 25_557_032, 25.6e6),
+        ("gpt2", 124_046_592, 124e6),
+        ("gpt2-large", 774_030_080, 774e6),  # GPT-2 large: 774M (Radford et al. 2019)
+        ("llama-1b", 1_104_218_112, 1.1e9),  # Llama 3.2 1B's blocks, Llama 2's vocabulary
+    ],
 )
 def test_realistic_models_have_the_published_parameter_counts(
     key: str, exact: int, published: float
@@ -273,6 +287,57 @@ def test_gpt2_has_twelve_blocks_a_tied_head_and_gpt2_initialisation() -> None:
     assert float(fc.std()) == pytest.approx(0.02, rel=0.05)
     assert float(proj.std()) == pytest.approx(0.02 / math.sqrt(24), rel=0.05)
     assert float(model.blocks[5].fc.bias.detach().abs().max()) == 0.0
+
+
+def test_the_memory_bound_builtins_are_gpt2_large_and_a_llama_of_a_billion() -> None:
+    large = meta_model("gpt2-large")
+    assert (len(large.blocks), large.blocks[0].attention.nhead) == (36, 20)
+    assert tuple(large.positions.weight.shape) == (1024, 1280)
+    decoder = meta_model("llama-1b")
+    block = decoder.blocks[0]
+    assert (len(decoder.blocks), block.attention.nhead, block.attention.kv_heads) == (16, 32, 8)
+    assert isinstance(block.attention_norm, llama.RMSNorm)
+    assert tuple(block.gate.weight.shape) == (8192, 2048)  # SwiGLU: gate, up and down
+    assert all(m.bias is None for m in decoder.modules() if isinstance(m, torch.nn.Linear))
+    assert decoder.head.weight is not decoder.tokens.weight  # untied, as Llama's
+    assert "cos" not in decoder.state_dict()  # the rotary tables are rebuilt, never saved
+
+
+def _tiny_llama() -> torch.nn.Module:
+    return llama.Llama(
+        vocab_size=64, max_len=32, d_model=32, nhead=4, kv_heads=2, num_layers=2, hidden=64
+    )
+
+
+def test_llama_attention_is_causal_and_rotary_sees_positions() -> None:
+    torch.manual_seed(0)
+    model = _tiny_llama().eval()
+    tokens = torch.randint(0, 64, (1, 16))
+    changed = tokens.clone()
+    changed[0, 10] = (tokens[0, 10] + 1) % 64
+    before, after = model(tokens), model(changed)
+    assert torch.allclose(before[:, :10], after[:, :10])  # earlier positions cannot see it
+    assert not torch.allclose(before[:, 10:], after[:, 10:])
+    # no position embedding but the rotation: the same token twice gives two outputs
+    same = torch.full((1, 4), 7)
+    outputs = model(same)[0]
+    assert not torch.allclose(outputs[1], outputs[3])
+
+
+def test_a_tiny_llama_learns() -> None:
+    torch.manual_seed(0)
+    model = _tiny_llama()
+    inputs, targets = SyntheticTokens(seq_len=32, vocab_size=64).batch(8)
+    workload = BUILT["llama-1b"]
+    optimizer = workload.make_optimizer(model, lr=1e-2)
+    losses = []
+    for _ in range(15):
+        loss = workload.train_step(model, (inputs, targets))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.7 * losses[0]
 
 
 def test_gpt_attention_is_causal() -> None:
@@ -520,9 +585,9 @@ def test_resolve_workload_suggests_the_builtin_on_a_typo() -> None:
     with pytest.raises(WorkloadError) as raised:
         resolve_workload("tranformer")
     assert str(raised.value) == (
-        "'tranformer' is neither a built-in workload (conv, transformer, mlp, resnet50, gpt2)"
-        " nor a"
-        " package.module:factory reference; perhaps you meant 'transformer'?"
+        "'tranformer' is neither a built-in workload (conv, transformer, mlp, resnet50, gpt2,"
+        " gpt2-large, llama-1b) nor a package.module:factory reference; perhaps you meant"
+        " 'transformer'?"
     )
 
 

@@ -30,8 +30,9 @@ _NOT_OURS = r"(?!torch_autotune(\.|$))"
 )
 @click.version_option(__version__, "--version", "-V", prog_name="torch-autotune")
 @options.model(
-    "What to probe: a built-in workload (resnet50, gpt2, conv, transformer, mlp; default "
-    "resnet50 on a GPU, conv on the CPU) or your own factory (see the README)."
+    "What to probe: a built-in workload (resnet50, gpt2, gpt2-large, llama-1b, conv, "
+    "transformer, mlp; default resnet50 on a GPU, conv on the CPU) or your own factory (see "
+    "the README)."
 )
 @options.budget(
     "Seconds the whole run may take (default 120, or 180 where torch.compile is measured); no "

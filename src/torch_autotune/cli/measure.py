@@ -16,7 +16,8 @@ from torch_autotune.errors import ProfileFileError
 
 @cli.command("bench")
 @options.model(
-    "What to train: a built-in workload (resnet50, gpt2, conv, transformer, mlp) or your own "
+    "What to train: a built-in workload (resnet50, gpt2, gpt2-large, llama-1b, conv, "
+    "transformer, mlp) or your own "
     "factory; default: the one the stored profile was measured on, else autotune's default."
 )
 @options.profile_file(

@@ -15,6 +15,8 @@ means something (a 0.7 M-parameter net at 64x64 fits tens of thousands of sample
     mlp           ``mlp()``: Linear+GELU layers on 512-d vectors, 10 classes
     resnet50      ``resnet50()``: ResNet-50 (25.6 M), 3x224x224 images, 1000 classes
     gpt2          ``gpt2()``: a GPT-2-small decoder (124 M), 512 tokens of 50257
+    gpt2-large    ``gpt2_large()``: GPT-2 large (774 M), 1024 tokens: where memory is the limit
+    llama-1b      ``llama_1b()``: a Llama-class decoder (1.1 B), 2048 tokens of 32000
 
 ``default_workload(device)`` is what ``autotune`` probes without ``--model``: ``resnet50`` on an
 accelerator and ``conv`` on the CPU, where a ResNet-50 step takes seconds. Both are conv nets,
@@ -27,6 +29,7 @@ The package, a module for each thing it owns:
     workload      the ``Workload`` type and its checks, ``KINDS``, ``MapDataset``
     synthetic     the seeded synthetic datasets, ``CpuHeavyDataset``
     models        the built-in ``nn.Module`` classes (imports torch, on first use of one)
+    llama         the Llama-class decoder of ``llama-1b`` (imports torch)
     builtins      the built-in workloads, ``default_workload``
     resolve       ``resolve_workload``: the workload from any form the user gives
     factory       importing and calling the user's factory (``load_workload``)

@@ -30,6 +30,8 @@ __all__ = [
     "DEFAULT_WORKLOAD",
     "default_workload",
     "gpt2",
+    "gpt2_large",
+    "llama_1b",
     "mlp",
     "resnet50",
     "resnet_like",
@@ -72,6 +74,18 @@ def _build_gpt2() -> Module:
     from torch_autotune.probe.workloads.models import GPT
 
     return GPT()
+
+
+def _build_gpt2_large() -> Module:
+    from torch_autotune.probe.workloads.models import GPT
+
+    return GPT(max_len=1024, d_model=1280, nhead=20, num_layers=36)
+
+
+def _build_llama_1b() -> Module:
+    from torch_autotune.probe.workloads.llama import Llama
+
+    return Llama()
 
 
 def _build_mlp() -> Module:
@@ -191,12 +205,48 @@ def gpt2() -> Workload:
     )
 
 
+def gpt2_large() -> Workload:
+    """A GPT-2-large decoder LM on 1,024 tokens (774 M parameters): 36 blocks of d_model 1280
+    with 20 heads, the architecture of ``gpt2``. Where memory is the limit: its weights,
+    gradients and AdamW state alone take 12.4 GB in float32, before any activation."""
+    data = SyntheticTokens(seq_len=1024, vocab_size=50257)
+    return Workload(
+        name="gpt2-large",
+        train_step=_supervised("gpt2-large"),
+        kind="transformer",
+        make_model=_build_gpt2_large,
+        make_optimizer=_adamw,
+        make_batch=_PooledBatches(data),
+        dataset=data,
+        sample_shape="1024 tokens int64 in [0, 50257), next-token targets",
+    )
+
+
+def llama_1b() -> Workload:
+    """A Llama-class decoder LM of about 1.1 B parameters on 2,048 tokens (``llama.Llama``:
+    RMSNorm, rotary embeddings, grouped-query attention, SwiGLU). Its weights, gradients and
+    AdamW state take 17.7 GB in float32: on a 24 GB card it trains, if at all, near batch 1."""
+    data = SyntheticTokens(seq_len=2048, vocab_size=32000)
+    return Workload(
+        name="llama-1b",
+        train_step=_supervised("llama-1b"),
+        kind="transformer",
+        make_model=_build_llama_1b,
+        make_optimizer=_adamw,
+        make_batch=_PooledBatches(data),
+        dataset=data,
+        sample_shape="2048 tokens int64 in [0, 32000), next-token targets",
+    )
+
+
 BUILTIN_WORKLOADS: dict[str, Callable[[], Workload]] = {
     "conv": resnet_like,
     "transformer": transformer_encoder,
     "mlp": mlp,
     "resnet50": resnet50,
     "gpt2": gpt2,
+    "gpt2-large": gpt2_large,
+    "llama-1b": llama_1b,
 }
 """The built-in workloads by name."""
 
