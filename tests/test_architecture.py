@@ -287,6 +287,7 @@ _CUDA_HOMES = (
     "probe.ddp",
     "probe.ranks",
     "probe.estimate",
+    "probe.memory",
 )
 HOMES: dict[str, tuple[str, ...]] = {
     "torch": (*_CUDA_HOMES, "probe.workloads"),  # the workloads build models, never ask CUDA

@@ -168,3 +168,25 @@ def test_the_bench_trains_every_arm_on_the_gpu_or_says_why_not() -> None:
         assert setting.reason
         assert (setting.on_alone is not None and setting.off_alone is not None) or failed
     assert evidence.elapsed_s > 0
+
+
+def test_a_memory_limit_holds_the_probe_to_a_smaller_gpu() -> None:
+    """--memory-limit 4: the search stops where 4 GiB of the real allocator's fraction does,
+    and the whole device is the process's again afterwards."""
+    import torch
+
+    from torch_autotune.api import tune
+
+    whole = tune("conv", mode="balanced", budget_s=45)
+    capped = tune("conv", mode="balanced", budget_s=45, memory_limit_gib=4)
+    assert whole.evidence is not None
+    assert capped.evidence is not None
+    assert capped.provenance.preferences.memory_limit_bytes == 4 << 30
+    assert capped.evidence.memory_limit_bytes is not None
+    assert capped.evidence.memory_limit_bytes <= 4 << 30
+    assert capped.evidence.max_batch_size < whole.evidence.max_batch_size
+    fitted = [t.peak_memory_bytes or 0 for t in capped.evidence.search if t.fits]
+    assert max(fitted) <= 4 << 30
+    total = torch.cuda.get_device_properties(0).total_memory
+    held = torch.empty(int(0.5 * total), dtype=torch.uint8, device="cuda")  # past 4 GiB: allowed
+    del held

@@ -178,6 +178,7 @@ def tune(
     fixed_shapes: bool = True,
     num_workers: int | None = None,
     processes_per_node: int | None = None,
+    memory_limit_gib: float | None = None,
     progress: Progress | None = None,
     clock: Callable[[], float] = time.perf_counter,
     trials: Callable[[Workload, StepSettings], Trials] | None = None,
@@ -201,10 +202,12 @@ def tune(
     180 s where torch.compile is measured). ``processes_per_node``: the training processes
     the profile is for (DDP ranks, torchrun's ``--nproc-per-node``; default one per GPU, one
     on the CPU): they share the CPUs, the workers are measured per process and the global
-    batch is spread over them (``Profile.topology``). The user's model, optimizer state, RNG
-    and torch's global flags are as before when this returns or raises. ``trials`` replaces
-    the real training steps and ``clock`` the timer (tests drive the orchestration with
-    recorded timings through them).
+    batch is spread over them (``Profile.topology``). ``memory_limit_gib``: the device memory
+    the probe may use, as on a smaller or shared GPU (the allocator's per-process fraction; on
+    the CPU, the host RAM it may fill), recorded in the profile. The user's model, optimizer
+    state, RNG and torch's global flags are as before when this returns or raises.
+    ``trials`` replaces the real training steps and ``clock`` the timer (tests drive the
+    orchestration with recorded timings through them).
 
     Long by design: the signature is the public API's, a keyword argument a line.
     """
@@ -215,6 +218,7 @@ def tune(
         num_workers,
         min_batch_size,
         processes_per_node=processes_per_node,
+        memory_limit_gib=memory_limit_gib,
     )
     if trials is None:
         import_torch()
@@ -251,6 +255,7 @@ def tune(
             num_workers,
             target_global_batch,
             processes_per_node=processes_per_node,
+            memory_limit_gib=memory_limit_gib,
         ),
     )
     rules_only = build_profile(machine, preferences=preferences, host_id=host)

@@ -20,6 +20,7 @@ from torch_autotune.bench import (
 )
 from torch_autotune.bounds import (
     MAX_BATCH_SIZE,
+    MAX_BYTES,
     MAX_CPUS,
     MAX_GLOBAL_BATCH,
     MAX_ROUNDS,
@@ -50,13 +51,19 @@ def check_tune_arguments(
     min_batch_size: int | None = None,
     *,
     processes_per_node: int | None = None,
+    memory_limit_gib: float | None = None,
 ) -> None:
     """ValueError for a number no run can use: a budget that is not finite and positive, a
-    count that is not an int or is outside what a machine can have (``torch_autotune.bounds``)."""
+    count that is not an int or is outside what a machine can have (``torch_autotune.bounds``),
+    a memory limit that is not finite and positive."""
     if budget_s is not None and not (math.isfinite(budget_s) and 0 < budget_s <= MAX_SECONDS):
         raise ValueError(
             f"budget_s must be a number of seconds > 0 and at most {MAX_SECONDS:g}, got {budget_s}"
         )
+    if memory_limit_gib is not None and not (
+        math.isfinite(memory_limit_gib) and 0 < memory_limit_gib * 2**30 <= MAX_BYTES
+    ):
+        raise ValueError(f"memory_limit_gib must be a number of GiB > 0, got {memory_limit_gib}")
     for name, value, low, high in (
         ("max_batch_size", max_batch_size, 1, MAX_BATCH_SIZE),
         ("min_batch_size", min_batch_size, 1, MAX_BATCH_SIZE),
@@ -80,11 +87,14 @@ def preferences(
     target_global_batch: int | None,
     *,
     processes_per_node: int | None = None,
+    memory_limit_gib: float | None = None,
 ) -> Preferences:
     """What the rules are told about ``workload`` and what the user asked for: its kind, its
     optimizer, whether its shapes are fixed (asked by the user, and seen in its data), the
-    workers, the global batch and the training processes per node."""
+    workers, the global batch, the training processes per node and the device memory to use."""
+    limit = None if memory_limit_gib is None else max(1, int(memory_limit_gib * 2**30))
     return Preferences(
+        memory_limit_bytes=limit,
         mode=mode,
         model_kind=workload.kind,
         fixed_shapes=fixed_shapes and not workload.variable_shapes,

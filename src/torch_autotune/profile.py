@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from torch_autotune.bounds import CpuCount, GlobalBatch, Seed, WorkerCount
+from torch_autotune.bounds import CpuCount, GlobalBatch, PositiveBytes, Seed, WorkerCount
 from torch_autotune.evidence import (
     COMPILED,
     EAGER,
@@ -113,6 +113,7 @@ class Preferences(StrictModel):
     optimizer: Literal["adam", "adamw", "sgd", "other"] = "adamw"
     processes_per_node: CpuCount | None = None  # DDP ranks; default: one per GPU (topology)
     nodes: CpuCount | None = None  # the job's nodes, each with processes_per_node; default one
+    memory_limit_bytes: PositiveBytes | None = None  # --memory-limit: the device memory to use
     seed: Seed = 0  # used by the reproducible mode
     allow_p100_fp16: bool = False  # catalog A5: fp16 on P100 only as an opt-in
     num_workers: WorkerCount | None = None  # the user's own DataLoader worker count

@@ -69,22 +69,28 @@ def tune_together(
 ) -> Profile:
     """Probe ``workload`` on every rank of the job and return the job's profile, the same on
     every rank. ``build(measurements, evidence)`` makes the measured profile (the rules engine,
-    as ``api.tune`` calls it)."""
+    as ``api.tune`` calls it).
+
+    Long by design: rank 0's path and the others' share the group, the runner they build and
+    the memory cap, which the closures here keep in one place.
+    """
     from torch_autotune.probe.ddp import DdpRunner
+    from torch_autotune.probe.memory import memory_capped
     from torch_autotune.probe.ranks import Follower, Leader, joined
     from torch_autotune.probe.run import measure
     from torch_autotune.probe.state import preserved
     from torch_autotune.probe.workloads.copies import parked
 
     check_ranks(ranks.local_world_size, rules_only)
-    wait_s = budget_s + WAIT_MARGIN_S
+    wait_s, preferences = budget_s + WAIT_MARGIN_S, rules_only.provenance.preferences
     with joined(ranks, rules_only.settings.device, timeout_s=wait_s) as group:
 
         def runner(chosen: Workload, settings: StepSettings) -> DdpRunner:
             return DdpRunner(chosen, settings, clock=clock, group=group)
 
+        cap = memory_capped(rules_only.settings.device, preferences.memory_limit_bytes)
         if not ranks.leader:
-            with preserved(), parked(workload.make_model):
+            with preserved(), parked(workload.make_model), cap:
                 profile: Profile = Follower(group, lambda s: runner(workload, s)).follow()
             return profile
         leaders: list[Leader] = []
@@ -107,7 +113,8 @@ def tune_together(
                 threads_for=threads_for,
             )
 
-        result, did_not_fit = _ddp_or_fsdp(probe, rules_only, ranks)
+        with cap:  # every rank's device held to --memory-limit
+            result, did_not_fit = _ddp_or_fsdp(probe, rules_only, ranks)
         progress("ranks", "rank 0 alone, for the scaling")
         with preserved(), parked(workload.make_model):
             record = _ranks_record(leaders[-1], result.evidence, rules_only, wait_s)

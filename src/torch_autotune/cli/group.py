@@ -45,6 +45,7 @@ _NOT_OURS = r"(?!torch_autotune(\.|$))"
 @options.variable_shapes()
 @options.workers()
 @options.processes_per_node()
+@options.memory_limit()
 @options.launch()
 @options.plot(
     "Also draw the charts into a PNG file (needs the 'plot' extra; without it they are drawn "
@@ -65,6 +66,7 @@ def cli(  # click passes options by name
     variable_shapes: bool,
     workers: int | None,
     processes_per_node: int | None,
+    memory_limit: float | None,
     nproc_per_node: int | None,
     nnodes: int,
     rdzv_endpoint: str | None,
@@ -111,6 +113,7 @@ def cli(  # click passes options by name
                 fixed_shapes=not variable_shapes,
                 num_workers=workers,
                 processes_per_node=processes_per_node,
+                memory_limit_gib=memory_limit,
                 progress=report,
             )
 

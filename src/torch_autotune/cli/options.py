@@ -18,6 +18,7 @@ import click
 
 from torch_autotune.bounds import (
     MAX_BATCH_SIZE,
+    MAX_BYTES,
     MAX_CPUS,
     MAX_GLOBAL_BATCH,
     MAX_ROUNDS,
@@ -28,6 +29,8 @@ from torch_autotune.errors import EXIT_STORE
 from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+MAX_MEMORY_GIB = MAX_BYTES / 2**30  # bounds.MAX_BYTES, in GiB
 
 
 class Decorator(Protocol):
@@ -238,6 +241,18 @@ def processes_per_node() -> Decorator:
         help="Training processes on this node, as torchrun --nproc-per-node starts them "
         "(default: one per GPU, one on the CPU): they share the CPUs, the global batch is "
         "spread over them, and the exports launch that many.",
+    )
+
+
+def memory_limit() -> Decorator:
+    """``--memory-limit GIB``: the device memory the probe may use."""
+    return click.option(
+        "--memory-limit",
+        type=Finite(min=0.01, max=MAX_MEMORY_GIB),
+        metavar="GIB",
+        help="Tune as on a GPU with this many GiB (the allocator's per-process fraction; on the "
+        "CPU, the host RAM the probe may fill): for a smaller or shared GPU. Recorded in the "
+        "profile.",
     )
 
 

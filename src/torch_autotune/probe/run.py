@@ -42,6 +42,7 @@ from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import Found, rounded_seconds
 from torch_autotune.probe.loop import FedRunner
+from torch_autotune.probe.memory import memory_capped
 from torch_autotune.probe.oom import long_lived_objects_frozen
 from torch_autotune.probe.plan import Plan, plan
 from torch_autotune.probe.points import (
@@ -141,7 +142,10 @@ def measure(
     preferences = rules_only.provenance.preferences
     run = _Run(workload, machine, preferences, rules_only, settings, runner, budget, report)
     run.threads_for = threads_for
-    with preserved(), long_lived_objects_frozen(), parked(workload.make_model):
+    # the real runner's device held to --memory-limit; a simulated one holds it itself
+    cap = None if trials is not None else settings.memory_limit_bytes
+    capped = memory_capped(settings.device, cap)
+    with preserved(), long_lived_objects_frozen(), parked(workload.make_model), capped:
         return _probe(run, max_batch_size=max_batch_size)
 
 

@@ -65,8 +65,10 @@ def search(
         raise WorkloadError(
             f"the {name} workload's smallest batch ({start}) is above the largest it may try: {why}"
         )
-    if device == "cpu":
-        guarded.ram_budget_bytes = ram_budget(machine)
+    if device == "cpu":  # host RAM is the CPU's memory: --memory-limit caps it too
+        asked = runner.settings.memory_limit_bytes
+        known = [b for b in (ram_budget(machine), asked) if b is not None]
+        guarded.ram_budget_bytes = min(known) if known else None
     smallest = Smallest(1, None)
     with budget.phase("search"):
         runner.apply_flags(cudnn_benchmark=False)

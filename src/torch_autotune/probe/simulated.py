@@ -182,7 +182,17 @@ class SimulatedTrials:
         )
 
     def memory_limit(self) -> int | None:
-        return self.machine.memory_bytes
+        cap = self.settings.memory_limit_bytes
+        known = [b for b in (self.machine.memory_bytes, cap) if b is not None]
+        return min(known) if known else None
+
+    def _fits(self, batch_size: int) -> bool:
+        """Whether ``batch_size`` trains: within the machine's limit, and its peak within the
+        cap (``--memory-limit``, as the allocator's fraction holds it)."""
+        m, cap = self.machine, self.settings.memory_limit_bytes
+        if not m.fits(batch_size, compiled=self.is_compiled):
+            return False
+        return cap is None or m.peak(batch_size, compiled=self.is_compiled) <= cap
 
     def leaf_modules(self) -> int:
         return self.machine.leaves
@@ -202,7 +212,7 @@ class SimulatedTrials:
         m = self.machine
         m.log.append(f"trial {batch_size}{' compiled' if self.is_compiled else ''}")
         warmup = self._warmup(batch_size)
-        if not m.fits(batch_size, compiled=self.is_compiled):
+        if not self._fits(batch_size):
             m.advance(warmup)  # it fails in its first step
             return TrialOutcome(False)
         step = m.step_s(batch_size, compiled=self.is_compiled)
@@ -220,7 +230,7 @@ class SimulatedTrials:
         m.log.append(f"point {batch_size}{' compiled' if self.is_compiled else ''}")
         began = m.now
         warmup = self._warmup(batch_size)
-        if not m.fits(batch_size, compiled=self.is_compiled):
+        if not self._fits(batch_size):
             m.advance(warmup)
             return PointOutcome(batch_size, False, seconds=m.now - began)
         step = m.step_s(batch_size, compiled=self.is_compiled)
@@ -280,7 +290,7 @@ class SimulatedTrials:
     ) -> FedTrial:
         m = self.machine
         m.log.append(f"fed {batch_size} {num_workers}")
-        if not m.fits(batch_size, compiled=self.is_compiled):
+        if not self._fits(batch_size):
             m.advance(self._warmup(batch_size))
             return FedTrial(batch_size, num_workers, threads, None, 0.0, "out of memory")
         rate = m.fed_rate(batch_size, num_workers, threads, compiled=self.is_compiled)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -35,6 +34,7 @@ from torch_autotune.apply import (
     prepare_model,
 )
 from torch_autotune.errors import blame_user_code
+from torch_autotune.probe.memory import device_memory_limit, peak_read, peak_reset
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.timing import Timer
@@ -56,10 +56,12 @@ class StepSettings:
 
     settings: Settings = field(default_factory=torch_defaults)
     steps: int = DEFAULT_STEPS
+    memory_limit_bytes: int | None = None  # --memory-limit: the device memory a trial may use
 
     @classmethod
     def from_profile(cls, profile: Profile, steps: int = DEFAULT_STEPS) -> StepSettings:
-        return cls(profile.settings, steps)
+        limit = profile.provenance.preferences.memory_limit_bytes
+        return cls(profile.settings, steps, limit)
 
     @property
     def device(self) -> str:
@@ -81,49 +83,6 @@ class StepSettings:
 
 
 # --- the trial -----------------------------------------------------------------------------------
-
-
-def _peak_reset(torch: Any, device: str) -> None:
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-
-
-def process_peak_rss() -> int | None:
-    """The process's resident-set high-water mark in bytes (Unix), None where unknown.
-
-    The CPU allocator keeps no peak of its own. The high-water mark never goes down, so it is
-    the peak of the largest trial run so far: the search grows the batch, so for the trials
-    that matter it is that trial's peak (plus the interpreter and torch themselves).
-    """
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS bytes, Linux KiB
-
-
-def _peak_read(torch: Any, device: str) -> int | None:
-    """Peak bytes the allocator held during the trial (reserved: what can run out)."""
-    if device == "cuda":
-        return int(torch.cuda.max_memory_reserved())
-    if device == "mps":
-        return int(torch.mps.driver_allocated_memory())  # no peak counter on MPS: the current
-    return process_peak_rss()
-
-
-def device_memory_limit(device: str) -> int | None:
-    """Bytes the trials may use on the device: what is free plus what torch already holds.
-
-    ``mem_get_info`` counts other processes and the CUDA context (catalog D4, K5); None off
-    CUDA, where the search falls back to doubling.
-    """
-    if device != "cuda":
-        return None
-    import torch
-
-    free, _total = torch.cuda.mem_get_info()
-    return int(free + torch.cuda.memory_reserved())
 
 
 @dataclass(frozen=True)
@@ -221,8 +180,8 @@ class TrialRunner:
         return value
 
     def memory_limit(self) -> int | None:
-        """Bytes the trials may use on the device (``device_memory_limit``)."""
-        return device_memory_limit(self.settings.device)
+        """Bytes the trials may use on the device (``device_memory_limit``), within the cap."""
+        return device_memory_limit(self.settings.device, self.settings.memory_limit_bytes)
 
     def leaf_modules(self) -> int:
         """Modules without children in the model: what torch.compile has to trace."""
@@ -292,9 +251,9 @@ class TrialRunner:
         import torch
 
         device = self.settings.device
-        _peak_reset(torch, device)
+        peak_reset(torch, device)
         timed, oom = run_guarded(lambda: self.steps(batch_size))
-        peak = None if oom is not None else _peak_read(torch, device)
+        peak = None if oom is not None else peak_read(torch, device)
         release_memory(device)  # outside any except block: the failed step's frames are gone
         if oom is not None or timed is None:
             return TrialOutcome(False)
@@ -321,7 +280,7 @@ class TrialRunner:
 
         device = self.settings.device
         began = self.clock()
-        _peak_reset(torch, device)
+        peak_reset(torch, device)
         warm, oom = run_guarded(lambda: self._warm(batch_size))
         # Every process ran its first step, or none goes on: the steps after it communicate.
         if self.agreed(int(oom is None and warm is not None), largest=False) and warm:
@@ -330,7 +289,7 @@ class TrialRunner:
             )
         else:
             result = None
-        peak = None if oom is not None else _peak_read(torch, device)
+        peak = None if oom is not None else peak_read(torch, device)
         release_memory(device)
         if oom is not None or result is None:
             return PointOutcome(batch_size, False, seconds=self.clock() - began)

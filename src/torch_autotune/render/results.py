@@ -64,6 +64,10 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
             facts.append(("torch.compile", _compile_text(evidence.compile)))
         if evidence.ranks is not None:
             facts.append(("ranks", _ranks_text(profile, evidence.ranks)))
+        asked = profile.provenance.preferences.memory_limit_bytes
+        if asked is not None:
+            where = "the GPU" if profile.settings.device == "cuda" else "host RAM"
+            facts.append(("memory limit", f"{asked / 2**30:g} GiB of {where}, as asked"))
     s = profile.settings
     facts += [(record.label, record.show(s)) for record in RECORDS if record.summary]
     return facts

@@ -1,0 +1,77 @@
+"""The device's memory as the probe reads and bounds it: what the trials may use
+(``device_memory_limit``), the cap of ``--memory-limit`` (``memory_capped``), and the peak a
+trial reached (``peak_reset``, ``peak_read``; the process's resident high-water mark on the
+CPU)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["device_memory_limit", "memory_capped", "peak_read", "peak_reset", "process_peak_rss"]
+
+
+def peak_reset(torch: Any, device: str) -> None:
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def process_peak_rss() -> int | None:
+    """The process's resident-set high-water mark in bytes (Unix), None where unknown.
+
+    The CPU allocator keeps no peak of its own. The high-water mark never goes down, so it is
+    the peak of the largest trial run so far: the search grows the batch, so for the trials
+    that matter it is that trial's peak (plus the interpreter and torch themselves).
+    """
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS bytes, Linux KiB
+
+
+def peak_read(torch: Any, device: str) -> int | None:
+    """Peak bytes the allocator held during the trial (reserved: what can run out)."""
+    if device == "cuda":
+        return int(torch.cuda.max_memory_reserved())
+    if device == "mps":
+        return int(torch.mps.driver_allocated_memory())  # no peak counter on MPS: the current
+    return process_peak_rss()
+
+
+def device_memory_limit(device: str, cap: int | None = None) -> int | None:
+    """Bytes the trials may use on the device: what is free plus what torch already holds, and
+    no more than ``cap`` (``--memory-limit``).
+
+    ``mem_get_info`` counts other processes and the CUDA context (catalog D4, K5); None off
+    CUDA, where the search falls back to doubling.
+    """
+    if device != "cuda":
+        return None
+    import torch
+
+    free, _total = torch.cuda.mem_get_info()
+    usable = int(free + torch.cuda.memory_reserved())
+    return usable if cap is None else min(usable, cap)
+
+
+@contextmanager
+def memory_capped(device: str, cap: int | None) -> Iterator[None]:
+    """The caching allocator held to ``cap`` bytes of the device for the block
+    (``torch.cuda.set_per_process_memory_fraction``, of the current GPU's total), then given
+    the whole device back: ``--memory-limit`` tunes for a smaller or shared GPU, and an
+    allocation past the cap raises torch's out-of-memory error as a full GPU would."""
+    if device != "cuda" or cap is None:
+        yield
+        return
+    import torch
+
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total))
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
