@@ -41,6 +41,7 @@ DATA_MODEL = {
         "thresholds",
         "hardware",
         "records",
+        "sections",
         "settings",
         "evidence",
         "bench_record",

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
 from tests.test_bench import measured
-from torch_autotune import bench_record, bounds, evidence, hardware, profile, topology
+from torch_autotune import bench_record, bounds, evidence, hardware, profile, sections, topology
 from torch_autotune import settings as settings_model
 from torch_autotune.bench import TrainConfig
 from torch_autotune.detect.cgroup import read_cpu_quota, read_memory_limit
@@ -28,7 +28,16 @@ from torch_autotune.profile import Profile
 from torch_autotune.profile_io import dump_profile, parse_profile
 from torch_autotune.rules import context
 
-MODEL_MODULES = (settings_model, evidence, bench_record, profile, hardware, context, topology)
+MODEL_MODULES = (
+    settings_model,
+    sections,
+    evidence,
+    bench_record,
+    profile,
+    hardware,
+    context,
+    topology,
+)
 MODELS = [
     model
     for module in MODEL_MODULES

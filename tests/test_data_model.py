@@ -34,6 +34,7 @@ GROUND_FLOOR = {
     "torch_autotune.launch",
     "torch_autotune.profile",
     "torch_autotune.records",
+    "torch_autotune.sections",
     "torch_autotune.settings",
     "torch_autotune.thresholds",
     "torch_autotune.topology",
