@@ -55,6 +55,8 @@ DATA_MODEL = {
 LAZY_BY_DESIGN = {
     (f"{PACKAGE}.profile", f"{PACKAGE}.apply"): "Profile.apply(), .autocast() and the other "
     "one-line helpers of the README call the torch translation when a training script calls them",
+    (f"{PACKAGE}.profile", f"{PACKAGE}.wrapping"): "Profile.prepare_model() and .parallelize() "
+    "wrap a job's model, as the probe did, when a training script calls them",
 }
 # The pure layers: they decide from data and never touch torch or the terminal.
 PURE = (f"{PACKAGE}.rules", f"{PACKAGE}.probe.search", f"{PACKAGE}.probe.timemodel")
@@ -278,6 +280,7 @@ def test_a_long_function_says_why() -> None:
 
 _CUDA_HOMES = (
     "apply",
+    "wrapping",
     "detect.torch_env",
     "probe.loader",
     "probe.loop",

@@ -425,7 +425,7 @@ def test_the_repeated_block_is_what_fsdp2_shards() -> None:
     from torch import nn
 
     from tests.ranks_workloads import TooBigForDdp
-    from torch_autotune.apply import repeated_blocks
+    from torch_autotune.wrapping import repeated_blocks
 
     model = TooBigForDdp()
     blocks = repeated_blocks(model)

@@ -257,7 +257,8 @@ class Profile(StrictModel):
         DDP with the profile's options or FSDP2 where it shards (``parallelize``), then
         torch.compile; returns the model to train. A model already wrapped is not wrapped
         again."""
-        from torch_autotune.apply import parallelize, prepare_model
+        from torch_autotune.apply import prepare_model
+        from torch_autotune.wrapping import parallelize
 
         if self.topology.world_size == 1:
             return prepare_model(self.settings, model)
@@ -269,7 +270,7 @@ class Profile(StrictModel):
         initialised: in ``DistributedDataParallel`` with the profile's DDP options, on the GPU
         of this rank (call ``torch.cuda.set_device(local_rank)`` first), or sharded with FSDP2
         where the profile says; the model as it is otherwise, or already wrapped."""
-        from torch_autotune.apply import parallelize
+        from torch_autotune.wrapping import parallelize
 
         return parallelize(self.settings, model)
 

@@ -33,13 +33,14 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.apply import autocast, batch_to_device, parallelize
+from torch_autotune.apply import autocast, batch_to_device
 from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.fed import FedTrial
 from torch_autotune.probe.loop import FedRunner
 from torch_autotune.probe.ranks import Group
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import BLOCK_S, MAX_SPREAD, PointOutcome, StepSettings
+from torch_autotune.wrapping import parallelize
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -17,9 +17,9 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.apply import shard
 from torch_autotune.probe.trials import StepSettings, make_optimizer
 from torch_autotune.settings import FsdpSettings
+from torch_autotune.wrapping import shard
 
 if TYPE_CHECKING:
     from torch_autotune.probe.workloads import Workload
