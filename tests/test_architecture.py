@@ -292,6 +292,7 @@ _CUDA_HOMES = (
     "probe.ranks",
     "probe.estimate",
     "probe.memory",
+    "probe.recompute",
 )
 HOMES: dict[str, tuple[str, ...]] = {
     "torch": (*_CUDA_HOMES, "probe.workloads"),  # the workloads build models, never ask CUDA

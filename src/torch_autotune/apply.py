@@ -225,11 +225,16 @@ def optimizer_kwargs(settings: Settings) -> dict[str, Any]:
 
 
 def prepare_model(settings: Settings, model: Any) -> Any:
-    """Memory format and torch.compile; returns the model to train (compiled or not)."""
+    """Memory format, activation checkpointing of the repeated blocks (``wrapping``) and
+    torch.compile; returns the model to train (compiled or not)."""
     import torch
+
+    from torch_autotune.wrapping import checkpoint_blocks
 
     if settings.memory_format == "channels_last":
         model = model.to(memory_format=torch.channels_last)
+    if settings.activation_checkpointing:
+        checkpoint_blocks(model)
     return compile_model(settings, model)
 
 

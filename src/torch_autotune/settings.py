@@ -113,6 +113,11 @@ class Settings(StrictModel):
     batch: BatchSettings = BatchSettings()
     ddp: DdpSettings = DdpSettings()
     fsdp: FsdpSettings = FsdpSettings()
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="Recompute each repeated block's forward in backward instead of keeping "
+        "its activations (torch.utils.checkpoint, non-reentrant): less memory, more compute.",
+    )
 
 
 def _ddp(s: Settings) -> str:
@@ -302,6 +307,17 @@ RECORDS: tuple[SettingRecord, ...] = (
         memory=True,
         not_ablated="FSDP2: one process trains in the bench, so there is nothing to shard",
         changed=lambda s: s.fsdp.enabled,
+    ),
+    SettingRecord(
+        "activation_checkpointing",
+        ("activation_checkpointing",),
+        "activation checkpointing",
+        lambda s: on_off(s.activation_checkpointing),
+        applied_by="prepare_model",
+        memory=True,
+        not_ablated="activation checkpointing: the probe measures it against the run without"
+        " it (rule L2); the bench does not switch it yet",
+        changed=lambda s: s.activation_checkpointing,
     ),
     SettingRecord(
         "environment",

@@ -11,7 +11,9 @@ from typing import Any
 
 from torch_autotune.settings import Settings
 
-__all__ = ["parallelize", "repeated_blocks", "shard"]
+__all__ = ["NotCheckpointable", "checkpoint_blocks", "parallelize", "repeated_blocks", "shard"]
+
+_CHECKPOINTED = "_torch_autotune_checkpointed"
 
 
 def parallelize(
@@ -93,3 +95,65 @@ def repeated_blocks(model: Any) -> list[Any]:
     most = max(weight(kind) for kind in repeated)
     best = min((k for k in repeated if 2 * weight(k) >= most), key=lambda k: len(found[k]))
     return list(reversed(found[best]))
+
+
+class NotCheckpointable(ValueError):
+    """The model has no block activation checkpointing can recompute safely; the message says
+    why (no repeated block, or BatchNorm in them)."""
+
+
+def checkpoint_blocks(model: Any) -> int:
+    """Activation checkpointing of ``model``'s repeated blocks (``repeated_blocks``): each
+    block's forward runs under ``torch.utils.checkpoint`` (non-reentrant, as torch recommends
+    and DDP needs; the RNG state kept, so dropout draws the same in the recompute), its
+    activations freed after forward and recomputed in backward. The block stays the same
+    module, so its parameters keep their names (``checkpoint_wrapper`` prefixes them). A Hugging
+    Face model checkpoints its own layers (``gradient_checkpointing_enable``, non-reentrant).
+    Returns how many blocks it wraps now (0 where they already are). Raises ``NotCheckpointable``
+    where nothing repeats, or where a block holds BatchNorm, whose running statistics the
+    recompute would update a second time each step."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.utils.checkpoint import checkpoint
+
+    if getattr(model, "supports_gradient_checkpointing", False):  # Hugging Face's own
+        return _hugging_face_checkpointing(model)
+    blocks = repeated_blocks(model)
+    if not blocks:
+        raise NotCheckpointable("the model has no repeated block to checkpoint")
+    normed = sorted(
+        {type(b).__name__ for b in blocks if any(isinstance(m, _BatchNorm) for m in b.modules())}
+    )
+    if normed:
+        raise NotCheckpointable(
+            f"its repeated blocks ({', '.join(normed)}) hold BatchNorm, whose running statistics "
+            "a recomputed forward would update twice each step"
+        )
+    wrapped = 0
+    for block in blocks:
+        if getattr(block, _CHECKPOINTED, False):
+            continue
+        forward = block.forward
+
+        def recomputed(*args: Any, _forward: Any = forward, **kwargs: Any) -> Any:
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        block.forward = recomputed
+        setattr(block, _CHECKPOINTED, True)
+        wrapped += 1
+    return wrapped
+
+
+def _hugging_face_checkpointing(model: Any) -> int:
+    """A ``PreTrainedModel``'s own checkpointing, non-reentrant: ``activation_checkpointing_
+    enable`` from transformers 5 (``gradient_checkpointing_enable`` before, and its alias, which
+    warns, since). 1 where it turns it on, 0 where it was on."""
+    options = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        if model.is_activation_checkpointing:
+            return 0
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+        return 1
+    if model.is_gradient_checkpointing:
+        return 0
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+    return 1

@@ -599,3 +599,21 @@ def test_the_hf_gpt2_benchmark_runs_in_smoke_mode(tmp_path: Path) -> None:
     text = (tmp_path / "hf_gpt2_objects_cpu-smoke.md").read_text()
     assert "**Smoke run**" in text
     assert not list((SRC.parent / "benchmarks" / "results").glob("hf_gpt2_*smoke*"))
+
+
+def test_a_hugging_face_model_checkpoints_its_own_layers_with_the_same_step() -> None:
+    """Issue 21: activation checkpointing on a PreTrainedModel goes through its own
+    gradient_checkpointing_enable (non-reentrant), and the step it recomputes is the step."""
+    from torch_autotune.probe.recompute import checkpointed_step_agrees
+    from torch_autotune.probe.trials import StepSettings
+    from torch_autotune.settings import torch_defaults
+    from torch_autotune.wrapping import checkpoint_blocks
+
+    workload = resolve_workload(None, objects={"model": gpt2(), "dataset": token_rows()})
+    agreement = checkpointed_step_agrees(workload, StepSettings(torch_defaults("cpu")), 4)
+    assert agreement.agrees
+    assert agreement.blocks == 1  # the model's own switch
+    model = workload.make_model()
+    assert checkpoint_blocks(model) == 1
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    assert checkpoint_blocks(model) == 0

@@ -37,6 +37,7 @@ class Measurements(BaseModel):
     batch_choice: BatchChoice | None = None  # how the probe chose batch_size, as facts
     unused_parameters: int | None = None  # parameters DDP's first step left without a gradient
     fsdp_reason: str | None = None  # the ranks sharded the model with FSDP2: why, with numbers
+    checkpointing_reason: str | None = None  # activation checkpointing kept: why, with numbers
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from torch_autotune.rules.compile import compile_settings
 from torch_autotune.rules.context import Context, Finding, Measurements, Preferences
 from torch_autotune.rules.dataloader import cpu_threads, dataloader
 from torch_autotune.rules.distributed import ddp
-from torch_autotune.rules.memory import allocator, cudnn, memory_format
+from torch_autotune.rules.memory import allocator, checkpointing, cudnn, memory_format
 from torch_autotune.rules.optimizer import batch, optimizer
 from torch_autotune.rules.precision import precision, tf32
 from torch_autotune.version import __version__
@@ -49,6 +49,7 @@ RULES: tuple[Rule, ...] = (
     dataloader,
     cpu_threads,
     allocator,
+    checkpointing,
     ddp,
     batch,
 )

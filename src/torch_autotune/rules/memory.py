@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from torch_autotune.profile import Mode
 from torch_autotune.rules.context import Context, Finding
+from torch_autotune.settings import Source
 
 WORKSPACE_CONFIG = ":4096:8"
 """cuBLAS/hipBLAS workspace for deterministic GEMMs (catalog C4, C7): 8 buffers of 4 MiB."""
@@ -257,3 +258,20 @@ def allocator(ctx: Context) -> Iterator[Finding]:
     yield _expandable_segments(ctx)
     yield _workspace_config(ctx, variable="CUBLAS_WORKSPACE_CONFIG", vendor="NVIDIA", rule="C4")
     yield _workspace_config(ctx, variable="HIPBLAS_WORKSPACE_CONFIG", vendor="AMD", rule="C7")
+
+
+def checkpointing(ctx: Context) -> Iterator[Finding]:
+    """L2: activation checkpointing, only where the probe measured that it is needed (not even
+    the smallest batch trains without it) or faster (it trains a larger batch faster)."""
+    measured = ctx.measurements.checkpointing_reason if ctx.measurements is not None else None
+    if measured is not None:
+        yield Finding("activation_checkpointing", True, "L2", f"on: {measured}", Source.MEASURED)
+        return
+    yield Finding(
+        "activation_checkpointing",
+        False,
+        "L2",
+        "off: recomputing each block's forward in backward costs about a third more compute "
+        "(Hugging Face measures about 20% slower); it is kept only where the probe measured "
+        "that the batch needs it, or that the larger batch it allows trains faster",
+    )

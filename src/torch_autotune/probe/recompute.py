@@ -1,0 +1,92 @@
+"""One training step with activation checkpointing against one without, from the same weights
+and the same batch: before the probe measures checkpointing, it checks that the recomputed
+step is the step (the same loss and gradients within tolerance), so that a block whose forward
+depends on more than its inputs is found before it trains wrong.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torch_autotune.apply import autocast, batch_to_device
+from torch_autotune.errors import blame_user_code
+from torch_autotune.probe.oom import release_memory
+from torch_autotune.wrapping import checkpoint_blocks
+
+if TYPE_CHECKING:
+    from torch_autotune.probe.trials import StepSettings
+    from torch_autotune.probe.workloads import Workload
+
+__all__ = ["Agreement", "checkpointed_step_agrees"]
+
+RTOL = 1e-3
+"""Relative tolerance between the two steps' losses and gradients: float32 kernels reorder
+sums between a forward and its recompute (cuDNN, matmul splits), by far less than this."""
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How the checkpointed step compared with the plain one: ``agrees`` within ``RTOL``,
+    and the largest relative difference of the loss and of any gradient."""
+
+    agrees: bool
+    largest_difference: float
+    blocks: int  # blocks checkpointed (1: a Hugging Face model's own)
+
+
+def checkpointed_step_agrees(
+    workload: Workload, settings: StepSettings, batch_size: int
+) -> Agreement:
+    """One forward and backward of the workload's model and of a copy of it with its blocks
+    checkpointed (``wrapping.checkpoint_blocks``), the RNG seeded alike for both (dropout draws
+    the same masks), at ``batch_size`` on the settings' device under their autocast. Raises
+    ``wrapping.NotCheckpointable`` where the model has no block to checkpoint safely."""
+    plain = workload.make_model().to(settings.device)
+    twin = copy.deepcopy(plain)
+    blocks = checkpoint_blocks(twin)
+    batch = batch_to_device(settings.settings, _users(workload.make_batch, batch_size))
+    results = [_step(workload, model, batch, settings) for model in (plain, twin)]
+    (loss, grads), (loss_cp, grads_cp) = results
+    differences = [_relative(loss, loss_cp)]
+    differences += [_relative(a, b) for a, b in zip(grads, grads_cp, strict=True)]
+    largest = max(differences)
+    del plain, twin, results
+    release_memory(settings.device)
+    return Agreement(largest <= RTOL, largest, blocks)
+
+
+def _step(
+    workload: Workload, model: Any, batch: Any, settings: StepSettings
+) -> tuple[Any, list[Any]]:
+    import torch
+
+    model.train()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        with autocast(settings.settings):
+            step = workload.train_step
+            ours = getattr(step, "marks_user_code", False)
+            loss = step(model, batch) if ours else _users(step, model, batch)
+        _users(loss.backward)
+    grads = [p.grad.detach().float() for p in model.parameters() if p.grad is not None]
+    return loss.detach().float(), grads
+
+
+def _relative(a: Any, b: Any) -> float:
+    """The largest difference of ``a`` and ``b`` over the largest magnitude of ``a``."""
+    scale = float(a.abs().max()) if a.numel() else 0.0
+    difference = float((a - b).abs().max()) if a.numel() else 0.0
+    if not math.isfinite(difference):
+        return math.inf
+    return difference / scale if scale > 0 else difference
+
+
+def _users(call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except Exception as error:  # the user's model, loss or data: theirs, as in a trial
+        blame_user_code(error)
+        raise

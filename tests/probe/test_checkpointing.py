@@ -1,0 +1,118 @@
+"""Activation checkpointing on real torch on the CPU (issue 21): the repeated blocks of the
+built-ins and of models as users write them are recomputed in backward, with the same loss and
+gradients as without; BatchNorm is refused; the parameters keep their names, so a checkpointed
+model's weights load into a plain one; rule L2 keeps it off unless measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from tests.rules.helpers import context_with, run
+from torch_autotune.apply import prepare_model
+from torch_autotune.probe.recompute import RTOL, checkpointed_step_agrees
+from torch_autotune.probe.trials import StepSettings
+from torch_autotune.probe.workloads import Workload, llama, models, resolve_workload
+from torch_autotune.probe.workloads.synthetic import SyntheticTokens
+from torch_autotune.rules.context import Measurements
+from torch_autotune.rules.memory import checkpointing
+from torch_autotune.settings import Source, torch_defaults
+from torch_autotune.wrapping import NotCheckpointable, checkpoint_blocks
+
+CPU = StepSettings(torch_defaults("cpu"))
+
+
+def _tiny(key: str) -> Workload:
+    """A built-in token workload with the same classes at a tiny size."""
+    makers = {
+        "gpt2": lambda: models.GPT(vocab_size=64, max_len=32, d_model=32, nhead=4, num_layers=3),
+        "llama-1b": lambda: llama.Llama(
+            vocab_size=64, max_len=32, d_model=32, nhead=4, kv_heads=2, num_layers=3, hidden=64
+        ),
+    }
+    tokens = SyntheticTokens(seq_len=32, vocab_size=64)
+    return dataclasses.replace(
+        resolve_workload(key), make_model=makers[key], make_batch=tokens.batch, dataset=None
+    )
+
+
+class DropoutTower(nn.Module):
+    """Blocks with dropout: the recompute must draw the same masks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(
+            *(nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.3), nn.GELU()) for _ in range(4))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+@pytest.mark.parametrize("key", ["gpt2", "llama-1b"])
+def test_a_checkpointed_step_is_the_step(key: str) -> None:
+    agreement = checkpointed_step_agrees(_tiny(key), CPU, batch_size=4)
+    assert agreement.agrees
+    assert agreement.largest_difference <= RTOL
+    assert agreement.blocks == 3
+
+
+def test_dropout_draws_the_same_masks_in_the_recompute() -> None:
+    mlp = resolve_workload("mlp")
+    workload = dataclasses.replace(
+        mlp,
+        make_model=DropoutTower,
+        make_batch=lambda n: (torch.randn(n, 16), torch.randn(n, 16)),
+        typical_batch=None,
+        dataset=None,
+    )
+    agreement = checkpointed_step_agrees(workload, CPU, batch_size=8)
+    assert agreement.agrees
+    assert agreement.blocks == 4
+
+
+def test_batchnorm_in_the_blocks_is_refused_with_why() -> None:
+    with pytest.raises(NotCheckpointable, match="BatchNorm, whose running statistics"):
+        checkpoint_blocks(models.ResNetLike(num_classes=10))
+
+
+def test_a_model_with_no_repeated_block_is_refused() -> None:
+    with pytest.raises(NotCheckpointable, match="no repeated block"):
+        checkpoint_blocks(nn.Linear(4, 4))
+
+
+def test_the_parameters_keep_their_names_and_a_second_call_wraps_nothing() -> None:
+    model = _tiny("gpt2").make_model()
+    names = list(model.state_dict())
+    assert checkpoint_blocks(model) == 3
+    assert checkpoint_blocks(model) == 0
+    assert list(model.state_dict()) == names
+    saved = io.BytesIO()
+    torch.save(model.state_dict(), saved)
+    plain = _tiny("gpt2").make_model()
+    plain.load_state_dict(torch.load(io.BytesIO(saved.getvalue())))  # exported and reloaded
+
+
+def test_prepare_model_checkpoints_where_the_settings_say() -> None:
+    settings = torch_defaults("cpu").model_copy(update={"activation_checkpointing": True})
+    model = prepare_model(settings, _tiny("llama-1b").make_model())
+    assert all(getattr(b, "_torch_autotune_checkpointed", False) for b in model.blocks)
+    tokens = torch.randint(0, 64, (2, 32))
+    model(tokens).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_the_rule_keeps_it_off_unless_measured() -> None:
+    off = run(context_with("h100-80gb-hbm3"), checkpointing)["activation_checkpointing"]
+    assert off.value is False
+    assert off.rule == "L2"
+    assert "kept only where the probe measured" in off.reason
+    why = "not even batch 1 trained without it; with it, 12 did"
+    on = run(context_with("h100-80gb-hbm3", Measurements(checkpointing_reason=why)), checkpointing)[
+        "activation_checkpointing"
+    ]
+    assert (on.value, on.source, on.reason) == (True, Source.MEASURED, f"on: {why}")
