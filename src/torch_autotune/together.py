@@ -325,10 +325,11 @@ def probe(
             clock=clock,
             threads_for=threads_for,
         )
-    try:
-        result = measure(
+
+    def run(profile: Profile) -> ProbeResult:
+        return measure(
             workload,
-            rules_only,
+            profile,
             budget_s=budget_s,
             started=started,
             max_batch_size=max_batch_size,
@@ -337,9 +338,49 @@ def probe(
             trials=trials,
             threads_for=threads_for,
         )
+
+    try:
+        result = run(rules_only)
     except DoesNotFitError as error:
-        raise with_sharding_estimate(error, workload, rules_only) from None
+        checkpointed = _with_checkpointing(run, rules_only, error)
+        if isinstance(checkpointed, DoesNotFitError):
+            raise with_sharding_estimate(checkpointed, workload, rules_only) from None
+        result, reason = checkpointed
+        measured = compose.measurements(result).model_copy(update={"checkpointing_reason": reason})
+        return build(measured, result.evidence)
     return build(compose.measurements(result), result.evidence)
+
+
+def _with_checkpointing(
+    run: Callable[[Profile], ProbeResult], rules_only: Profile, error: DoesNotFitError
+) -> tuple[ProbeResult, str] | DoesNotFitError:
+    """Where not even the smallest batch trains, the probe again with activation checkpointing
+    (rule L2): (what it measured, why it is kept); else ``error``, saying what became of
+    checkpointing (the model cannot be checkpointed: ``wrapping.NotCheckpointable``, or it does
+    not fit either)."""
+    from torch_autotune.wrapping import NotCheckpointable
+
+    if rules_only.settings.activation_checkpointing:
+        return error
+    settings = rules_only.settings.model_copy(update={"activation_checkpointing": True})
+    try:
+        result = run(rules_only.model_copy(update={"settings": settings}))
+    except NotCheckpointable as refused:
+        return DoesNotFitError(
+            f"{error}; activation checkpointing was not tried: {refused}",
+            batch_size=error.batch_size,
+        )
+    except DoesNotFitError as again:
+        return DoesNotFitError(
+            f"{error}; with activation checkpointing, not even batch {again.batch_size} trained",
+            batch_size=again.batch_size,
+        )
+    reason = (
+        f"not even batch {error.batch_size} trained without it (out of memory); with each "
+        "repeated block's forward recomputed in backward, the largest batch that trained was "
+        f"{result.evidence.max_batch_size}"
+    )
+    return result, reason
 
 
 SHARD_FIT = 0.85

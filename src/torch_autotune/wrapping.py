@@ -74,19 +74,25 @@ def shard(settings: Settings, model: Any, process_group: Any = None, *, mesh: An
 
 
 def repeated_blocks(model: Any) -> list[Any]:
-    """The instances of the outermost module class that repeats in ``model`` and holds at least
-    half as many parameters in all as the class that holds most (a decoder's blocks rather than
-    their linear layers, which repeat more; containers are not blocks), deepest first; none
-    where nothing repeats."""
+    """The instances of the outermost kind of block that repeats in ``model`` and holds at
+    least half as many parameters in all as the kind that holds most (a decoder's blocks
+    rather than their linear layers, which repeat more), deepest first; none where nothing
+    repeats. A block is a module of its class; a container (``nn.Sequential``, ``ModuleList``,
+    ``ModuleDict``) is a block of the kinds of its children, so ``Sequential(Linear, LayerNorm,
+    GELU)`` repeated is a block, and the ``Sequential`` that holds them all is not."""
     from torch import nn
 
     containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-    found: dict[type, list[Any]] = {}
+    found: dict[object, list[Any]] = {}
     for module in model.modules():
-        if module is not model and not isinstance(module, containers):
-            found.setdefault(type(module), []).append(module)
+        if module is model:
+            continue
+        kind: object = type(module)
+        if isinstance(module, containers):
+            kind = (type(module), tuple(type(child) for child in module.children()))
+        found.setdefault(kind, []).append(module)
 
-    def weight(kind: type) -> int:
+    def weight(kind: object) -> int:
         return sum(p.numel() for m in found[kind] for p in m.parameters())
 
     repeated = [kind for kind, instances in found.items() if len(instances) > 1 and weight(kind)]

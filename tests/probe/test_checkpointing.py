@@ -12,9 +12,12 @@ import pytest
 import torch
 from torch import nn
 
+from tests.probe.fake_trials import recorded, tune_on
 from tests.rules.helpers import context_with, run
 from torch_autotune.apply import prepare_model
+from torch_autotune.errors import DoesNotFitError
 from torch_autotune.probe.recompute import RTOL, checkpointed_step_agrees
+from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, llama, models, resolve_workload
 from torch_autotune.probe.workloads.synthetic import SyntheticTokens
@@ -116,3 +119,87 @@ def test_the_rule_keeps_it_off_unless_measured() -> None:
         "activation_checkpointing"
     ]
     assert (on.value, on.source, on.reason) == (True, Source.MEASURED, f"on: {why}")
+
+
+# --- a model that fits only with checkpointing --------------------------------------------------
+
+
+H100 = recorded("h100-80gb-hbm3")
+LAPTOP = recorded("cpu-laptop-linux")
+
+
+def _simulated_token_workload() -> Workload:
+    """The tiny decoder as the simulated machine's workload (no DataLoader)."""
+    return dataclasses.replace(_tiny("gpt2"), name="decoder")
+
+
+def test_a_model_that_fits_only_with_checkpointing_gets_it_with_the_numbers() -> None:
+    machine = SimulatedMachine(limit=0, checkpointed_limit=12, leaves=1)
+    profile = tune_on(machine, _simulated_token_workload(), H100, mode="balanced", budget_s=60)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert profile.settings.activation_checkpointing
+    assert evidence.max_batch_size == 12
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert (decision.rule, decision.source) == ("L2", Source.MEASURED)
+    assert decision.reason == (
+        "on: not even batch 1 trained without it (out of memory); with each repeated block's "
+        "forward recomputed in backward, the largest batch that trained was 12"
+    )
+    memory = {v.settings.get("activation_checkpointing") for v in evidence.variants}
+    assert memory == {"on"}  # every size the profile's batch came from ran checkpointed
+
+
+@pytest.mark.slow  # the FSDP2 estimate of the tiny decoder at three world sizes
+def test_a_model_that_fits_neither_way_says_both() -> None:
+    machine = SimulatedMachine(limit=0, checkpointed_limit=None, leaves=1)
+    with pytest.raises(DoesNotFitError) as raised:
+        tune_on(machine, _simulated_token_workload(), H100, mode="balanced", budget_s=60)
+    message = str(raised.value)
+    assert "with activation checkpointing, not even batch 1 trained" in message
+    assert "Sharded with FSDP2 at batch 1" in message
+
+
+class _NeedsCheckpointing(nn.Module):
+    """Blocks whose whole activations 'do not fit' (MemoryError) unless they are checkpointed;
+    ``normed`` puts BatchNorm in them, which checkpointing refuses."""
+
+    def __init__(self, normed: bool = False) -> None:
+        super().__init__()
+        norm: type[nn.Module] = nn.BatchNorm1d if normed else nn.LayerNorm
+        self.blocks = nn.Sequential(
+            *(nn.Sequential(nn.Linear(16, 16), norm(16), nn.GELU()) for _ in range(3))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not all(getattr(b, "_torch_autotune_checkpointed", False) for b in self.blocks):
+            raise MemoryError("out of memory: every block's activations kept (simulated)")
+        return self.blocks(x)
+
+
+def _needs(normed: bool) -> dict[str, object]:
+    return {
+        "model": lambda: _NeedsCheckpointing(normed),
+        "optimizer": lambda params: torch.optim.AdamW(params, lr=1e-3),
+        "example_batch": (torch.randn(4, 16), torch.randn(4, 16)),
+    }
+
+
+@pytest.mark.slow  # real tune() on the CPU: seconds
+def test_on_real_torch_a_model_that_needs_checkpointing_trains_with_it() -> None:
+    from torch_autotune.api import tune
+
+    profile = tune(_needs(normed=False), snapshot=LAPTOP, budget_s=15, max_batch_size=16)
+    assert profile.settings.activation_checkpointing
+    assert profile.settings.batch.batch_size is not None
+
+
+@pytest.mark.slow  # real tune() on the CPU: seconds
+def test_on_real_torch_batchnorm_blocks_say_why_checkpointing_was_not_tried() -> None:
+    from torch_autotune.api import tune
+
+    with pytest.raises(DoesNotFitError) as raised:
+        tune(_needs(normed=True), snapshot=LAPTOP, budget_s=15, max_batch_size=16)
+    assert "activation checkpointing was not tried: its repeated blocks" in str(raised.value)
+    assert "hold BatchNorm" in str(raised.value)

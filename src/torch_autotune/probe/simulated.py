@@ -82,6 +82,8 @@ class SimulatedMachine:
     autotune_s: float = 7.0  # each new shape with the cuDNN autotuner on
     compile_s: float = 80.0
     compiled_speedup: float = 1.23
+    checkpointed_limit: int | None = None  # the largest batch with activation checkpointing
+    recompute_factor: float = 1.33  # a checkpointed step: about one forward more (issue 21)
     fixed_bytes: int = 2 * GIB
     per_sample_bytes: int = 44 * MIB
     memory_bytes: int | None = 80 * GIB  # what the trials may use (None: unknown, a CPU)
@@ -114,21 +116,25 @@ class SimulatedMachine:
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
-    def step_s(self, batch_size: int, *, compiled: bool) -> float:
-        """Seconds of one steady training step."""
+    def step_s(self, batch_size: int, *, compiled: bool, checkpointed: bool = False) -> float:
+        """Seconds of one steady training step (a checkpointed one recomputes its forward)."""
         step = self.fixed_s + self.per_sample_s * math.pow(batch_size, self.exponent)
+        step = step * self.recompute_factor if checkpointed else step
         return step / self.compiled_speedup if compiled else step
 
-    def fits(self, batch_size: int, *, compiled: bool) -> bool:
-        limit = self.compiled_limit if compiled and self.compiled_limit else self.limit
-        return batch_size <= limit
+    def _limit(self, *, compiled: bool, checkpointed: bool) -> int:
+        if checkpointed and self.checkpointed_limit:
+            return self.checkpointed_limit
+        return self.compiled_limit if compiled and self.compiled_limit else self.limit
 
-    def peak(self, batch_size: int, *, compiled: bool = False) -> int:
-        """The allocator's peak in bytes of a trial at ``batch_size``: compiled, where it fits
-        fewer samples, each sample needs more in proportion."""
-        per_sample = self.per_sample_bytes
-        if compiled and self.compiled_limit:
-            per_sample = per_sample * self.limit // self.compiled_limit
+    def fits(self, batch_size: int, *, compiled: bool, checkpointed: bool = False) -> bool:
+        return batch_size <= self._limit(compiled=compiled, checkpointed=checkpointed)
+
+    def peak(self, batch_size: int, *, compiled: bool = False, checkpointed: bool = False) -> int:
+        """The allocator's peak in bytes of a trial at ``batch_size``: compiled (or
+        checkpointed), where it fits fewer (more) samples, each needs more (less) in proportion."""
+        limit = self._limit(compiled=compiled, checkpointed=checkpointed)
+        per_sample = self.per_sample_bytes * max(self.limit, 1) // max(limit, 1)
         return self.fixed_bytes + per_sample * batch_size
 
     def loader_rate(self, num_workers: int) -> float:
@@ -138,12 +144,18 @@ class SimulatedMachine:
         return max(1, min(num_workers, self.host_cpus)) / self.load_s
 
     def fed_rate(
-        self, batch_size: int, num_workers: int, threads: int | None, *, compiled: bool
+        self,
+        batch_size: int,
+        num_workers: int,
+        threads: int | None,
+        *,
+        compiled: bool,
+        checkpointed: bool = False,
     ) -> float:
         """Samples/s of training fed by the DataLoader. Without workers the main process loads,
         then steps. With them, the slowest of: the workers, the step, and (on a CPU) the cores
         that both share; the step runs on ``threads`` of them (None: all)."""
-        step = self.step_s(batch_size, compiled=compiled) / batch_size  # wall s a sample
+        step = self.step_s(batch_size, compiled=compiled, checkpointed=checkpointed) / batch_size
         load = self.load_s or 0.0
         if num_workers == 0:
             return 1 / (load + step)
@@ -173,6 +185,8 @@ class SimulatedTrials:
         self.is_compiled = compiled
         self.benchmark = settings.cudnn_benchmark
         self.workload = workload
+        checkpointed = settings.settings.activation_checkpointing
+        self._how = {"compiled": compiled, "checkpointed": checkpointed}
 
     # --- the seam ---
 
@@ -190,9 +204,9 @@ class SimulatedTrials:
         """Whether ``batch_size`` trains: within the machine's limit, and its peak within the
         cap (``--memory-limit``, as the allocator's fraction holds it)."""
         m, cap = self.machine, self.settings.memory_limit_bytes
-        if not m.fits(batch_size, compiled=self.is_compiled):
+        if not m.fits(batch_size, **self._how):
             return False
-        return cap is None or m.peak(batch_size, compiled=self.is_compiled) <= cap
+        return cap is None or m.peak(batch_size, **self._how) <= cap
 
     def leaf_modules(self) -> int:
         return self.machine.leaves
@@ -215,11 +229,11 @@ class SimulatedTrials:
         if not self._fits(batch_size):
             m.advance(warmup)  # it fails in its first step
             return TrialOutcome(False)
-        step = m.step_s(batch_size, compiled=self.is_compiled)
+        step = m.step_s(batch_size, **self._how)
         m.advance(warmup + self.settings.steps * step)
         return TrialOutcome(
             True,
-            m.peak(batch_size, compiled=self.is_compiled),
+            m.peak(batch_size, **self._how),
             warmup + self.settings.steps * step,
             warmup,
             step,
@@ -233,7 +247,7 @@ class SimulatedTrials:
         if not self._fits(batch_size):
             m.advance(warmup)
             return PointOutcome(batch_size, False, seconds=m.now - began)
-        step = m.step_s(batch_size, compiled=self.is_compiled)
+        step = m.step_s(batch_size, **self._how)
         m.advance(warmup + 2 * step)
         per_block = max(1, math.ceil(0.25 / step))
         amplitude = m.noise.get(batch_size, 0.0)
@@ -257,7 +271,7 @@ class SimulatedTrials:
             warmup_s=warmup,
             step_s=step,
             blocks=len(rates),
-            peak_memory_bytes=m.peak(batch_size, compiled=self.is_compiled),
+            peak_memory_bytes=m.peak(batch_size, **self._how),
             seconds=m.now - began,
         )
 
@@ -293,7 +307,7 @@ class SimulatedTrials:
         if not self._fits(batch_size):
             m.advance(self._warmup(batch_size))
             return FedTrial(batch_size, num_workers, threads, None, 0.0, "out of memory")
-        rate = m.fed_rate(batch_size, num_workers, threads, compiled=self.is_compiled)
+        rate = m.fed_rate(batch_size, num_workers, threads, **self._how)
         took = self._warmup(batch_size) + pass_seconds(batch_size, num_workers, rate)
         m.advance(took)
         return FedTrial(batch_size, num_workers, threads, rate, took)
