@@ -10,6 +10,7 @@ budget; together these take about a minute on 2 cores.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -104,7 +105,7 @@ def test_a_rank_out_of_memory_at_a_size_the_other_fits_sets_the_largest(tmp_path
     batch = profile.settings.batch.batch_size
     assert batch is not None
     assert batch <= OOM_ABOVE
-    assert f"largest batch       {OOM_ABOVE} (limited by memory" in done.stdout
+    assert re.search(rf"^largest batch\s+{OOM_ABOVE} \(limited by memory", done.stdout, re.M)
 
 
 @pytest.mark.parametrize("torchrun", [False, True], ids=["--nproc-per-node", "torchrun"])
