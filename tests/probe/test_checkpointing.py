@@ -203,3 +203,20 @@ def test_on_real_torch_batchnorm_blocks_say_why_checkpointing_was_not_tried() ->
         tune(_needs(normed=True), snapshot=LAPTOP, budget_s=15, max_batch_size=16)
     assert "activation checkpointing was not tried: its repeated blocks" in str(raised.value)
     assert "hold BatchNorm" in str(raised.value)
+
+
+def test_the_exports_of_a_checkpointed_profile() -> None:
+    """Training arguments turn on the Trainer's own checkpointing (non-reentrant); Lightning and
+    accelerate, which have no argument for it, say where it is applied."""
+    from tests.test_bench import measured
+    from torch_autotune.integrations import hf_training_arguments, tool_notes
+
+    profile = measured("h100-80gb-hbm3")
+    settings = profile.settings.model_copy(update={"activation_checkpointing": True})
+    on = profile.model_copy(update={"settings": settings})
+    assert hf_training_arguments(on)["gradient_checkpointing"] is True
+    assert hf_training_arguments(on)["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert "gradient_checkpointing" not in hf_training_arguments(profile)
+    for tool in ("lightning", "accelerate"):
+        said = tool_notes(on, tool)
+        assert any("activation checkpointing" in note and "prepare_model" in note for note in said)

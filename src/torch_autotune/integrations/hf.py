@@ -182,5 +182,15 @@ HF: Mapping[str, Export] = {
     "determinism": always(lambda s: {"full_determinism": s.backends.deterministic_algorithms}),
     "seed": always(lambda s: {} if s.seed is None else {"seed": s.seed}),
     "ddp": Export(args=_hf_ddp, note=_hf_ddp_note),
+    "activation_checkpointing": always(
+        lambda s: (
+            {
+                "gradient_checkpointing": True,
+                "gradient_checkpointing_kwargs": {"use_reentrant": False},
+            }
+            if s.activation_checkpointing
+            else {}
+        )
+    ),
 }
 """What ``TrainingArguments`` writes for each setting, by record name (``Export``)."""
