@@ -87,13 +87,20 @@ def _points(evidence: Evidence, size: int, *, compiled: bool) -> list[Throughput
     ]
 
 
-def _largest_trained(evidence: Evidence, *, compiled: bool) -> int | None:
-    """The largest batch that fit in a search trial of a variant that compiles (or not)."""
-    compiles = {v.name: v.settings.get("compile", "off") != "off" for v in evidence.variants}
+def _largest_trained(evidence: Evidence, variant: str) -> int | None:
+    """The largest batch that fit in a search trial of ``variant``'s own search: the trials of
+    every variant with its settings that change memory, less the cuDNN autotuner (a search
+    runs without it)."""
+
+    def memory(name: str) -> dict[str, str]:
+        found = next((v.settings for v in evidence.variants if v.name == name), {})
+        return {k: x for k, x in found.items() if k != "cudnn_benchmark"}
+
+    wanted = memory(variant)
     fits = [
         t.batch_size
         for t in evidence.search
-        if t.fits and t.seconds is not None and compiles.get(t.variant, False) == compiled
+        if t.fits and t.seconds is not None and memory(t.variant) == wanted
     ]
     return max(fits, default=None)
 
@@ -115,7 +122,7 @@ def _batch_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
         found.append(f"the same largest, limited by {limited_by} and {evidence.limited_by}")
     if ("margin" in reason) != (choice.margin is not None and not choice.fed):
         found.append(f"the reason speaks of a margin: {choice.margin} applied")
-    trained = _largest_trained(evidence, compiled=choice.compiled)
+    trained = _largest_trained(evidence, choice.variant)
     if choice.largest != trained:
         found.append(f"largest {choice.largest} recorded, {trained} trained")
     said_largest = (_row(text, "largest batch") or "").split(";")
@@ -348,6 +355,8 @@ def runs(draw: st.DrawFn) -> tuple[SimulatedMachine, str, dict[str, object]]:
     machine = SimulatedMachine(
         limit=limit,
         compiled_limit=draw(st.none() | st.integers(1, limit)),
+        checkpointed_limit=draw(st.none() | st.integers(limit, 4 * limit)),
+        recompute_factor=draw(st.floats(1.0, 1.6)),
         fixed_s=draw(st.floats(0.001, 0.2)),
         per_sample_s=draw(st.floats(1e-5, 0.02)),
         exponent=draw(st.floats(0.8, 1.4)),

@@ -132,6 +132,8 @@ def measurements(result: ProbeResult) -> Measurements:
         ),
         compile_reason=None if compile_record is None else compile_record.reason,
         batch_choice=evidence.batch_choice,
+        checkpointing_reason=result.checkpointing_reason,
+        checkpointing_note=result.checkpointing_note,
     )
 
 

@@ -220,3 +220,76 @@ def test_the_exports_of_a_checkpointed_profile() -> None:
     for tool in ("lightning", "accelerate"):
         said = tool_notes(on, tool)
         assert any("activation checkpointing" in note and "prepare_model" in note for note in said)
+
+
+# --- checkpointing against the run without it, where both fit ------------------------------------
+
+
+def _growing(
+    recompute: float, *, limit: int = 120, checkpointed: int | None = 480
+) -> SimulatedMachine:
+    """A decoder on the H100 whose throughput still grows at its memory limit (a fixed cost a
+    step that a larger batch spreads), checkpointed it fits ``checkpointed`` at ``recompute``
+    times the step."""
+    return SimulatedMachine(
+        limit=limit,
+        checkpointed_limit=checkpointed,
+        recompute_factor=recompute,
+        fixed_s=0.05,
+        per_sample_s=0.0005,
+        first_s=1.0,
+        new_shape_s=0.05,
+        autotune_s=0.0,
+        per_sample_bytes=600 << 20,
+        memory_bytes=(2 << 30) + (600 << 20) * (limit + 1),
+        leaves=1,
+    )
+
+
+def _balanced(machine: SimulatedMachine):  # type: ignore[no-untyped-def]
+    return tune_on(machine, _simulated_token_workload(), H100, mode="balanced", budget_s=120)
+
+
+def test_checkpointing_is_kept_where_the_larger_batch_it_allows_is_faster() -> None:
+    profile = _balanced(_growing(1.05))
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.batch_choice is not None
+    assert profile.settings.activation_checkpointing
+    assert evidence.batch_choice.variant == "checkpointed"
+    batch = profile.settings.batch.batch_size
+    assert batch is not None
+    assert batch > evidence.max_batch_size  # past what fits without it
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert decision.source is Source.MEASURED
+    assert decision.reason.startswith("on: measured faster: ")
+    assert "the largest batch was 480 with it and 120 without" in decision.reason
+
+
+def test_checkpointing_that_costs_more_than_its_batch_gains_is_measured_and_dropped() -> None:
+    profile = _balanced(_growing(1.6))
+    evidence = profile.evidence
+    assert evidence is not None
+    assert not profile.settings.activation_checkpointing
+    assert any(r.variant == "checkpointed" for r in evidence.throughput)  # it was measured
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert decision.source is Source.MEASURED
+    assert decision.reason.startswith("off: measured ")
+    batch = profile.settings.batch.batch_size
+    assert batch is not None
+    assert batch <= evidence.max_batch_size  # a size that ran without it
+
+
+def test_checkpointing_is_not_measured_where_throughput_stopped_growing() -> None:
+    flat = _growing(1.05)
+    flat.fixed_s, flat.per_sample_s = 0.0, 0.001  # no fixed cost: the rate is flat in the batch
+    profile = _balanced(flat)
+    assert not profile.settings.activation_checkpointing
+    assert profile.evidence is not None
+    assert not any(r.variant == "checkpointed" for r in profile.evidence.throughput)
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert decision.reason.startswith("off: not measured: throughput stopped growing")
+    assert decision.source is Source.INFERRED

@@ -22,6 +22,9 @@ detection, before them, counts against it too):
    compile stays in the profile only when it is faster beyond noise there, and its one-off
    cost is reported with the training time after which it pays off. When the predicted
    compile time does not fit, compile is decided by the rules and marked as not measured;
+   **checkpointing** (``probe.checkpoint_phase``), where compile was not kept and memory
+   limited the search: activation checkpointing with a model and a search of its own, kept
+   only where its fastest point beats the fastest without it (rule L2);
 4. **confirm**: the recommended size runs once more with the final settings;
 5. **workers**: DataLoader worker counts over the workload's dataset (Windows keeps 0): the
    loader alone, then, where it cannot decide (loading limits training, or workers on a CPU),
@@ -40,7 +43,9 @@ from dataclasses import dataclass, field, replace
 from torch_autotune.errors import ProbeError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
-from torch_autotune.probe.guard import Found, rounded_seconds
+from torch_autotune.probe.checkpoint_phase import measure_checkpointing
+from torch_autotune.probe.findings import run_evidence
+from torch_autotune.probe.guard import rounded_seconds
 from torch_autotune.probe.loop import FedRunner
 from torch_autotune.probe.memory import memory_capped
 from torch_autotune.probe.oom import long_lived_objects_frozen
@@ -57,7 +62,7 @@ from torch_autotune.probe.points import (
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import confirm
 from torch_autotune.probe.search_phase import Searched, search
-from torch_autotune.probe.smallest import Smallest, workload_details
+from torch_autotune.probe.smallest import Smallest
 from torch_autotune.probe.state import preserved
 from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.trials import MAX_SPREAD, StepSettings
@@ -80,7 +85,6 @@ from torch_autotune.probe.workloads import Workload
 from torch_autotune.probe.workloads.copies import parked
 from torch_autotune.profile import (
     EAGER,
-    BatchChoice,
     CompileRecord,
     Evidence,
     Preferences,
@@ -109,6 +113,8 @@ class ProbeResult:
 
     evidence: Evidence
     num_workers: int | None
+    checkpointing_reason: str | None = None  # rule L2's, where checkpointing was kept
+    checkpointing_note: str | None = None  # why it was not measured or not kept
 
 
 def measure(
@@ -170,6 +176,8 @@ class _Run:
     threads_for: ThreadsFor | None = None
     limit: int | None = None  # bytes the trials could use on the device
     kept: VariantOutcome | None = None  # the variant kept, where one was
+    checkpointing_reason: str | None = None  # L2's, where checkpointing was kept
+    checkpointing_note: str | None = None  # why it was not measured or not kept
 
     @property
     def floor(self) -> int:
@@ -287,6 +295,33 @@ class _Run:
             return outcome.point, outcome.runner
         return best, self.runner
 
+    def checkpointing(
+        self, best: ThroughputRecord | None, sizes: list[int], searched: Searched
+    ) -> tuple[ThroughputRecord | None, Trials]:
+        """Activation checkpointing against ``best`` (``probe.checkpoint_phase``): (the point
+        to recommend, its runner)."""
+        measured = measure_checkpointing(
+            self.runner,
+            best=best,
+            limited_by=searched.found.limited_by,
+            largest=searched.largest,
+            sizes=sizes,
+            model=searched.guard.model,
+            bounds=searched.bounds,
+            budget=self.budget,
+            progress=self.report,
+            workers_s=self.workers_s,
+        )
+        self.checkpointing_note, outcome = measured.note, measured.outcome
+        if outcome is not None:
+            self.ran_as(*outcome.ran_as)
+            self.search += outcome.search
+            self.records += outcome.points
+        if measured.reason is None or outcome is None or outcome.point is None:
+            return best, self.runner
+        self.kept, self.checkpointing_reason = outcome, measured.reason
+        return outcome.point, outcome.runner
+
     def candidates_of(
         self, best: ThroughputRecord | None, searched: Searched, sizes: list[int]
     ) -> tuple[int, str, int]:
@@ -380,6 +415,8 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         run.warnings.append(f"torch.compile not measured: {after.note}")
     best = run.throughput(sizes, after, searched.guard.model, step)
     best, final = run.variant(best, sizes, after, searched)
+    if final is run.runner:  # compile not kept: activation checkpointing may be measured
+        best, final = run.checkpointing(best, sizes, searched)
     variant = best.variant if best is not None and final is not run.runner else EAGER
     ran = [r.batch_size for r in run.records if r.variant == EAGER]
     candidate = best.batch_size if best is not None else max(ran, default=sizes[0])
@@ -406,39 +443,8 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     if workers.batch_reason is not None:  # loading limits training: the fed passes chose
         choice = fed_choice(choice)
     run.search += confirmed
-    evidence = _evidence(run, found, batch=batch, fastest=candidate, choice=choice)
+    evidence = run_evidence(run, found, batch=batch, fastest=candidate, choice=choice)
     update = {"loader": workers.loader, "workers_reason": workers.reason, "fed": workers.fed}
     update["fed_reason"] = workers.batch_reason
-    return ProbeResult(evidence=evidence.model_copy(update=update), num_workers=workers.num_workers)
-
-
-def _evidence(
-    run: _Run, found: Found, *, batch: int, fastest: int, choice: BatchChoice
-) -> Evidence:
-    """What the run measured, as the profile's evidence (the DataLoader's part added after)."""
-    assert found.largest is not None
-    if run.budget.spent and found.limited_by != "budget":
-        run.warnings.append(
-            f"the run used {run.budget.elapsed():.0f} s of its {run.budget.total_s:.0f} s "
-            "budget; more time (--budget) measures more"
-        )
-    return Evidence(
-        workload=run.workload.name,
-        device=run.settings.device,
-        max_batch_size=found.largest,
-        fastest_batch_size=fastest,
-        batch_size=batch,
-        limited_by=found.limited_by,
-        limit_reason=found.reason,
-        search=tuple(run.search),
-        throughput=tuple(run.records),
-        budget_s=run.budget.total_s,
-        elapsed_s=round(run.budget.elapsed(), 3),
-        memory_limit_bytes=run.limit,
-        phases=run.budget.records(),
-        compile=run.compile,
-        warnings=tuple(run.warnings),
-        details=workload_details(run.workload, run.smallest),
-        batch_choice=choice,
-        variants=tuple(run.variants.values()),
-    )
+    made = evidence.model_copy(update=update)
+    return ProbeResult(made, workers.num_workers, run.checkpointing_reason, run.checkpointing_note)

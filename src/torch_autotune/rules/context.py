@@ -38,6 +38,7 @@ class Measurements(BaseModel):
     unused_parameters: int | None = None  # parameters DDP's first step left without a gradient
     fsdp_reason: str | None = None  # the ranks sharded the model with FSDP2: why, with numbers
     checkpointing_reason: str | None = None  # activation checkpointing kept: why, with numbers
+    checkpointing_note: str | None = None  # why the probe did not measure it, or did not keep it
 
 
 @dataclass(frozen=True)

@@ -267,6 +267,11 @@ def checkpointing(ctx: Context) -> Iterator[Finding]:
     if measured is not None:
         yield Finding("activation_checkpointing", True, "L2", f"on: {measured}", Source.MEASURED)
         return
+    note = ctx.measurements.checkpointing_note if ctx.measurements is not None else None
+    if note is not None:  # measured and not kept, or why not measured
+        source = Source.INFERRED if note.startswith("not measured") else Source.MEASURED
+        yield Finding("activation_checkpointing", False, "L2", f"off: {note}", source)
+        return
     yield Finding(
         "activation_checkpointing",
         False,

@@ -1,0 +1,70 @@
+"""What a probe run found, as the profile's evidence: every trial, point and phase, what limited
+the search, how the batch was chosen, the settings each variant ran with. No torch.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.guard import Found
+from torch_autotune.probe.smallest import Smallest, workload_details
+from torch_autotune.probe.trials import StepSettings
+from torch_autotune.probe.workloads import Workload
+from torch_autotune.profile import (
+    BatchChoice,
+    CompileRecord,
+    Evidence,
+    SearchTrialRecord,
+    ThroughputRecord,
+    VariantRecord,
+)
+
+__all__ = ["RunState", "run_evidence"]
+
+
+class RunState(Protocol):
+    """What a probe run holds when its phases are done (``probe.run._Run``)."""
+
+    workload: Workload
+    settings: StepSettings
+    budget: Budget
+    warnings: list[str]
+    search: list[SearchTrialRecord]
+    records: list[ThroughputRecord]
+    variants: dict[str, VariantRecord]
+    compile: CompileRecord | None
+    smallest: Smallest
+    limit: int | None
+
+
+def run_evidence(
+    run: RunState, found: Found, *, batch: int, fastest: int, choice: BatchChoice
+) -> Evidence:
+    """What the run measured, as the profile's evidence (the DataLoader's part added after)."""
+    assert found.largest is not None
+    if run.budget.spent and found.limited_by != "budget":
+        run.warnings.append(
+            f"the run used {run.budget.elapsed():.0f} s of its {run.budget.total_s:.0f} s "
+            "budget; more time (--budget) measures more"
+        )
+    return Evidence(
+        workload=run.workload.name,
+        device=run.settings.device,
+        max_batch_size=found.largest,
+        fastest_batch_size=fastest,
+        batch_size=batch,
+        limited_by=found.limited_by,
+        limit_reason=found.reason,
+        search=tuple(run.search),
+        throughput=tuple(run.records),
+        budget_s=run.budget.total_s,
+        elapsed_s=round(run.budget.elapsed(), 3),
+        memory_limit_bytes=run.limit,
+        phases=run.budget.records(),
+        compile=run.compile,
+        warnings=tuple(run.warnings),
+        details=workload_details(run.workload, run.smallest),
+        batch_choice=choice,
+        variants=tuple(run.variants.values()),
+    )
