@@ -457,7 +457,7 @@ def test_a_model_neither_ddp_nor_fsdp2_trains_says_both() -> None:
         " FSDP2 over the 8 ranks (batch 1): it runs out of memory; use a smaller model, more"
         " ranks or larger devices"
     )
-    assert raised.value.exit_code == 5
+    assert raised.value.exit_code == 7
 
 
 def test_the_exports_of_a_sharded_job(tmp_path: Path) -> None:

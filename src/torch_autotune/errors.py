@@ -19,6 +19,10 @@ Exit codes (documented in the README):
     6  the probe could not measure: the time budget ran out before a batch finished, or a
        size that ran no longer runs (the device is shared), or another rank of the job
        stopped
+    7  the model does not fit the device: not even its smallest batch trains (out of
+       memory), with activation checkpointing either where it could be tried; the message
+       gives what a step needs, what was tried and what is left (sharding, an 8-bit
+       optimizer, the optimizer's state in host memory, a shorter sequence), each estimated
   130  interrupted (Ctrl-C): one line, no traceback
   141  standard output was closed early (``autotune show | head -1``): quietly, as a process
        that SIGPIPE ends (128 + 13)
@@ -36,6 +40,7 @@ EXIT_BAD_INPUT = 3
 EXIT_STORE = 4
 EXIT_WORKLOAD = 5
 EXIT_PROBE = 6
+EXIT_DOES_NOT_FIT = 7
 EXIT_DIFFERENT = 1  # autotune diff only, as diff(1): the two profiles differ
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
@@ -118,10 +123,27 @@ class WorkloadError(AutotuneError):
 
 class DoesNotFitError(WorkloadError):
     """Not even the smallest batch trains: it runs out of memory (``batch_size``). Where the
-    ranks of a job trained it in DDP, they try FSDP2 next (``together``)."""
+    ranks of a job trained it in DDP, they try FSDP2 next (``together``); one GPU's message
+    gives the plan (``probe.fit_plan``). Its own exit code: the workload is sound, the device
+    too small for it.
 
-    def __init__(self, message: str, *, batch_size: int) -> None:
-        super().__init__(message)
+    ``fact``: what was measured and tried, in one sentence; the message is the fact and then
+    the ``plan`` (lines: what a step needs and what is left), or, without one, ``fix``."""
+
+    exit_code = EXIT_DOES_NOT_FIT
+
+    def __init__(
+        self,
+        fact: str,
+        *,
+        batch_size: int,
+        fix: str = "use a smaller model or a larger device",
+        plan: str | None = None,
+    ) -> None:
+        super().__init__(f"{fact}.\n{plan}" if plan else f"{fact}; {fix}")
+        self.fact = fact
+        self.fix = fix
+        self.plan = plan
         self.batch_size = batch_size
 
 

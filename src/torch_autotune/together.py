@@ -153,10 +153,10 @@ def _ddp_or_fsdp(
         return probe(rules_only.model_copy(update={"settings": settings})), ddp.batch_size
     except DoesNotFitError as error:
         raise DoesNotFitError(
-            f"{str(ddp).partition(':')[0]} in DDP, nor sharded with FSDP2 over the "
-            f"{ranks.world_size} ranks (batch {error.batch_size}): it runs out of memory; use "
-            "a smaller model, more ranks or larger devices",
+            f"{ddp.fact.partition(':')[0]} in DDP, nor sharded with FSDP2 over the "
+            f"{ranks.world_size} ranks (batch {error.batch_size}): it runs out of memory",
             batch_size=error.batch_size,
+            fix="use a smaller model, more ranks or larger devices",
         ) from None
 
 
@@ -228,7 +228,6 @@ __all__ = [
     "ranks_or_none",
     "start_ranks",
     "tune_together",
-    "with_sharding_estimate",
 ]
 
 
@@ -307,9 +306,10 @@ def probe(
     threads_for: ThreadsFor | None,
 ) -> Profile:
     """The measured profile of one process, or of the job torchrun started (``tune_together``);
-    where not even the smallest batch fits one GPU, the error says what FSDP2 would need a rank
-    (``with_sharding_estimate``)."""
+    where not even the smallest batch fits one GPU, the error gives the plan
+    (``probe.fit_plan``: what it needs, what was tried, and what is left)."""
     from torch_autotune import compose
+    from torch_autotune.probe.fit_plan import with_plan
     from torch_autotune.probe.run import measure
 
     if ranks is not None and ranks.world_size > 1:  # torchrun's ranks: they probe together
@@ -344,7 +344,7 @@ def probe(
     except DoesNotFitError as error:
         checkpointed = _with_checkpointing(run, rules_only, error)
         if isinstance(checkpointed, DoesNotFitError):
-            raise with_sharding_estimate(checkpointed, workload, rules_only) from None
+            raise with_plan(checkpointed, workload, rules_only) from None
         result, reason = checkpointed
         measured = compose.measurements(result).model_copy(update={"checkpointing_reason": reason})
         return build(measured, result.evidence)
@@ -367,12 +367,13 @@ def _with_checkpointing(
         result = run(rules_only.model_copy(update={"settings": settings}))
     except NotCheckpointable as refused:
         return DoesNotFitError(
-            f"{error}; activation checkpointing was not tried: {refused}",
+            f"{error.fact}; activation checkpointing was not tried: {refused}",
             batch_size=error.batch_size,
         )
     except DoesNotFitError as again:
         return DoesNotFitError(
-            f"{error}; with activation checkpointing, not even batch {again.batch_size} trained",
+            f"{error.fact}; with activation checkpointing, not even batch {again.batch_size}"
+            " trained",
             batch_size=again.batch_size,
         )
     reason = (
@@ -381,46 +382,3 @@ def _with_checkpointing(
         f"{result.evidence.max_batch_size}"
     )
     return result, reason
-
-
-SHARD_FIT = 0.85
-"""An estimate counts only tensors: a rank is said to fit where it needs at most this share of
-its GPU's memory (the CUDA context, NCCL's buffers and the allocator take the rest)."""
-
-
-def with_sharding_estimate(
-    error: DoesNotFitError, workload: Workload, rules_only: Profile
-) -> DoesNotFitError:
-    """``error`` (one GPU: not even the smallest batch fits) with what a rank would need with
-    the model sharded by FSDP2 over this node's GPUs, or over 2, 4 and 8 where it has one: an
-    estimate (``probe.estimate``), since the ranks are not here to measure. As it was on the
-    CPU, or where nothing could be estimated."""
-    from torch_autotune.probe.estimate import fsdp_peak_bytes
-
-    targets = device_accelerators(rules_only.settings.device, rules_only.provenance.snapshot)
-    if rules_only.settings.device != "cuda" or not targets:
-        return error
-    gpus = len(targets)
-    worlds = [gpus, 2 * gpus, 4 * gpus] if gpus > 1 else [2, 4, 8]
-    settings = StepSettings.from_profile(rules_only)
-    batch = error.batch_size
-    needs = {
-        world: fsdp_peak_bytes(workload, settings, world_size=world, batch_size=batch)
-        for world in worlds
-    }
-    known = {world: peak for world, peak in needs.items() if peak is not None}
-    if not known:
-        return error
-    memory = min(a.memory_total_bytes or 0 for a in targets)
-    said = ", ".join(f"{w} ranks about {p / 2**30:.1f} GiB a rank" for w, p in known.items())
-    fits = [w for w, p in known.items() if memory and p <= SHARD_FIT * memory]
-    text = (
-        f"{error}. Sharded with FSDP2 at batch {batch} (an estimate of one step's tensors with"
-        f" torch's fake process group: no CUDA context, NCCL or allocator counted): {said};"
-        f" this GPU has {memory / 2**30:.0f} GiB"
-    )
-    if fits:
-        text += f": autotune --nproc-per-node {min(fits)} on GPUs like it would measure it"
-    else:
-        text += f": none of these fits in {SHARD_FIT:.0%} of it"
-    return DoesNotFitError(text, batch_size=batch)

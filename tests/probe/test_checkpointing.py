@@ -158,7 +158,7 @@ def test_a_model_that_fits_neither_way_says_both() -> None:
         tune_on(machine, _simulated_token_workload(), H100, mode="balanced", budget_s=60)
     message = str(raised.value)
     assert "with activation checkpointing, not even batch 1 trained" in message
-    assert "Sharded with FSDP2 at batch 1" in message
+    assert "\n  - sharded with FSDP2 over 2 GPUs: about " in message
 
 
 class _NeedsCheckpointing(nn.Module):

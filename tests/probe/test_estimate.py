@@ -14,12 +14,12 @@ from torch import nn
 from tests.probe.fake_trials import recorded, tune_on
 from torch_autotune.errors import DoesNotFitError
 from torch_autotune.probe.estimate import fsdp_peak_bytes
+from torch_autotune.probe.fit_plan import with_plan
 from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.rules.engine import build_profile
 from torch_autotune.settings import torch_defaults
-from torch_autotune.together import with_sharding_estimate
 
 H100 = recorded("h100-80gb-hbm3")
 WIDTH = 512
@@ -92,27 +92,29 @@ def test_a_model_that_cannot_be_faked_has_no_estimate() -> None:
 def test_a_model_that_does_not_fit_one_gpu_is_told_what_a_rank_would_need() -> None:
     rules_only = build_profile(H100)
     error = DoesNotFitError(
-        "the tower workload does not train even at batch size 1 on cuda: it runs out of memory;"
-        " use a smaller model or a larger device",
+        "the tower workload does not train even at batch size 1 on cuda: it runs out of memory",
         batch_size=1,
     )
-    told = str(with_sharding_estimate(error, _tower(), rules_only))
-    assert told.startswith(f"{error}. Sharded with FSDP2 at batch 1 (an estimate of one step's")
-    assert "no CUDA context, NCCL or allocator counted" in told
-    for world in (2, 4, 8):
-        assert f"{world} ranks about " in told
+    told = str(with_plan(error, _tower(), rules_only)).splitlines()
+    assert told[0] == f"{error.fact}."
+    assert told[1].startswith("Batch 1 needs about 0.3 GiB of tensors in a step (estimated")
+    assert told[2] == "What is left, each one step at batch 1:"
     # the tower is tiny beside an H100's memory (79 GiB of it, as NVML counts): two ranks do
-    memory = H100.accelerators[0].memory_total_bytes or 0
-    assert told.endswith(
-        f"this GPU has {memory / 2**30:.0f} GiB: autotune --nproc-per-node 2 on GPUs like it"
-        " would measure it"
-    )
+    for world in (2, 4, 8):
+        assert any(
+            line.startswith(f"  - sharded with FSDP2 over {world} GPUs: about ")
+            and line.endswith(
+                f"a GPU (estimated), fits; on {world} GPUs like this one, autotune"
+                f" --nproc-per-node {world} measures it"
+            )
+            for line in told
+        ), told
 
 
 def test_on_the_cpu_nothing_is_estimated() -> None:
     rules_only = build_profile(recorded("cpu-laptop-linux"))
     error = DoesNotFitError("does not train even at batch size 1 on cpu", batch_size=1)
-    assert with_sharding_estimate(error, _tower(), rules_only) is error
+    assert with_plan(error, _tower(), rules_only) is error
 
 
 @pytest.mark.slow  # a real fake-tensor estimate of the tower at three world sizes
@@ -120,5 +122,5 @@ def test_tune_on_a_gpu_it_does_not_fit_gives_the_estimate() -> None:
     machine = SimulatedMachine(limit=0, leaves=1)  # not even batch 1 fits
     with pytest.raises(DoesNotFitError) as raised:
         tune_on(machine, _tower(), H100, budget_s=30)
-    assert "Sharded with FSDP2 at batch 1" in str(raised.value)
-    assert raised.value.exit_code == 5
+    assert "  - sharded with FSDP2 over 2 GPUs: about " in str(raised.value)
+    assert raised.value.exit_code == 7

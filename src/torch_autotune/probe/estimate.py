@@ -1,5 +1,7 @@
-"""What a rank would hold if the model were sharded with FSDP2 over ranks that are not here:
-an estimate, where it cannot be measured, of one training step's peak tensor memory a rank.
+"""What a training step would hold where it cannot be measured: the peak tensor memory of one
+step on one device (``step_breakdown``, by kind: parameters, gradients, optimizer state,
+activations), and a rank's with the model sharded with FSDP2 over ranks that are not here
+(``fsdp_peak_bytes``).
 
 The model, its optimizer and a batch are built under ``FakeTensorMode`` (shapes and dtypes,
 no storage), sharded over torch's ``fake`` process group of ``world_size`` ranks as the job
@@ -15,6 +17,8 @@ installed torch, or the model cannot be built under fake tensors, the estimate i
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.probe.trials import StepSettings, make_optimizer
@@ -24,7 +28,129 @@ from torch_autotune.wrapping import shard
 if TYPE_CHECKING:
     from torch_autotune.probe.workloads import Workload
 
-__all__ = ["fsdp_peak_bytes"]
+__all__ = ["Breakdown", "fsdp_peak_bytes", "shorter_sequence", "step_breakdown"]
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """One training step's tensors at its peak, by kind, in bytes (an estimate: module
+    docstring). ``activations`` holds what backward makes on the way (torch's "Temp": the
+    gradients of activations, and of parameters before the optimizer takes them);
+    ``largest_block`` is the parameters of the largest repeated block (one FSDP2 unit)."""
+
+    parameters: int
+    gradients: int
+    optimizer: int
+    activations: int
+    other: int
+    largest_block: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.other
+
+
+def step_breakdown(
+    workload: Workload,
+    settings: StepSettings,
+    *,
+    batch_size: int,
+    reshape: Callable[[Any], Any] | None = None,
+) -> Breakdown | None:
+    """One device's training step of ``batch_size`` samples (``reshape``: what to do to the
+    batch first, e.g. ``shorter_sequence``), two fake steps under ``MemTracker``; None where
+    it cannot be estimated (module docstring)."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError:  # an older torch, or one that moved them
+        return None
+    on_cpu = settings.settings.model_copy(update={"device": "cpu"})
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's own, about fake tensors: not the user's
+            model = workload.make_model()
+            optimizer = make_optimizer(workload, model, {})
+            batch = workload.make_batch(batch_size)
+            tracker = MemTracker()
+            tracker.track_external(model, optimizer)
+            with tracker:
+                _two_steps(
+                    workload,
+                    on_cpu,
+                    model,
+                    optimizer,
+                    batch if reshape is None else reshape(batch),
+                    tracker=tracker,
+                )
+            peak = tracker.get_tracker_snapshot("peak")
+    except Exception:  # an estimate never fails the run: its absence is said
+        return None
+    return _breakdown(peak, _largest_block(model))
+
+
+def _breakdown(peak: dict[Any, dict[Any, int]], largest_block: int) -> Breakdown:
+    """The tracker's peak snapshot, summed over devices, by kind."""
+    kinds: dict[str, int] = {}
+    for device in peak.values():
+        for kind, size in device.items():
+            name = getattr(kind, "value", kind)
+            kinds[name] = kinds.get(name, 0) + int(size)
+    return Breakdown(
+        parameters=kinds.get("Parameter", 0),
+        gradients=kinds.get("Gradient", 0),
+        optimizer=kinds.get("Optstate", 0),
+        activations=kinds.get("Activation", 0) + kinds.get("Temp", 0),
+        other=kinds.get("Buffer", 0) + kinds.get("Other", 0),
+        largest_block=largest_block,
+    )
+
+
+def _largest_block(model: Any) -> int:
+    """Bytes of the parameters of the largest repeated block, 0 where none repeats."""
+    from torch_autotune.wrapping import repeated_blocks
+
+    return max(
+        (sum(p.numel() * p.element_size() for p in b.parameters()) for b in repeated_blocks(model)),
+        default=0,
+    )
+
+
+def shorter_sequence(batch: Any, length: int) -> Any:
+    """``batch`` with every tensor of two or more dimensions whose second is the sequence's
+    (``sequence_length``) cut to its first ``length`` positions; the rest as they are."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    full = sequence_length(batch)
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == full:
+            return value[:, :length]
+        return value
+
+    return tree_map(cut, batch)
+
+
+def sequence_length(batch: Any) -> int | None:
+    """The length of the token sequences in ``batch``: the second dimension of its integer
+    tensors of two dimensions (token ids, ``input_ids``, labels), where they all agree and it
+    is above 1; None for a batch of anything else (images, vectors)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    lengths = {
+        leaf.shape[1]
+        for leaf in tree_leaves(batch)
+        if isinstance(leaf, torch.Tensor)
+        and leaf.dim() == 2
+        and not leaf.is_floating_point()
+        and leaf.dtype is not torch.bool
+    }
+    if len(lengths) != 1:
+        return None
+    (length,) = lengths
+    return int(length) if length > 1 else None
 
 
 def fsdp_peak_bytes(
@@ -61,21 +187,26 @@ def fsdp_peak_bytes(
 
 def _peak(workload: Workload, settings: Any, batch_size: int, mesh: Any, tracker_class: Any) -> int:
     """Two fake steps of the sharded model under the tracker; its peak 'Total' in bytes."""
-    from torch_autotune.probe.trials import train_step
-
     model = shard(settings, workload.make_model(), mesh=mesh)
     optimizer = make_optimizer(workload, model, {})
     batch = workload.make_batch(batch_size)
     tracker = tracker_class(model, optimizer)
     with tracker:
-        for step in range(2):  # the second step holds the optimizer's state
-            train_step(
-                workload, batch, settings, model=model, optimizer=optimizer, scaler=_NoScaler()
-            )
-            if step == 0:
-                tracker.reset_mod_stats()  # it tracks one iteration's modules at a time
+        _two_steps(workload, settings, model, optimizer, batch, tracker=tracker)
     peak = tracker.get_tracker_snapshot("peak")
     return int(max(device["Total"] for device in peak.values()))
+
+
+def _two_steps(
+    workload: Workload, settings: Any, model: Any, optimizer: Any, batch: Any, *, tracker: Any
+) -> None:
+    """Two training steps under ``tracker``: the second holds the optimizer's state."""
+    from torch_autotune.probe.trials import train_step
+
+    for step in range(2):
+        train_step(workload, batch, settings, model=model, optimizer=optimizer, scaler=_NoScaler())
+        if step == 0:
+            tracker.reset_mod_stats()  # it tracks one iteration's modules at a time
 
 
 class _NoScaler:

@@ -88,7 +88,7 @@ def search(
     if found.largest is None:
         raise DoesNotFitError(
             f"the {name} workload does not train even at batch size {guarded.start} on"
-            f" {device}: it runs out of memory; use a smaller model or a larger device",
+            f" {device}: it runs out of memory",
             batch_size=guarded.start,
         )
     bounds = Bounds(
