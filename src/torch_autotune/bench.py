@@ -29,8 +29,8 @@ beyond noise, every ablated setting goes back to the baseline (rule ``M2``).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
@@ -120,13 +120,20 @@ def ablated_knobs(baseline: TrainConfig, tuned: TrainConfig) -> list[Knob]:
 
 @dataclass(frozen=True)
 class Plan:
-    """The arms of one bench: each distinct config once, with every name it goes by."""
+    """The arms of one bench: each distinct config once, with every name it goes by.
+
+    ``off_batch``: settings whose "off alone" arm brings back the batch that ran without them
+    (activation checkpointing: the profile's batch may not fit without it), by knob name; a
+    drop takes that batch too. ``required``: settings that cannot be switched off here, by knob
+    name, with why (nothing trained without them): no "off alone" arm, kept."""
 
     baseline: TrainConfig
     tuned: TrainConfig
     knobs: tuple[Knob, ...]
     configs: tuple[TrainConfig, ...]
     names: tuple[tuple[str, ...], ...]  # names[i]: the arms configs[i] stands for
+    off_batch: Mapping[str, int] = field(default_factory=dict)
+    required: Mapping[str, str] = field(default_factory=dict)
 
     def index(self, config: TrainConfig) -> int:
         return self.configs.index(config)
@@ -135,16 +142,36 @@ class Plan:
         return with_knob(self.baseline, knob, self.tuned)
 
     def off_alone(self, knob: Knob) -> TrainConfig:
-        return with_knob(self.tuned, knob, self.baseline)
+        return off_arm(self.tuned, knob, self.baseline, self.off_batch)
 
 
-def plan_arms(baseline: TrainConfig, tuned: TrainConfig) -> Plan:
-    """Baseline, tuned, and each ablated setting on alone and off alone, duplicates merged."""
+def off_arm(
+    config: TrainConfig, knob: Knob, baseline: TrainConfig, off_batch: Mapping[str, int]
+) -> TrainConfig:
+    """``config`` with ``knob`` as the baseline has it, at the batch that ran without it where
+    ``off_batch`` names one."""
+    off = with_knob(config, knob, baseline)
+    if knob.name in off_batch:
+        off = off.model_copy(update={"batch_size": off_batch[knob.name]})
+    return off
+
+
+def plan_arms(
+    baseline: TrainConfig,
+    tuned: TrainConfig,
+    *,
+    off_batch: Mapping[str, int] | None = None,
+    required: Mapping[str, str] | None = None,
+) -> Plan:
+    """Baseline, tuned, and each ablated setting on alone and off alone (not for a setting
+    ``required`` names), duplicates merged (``Plan``)."""
+    off_batch, required = dict(off_batch or {}), dict(required or {})
     knobs = tuple(ablated_knobs(baseline, tuned))
     named: list[tuple[str, TrainConfig]] = [("baseline", baseline), ("tuned", tuned)]
     for knob in knobs:
         named.append((f"baseline + {knob.name}", with_knob(baseline, knob, tuned)))
-        named.append((f"tuned - {knob.name}", with_knob(tuned, knob, baseline)))
+        if knob.name not in required:
+            named.append((f"tuned - {knob.name}", off_arm(tuned, knob, baseline, off_batch)))
     configs: list[TrainConfig] = []
     names: list[list[str]] = []
     for name, config in named:
@@ -153,7 +180,15 @@ def plan_arms(baseline: TrainConfig, tuned: TrainConfig) -> Plan:
         else:
             configs.append(config)
             names.append([name])
-    return Plan(baseline, tuned, knobs, tuple(configs), tuple(tuple(n) for n in names))
+    return Plan(
+        baseline,
+        tuned,
+        knobs,
+        tuple(configs),
+        tuple(tuple(n) for n in names),
+        off_batch,
+        required,
+    )
 
 
 def round_order(arms: int, round_index: int) -> list[int]:
@@ -218,17 +253,19 @@ def judge(
     tuned = effect(
         _throughputs(plan, rounds, plan.tuned), _throughputs(plan, rounds, plan.baseline)
     )
-    required = REQUIRED_BY_MODE.get(mode, {})
+    required = {**REQUIRED_BY_MODE.get(mode, {}), **plan.required}
     results = []
     for knob in plan.knobs:
         on = effect(
             _throughputs(plan, rounds, plan.on_alone(knob)),
             _throughputs(plan, rounds, plan.baseline),
         )
-        off = effect(
-            _throughputs(plan, rounds, plan.tuned),
-            _throughputs(plan, rounds, plan.off_alone(knob)),
-        )
+        off = None
+        if knob.name not in plan.required:  # no arm: it cannot be off here
+            off = effect(
+                _throughputs(plan, rounds, plan.tuned),
+                _throughputs(plan, rounds, plan.off_alone(knob)),
+            )
         outcome: Outcome = "kept"
         if knob.name in required:
             outcome, reason = "kept (required)", required[knob.name]
@@ -267,7 +304,7 @@ def final_config(plan: Plan, settings: Sequence[SettingEffect]) -> TrainConfig:
     dropped = {s.setting for s in settings if s.outcome == "dropped"}
     for knob in plan.knobs:
         if knob.name in dropped:
-            config = with_knob(config, knob, plan.baseline)
+            config = off_arm(config, knob, plan.baseline, plan.off_batch)
             for coupled, _why in couples(knob):
                 config = with_knob(config, coupled, plan.baseline)
     return config
@@ -325,6 +362,10 @@ def apply_bench(profile: Profile, plan: Plan, bench: BenchEvidence) -> Profile:
         rule, reason = ("M2", _reverted_text(bench)) if reverted else ("M1", drop.reason)
         knob = KNOB_BY_NAME[drop.setting]
         candidate = _with_drop(draft, knob, plan.baseline, rule, reason)
+        if knob.name in plan.off_batch and not reverted:  # the batch that ran without it
+            batch = KNOB_BY_NAME["batch_size"]
+            why = f"{knob.name} was dropped, and this batch ran without it: {drop.reason}"
+            candidate = _with_drop(candidate, batch, plan.off_alone(knob), rule, why)
         for coupled, why in couples(knob):
             now = settings_config(candidate.settings, plan.baseline)
             if knob_value(now, coupled) == knob_value(plan.baseline, coupled):

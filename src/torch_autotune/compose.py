@@ -28,6 +28,7 @@ from torch_autotune.bounds import (
     MAX_WORKERS,
 )
 from torch_autotune.profile import Mode, Preferences, Profile
+from torch_autotune.settings import memory_settings
 
 if TYPE_CHECKING:
     from torch_autotune.probe.ablation import ArmResults
@@ -151,7 +152,32 @@ def bench_plan(
         not_ablated.append(
             f"DataLoader settings: the {workload} workload has no dataset to load from"
         )
-    return plan_arms(base, tuned), tuple(not_ablated)
+    off_batch, required = _checkpointing_off(profile)
+    return plan_arms(base, tuned, off_batch=off_batch, required=required), tuple(not_ablated)
+
+
+def _checkpointing_off(profile: Profile) -> tuple[dict[str, int], dict[str, str]]:
+    """How the bench switches activation checkpointing off where the profile keeps it: at the
+    batch of the fastest steady point the probe ran without it and with the profile's other
+    settings that change memory (``off_batch``); where none ran, it cannot be switched off
+    (``required``, with the profile's reason: not even the smallest batch trained)."""
+    name = "activation_checkpointing"
+    evidence = profile.evidence
+    if not profile.settings.activation_checkpointing or evidence is None:
+        return {}, {}
+    memory = {k: v for k, v in memory_settings(profile.settings).items() if k != name}
+    without = {
+        v.name
+        for v in evidence.variants
+        if v.settings.get(name) == "off"
+        and all(v.settings.get(k, shown) == shown for k, shown in memory.items())
+    }
+    points = [t for t in evidence.throughput if t.variant in without and t.steady]
+    if points:
+        return {name: max(points, key=lambda t: t.samples_per_s).batch_size}, {}
+    decision = profile.decision(name)
+    why = decision.reason.removeprefix("on: ") if decision is not None else "it is on"
+    return {}, {name: f"no batch trained without it here ({why})"}
 
 
 def bench_evidence(

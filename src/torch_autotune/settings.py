@@ -314,9 +314,8 @@ RECORDS: tuple[SettingRecord, ...] = (
         "activation checkpointing",
         lambda s: on_off(s.activation_checkpointing),
         applied_by="prepare_model",
+        bench="activation_checkpointing",  # off: at the batch that ran without it (bench.Plan)
         memory=True,
-        not_ablated="activation checkpointing: the probe measures it against the run without"
-        " it (rule L2); the bench does not switch it yet",
         changed=lambda s: s.activation_checkpointing,
     ),
     SettingRecord(

@@ -102,7 +102,7 @@ class TrainingLoop:
         # An arm that sets TF32 sets it through the API this torch has, as a profile would.
         api = base.matmul.api or tf32_api(torch)
         self._base = base.model_copy(update={"matmul": base.matmul.model_copy(update={"api": api})})
-        self._models: dict[tuple[str, str | None], Any] = {}
+        self._models: dict[tuple[str, str | None, bool], Any] = {}
         self._given = model
         self._drain = drain_prefetch
 
@@ -117,7 +117,11 @@ class TrainingLoop:
 
         if self._given is not None:
             return self._given
-        key = (settings.memory_format, settings.compile.mode if settings.compile.enabled else None)
+        key = (
+            settings.memory_format,
+            settings.compile.mode if settings.compile.enabled else None,
+            settings.activation_checkpointing,
+        )
         if key not in self._models:
             torch.manual_seed(0)  # the same weights in every arm
             model = self.workload.make_model().to(self.device)
