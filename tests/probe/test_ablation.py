@@ -368,3 +368,26 @@ def test_bench_on_the_cpu_end_to_end() -> None:
         assert [s.setting for s in evidence.settings][:1] == ["batch_size"]
     assert evidence.tuned is not None
     assert evidence.tuned.rounds == 3
+
+
+def test_a_checkpointed_arm_trains_a_checkpointed_model_of_its_own() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    calls: list[int] = []
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return checkpoint(*args, **kwargs)  # type: ignore[arg-type]
+
+    loop = TrainingLoop(resolve_workload("transformer"), "cpu", warmup_steps=1, min_steps=2)
+    plain = TrainConfig(batch_size=4)
+    checkpointed = plain.model_copy(update={"settings": {"activation_checkpointing": True}})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("torch.utils.checkpoint.checkpoint", counting)
+        assert loop.measure(plain, 0.05) > 0
+        assert calls == []  # the plain arm's model is not checkpointed
+        assert loop.measure(checkpointed, 0.05) > 0
+        assert calls  # its blocks ran under checkpoint
+        calls.clear()
+        assert loop.measure(plain, 0.05) > 0
+        assert calls == []  # and the plain arm's model is still its own
