@@ -138,3 +138,75 @@ def test_passes_fed_by_the_dataloader_are_series_of_their_own(data_bound: Profil
     assert list(dict.fromkeys(g for g in gids if g.startswith("series: "))) == [
         f"series: {s.name}" for s in series
     ]
+
+
+# --- activation checkpointing: its own curves ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpointed() -> Profile:
+    """The simulated decoder on the H100 whose larger checkpointed batch is faster
+    (``tests/probe/test_checkpointing.py``): eager points up to 120, checkpointed beyond."""
+    from tests.probe.test_checkpointing import _balanced, _growing
+
+    return _balanced(_growing(1.05))
+
+
+def test_checkpointed_points_are_a_series_of_their_own_and_the_choice_comes_from_it(
+    checkpointed: Profile,
+) -> None:
+    evidence = checkpointed.evidence
+    assert evidence is not None
+    series = {s.name: s for s in data.throughput_series(evidence)}
+    assert list(series) == ["eager", "checkpointed"]
+    ran = {r.variant: set() for r in evidence.throughput}  # type: dict[str, set[int]]
+    for r in evidence.throughput:
+        ran[r.variant].add(r.batch_size)
+    assert {p.batch_size for p in series["eager"].points} == ran["eager"]
+    assert {p.batch_size for p in series["checkpointed"].points} == ran["checkpointed"]
+    assert max(ran["eager"]) <= 120 < max(ran["checkpointed"])
+    assert data.recommended_series(evidence) == "checkpointed"
+    rate = data.step_rate(evidence)
+    assert rate == next(
+        r.samples_per_s
+        for r in evidence.throughput
+        if r.variant == "checkpointed" and r.batch_size == evidence.batch_size
+    )
+
+
+def test_memory_is_two_curves_and_checkpointing_lowers_the_peak_a_sample(
+    checkpointed: Profile,
+) -> None:
+    evidence = checkpointed.evidence
+    assert evidence is not None
+    eager = dict(data.memory_peaks(evidence, "eager"))
+    with_it = dict(data.memory_peaks(evidence, "checkpointed"))
+    assert eager
+    assert with_it
+    assert max(with_it) > max(eager)  # larger batches fit with it
+    per_sample = {b: m / b for b, m in eager.items()}
+    assert all(m / b < min(per_sample.values()) for b, m in with_it.items())
+    figure = build_figure(checkpointed)
+    memory = next(ax for ax in figure.axes if ax.get_label() == "memory")
+    labels = [line.get_label() for line in memory.get_lines()]
+    assert "peak memory of a search trial" in labels
+    assert "peak memory of a search trial, checkpointed" in labels
+    throughput = next(ax for ax in figure.axes if ax.get_label() == "throughput")
+    legend = [t.get_text() for t in throughput.get_legend().texts]
+    assert "training throughput, activation checkpointing (median, spread)" in legend
+
+
+def test_a_model_that_fit_only_with_checkpointing_has_no_eager_curve() -> None:
+    from tests.probe.test_checkpointing import _simulated_token_workload
+
+    machine = SimulatedMachine(limit=0, checkpointed_limit=12, leaves=1)
+    profile = tune_on(machine, _simulated_token_workload(), H100, mode="balanced", budget_s=60)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert [s.name for s in data.throughput_series(evidence)] == ["checkpointed"]
+    assert data.memory_peaks(evidence, "eager") == []
+    assert data.memory_peaks(evidence, "checkpointed")
+    text = io.StringIO()
+    render_charts(profile, Console(file=text, width=100))
+    assert "peak memory" in text.getvalue()
+    assert ", checkpointed)" in text.getvalue()

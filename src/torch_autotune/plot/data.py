@@ -44,12 +44,32 @@ class Point:
 
 @dataclass(frozen=True)
 class Series:
-    """The points of one variant, by batch size: the eager step, the compiled step, or
-    training fed by the DataLoader with one worker count."""
+    """The points of one variant, by batch size: the eager step, the compiled step, the step
+    with activation checkpointing, or training fed by the DataLoader with one worker count."""
 
-    name: str  # "eager", "compiled", "fed, 2 workers", "fed, 2 workers, 1 thread, compiled"
-    kind: str  # "eager", "compiled" or "fed"
+    name: str  # "eager", "compiled", "checkpointed", "fed, 2 workers, 1 thread, compiled"
+    kind: str  # "eager", "compiled", "checkpointed" or "fed"
     points: tuple[Point, ...]
+
+
+STEP_KINDS = ("eager", "compiled", "checkpointed")
+"""The series of the training step, in the order they are drawn."""
+
+
+def step_kind(evidence: Evidence, variant: str) -> str:
+    """The series a point or trial of ``variant`` belongs to: "checkpointed" where it ran with
+    activation checkpointing (the checkpointed variant, or the base of a model that fit only
+    with it: its settings say so), else "compiled" or "eager"."""
+    record = next((v for v in evidence.variants if v.name == variant), None)
+    if record is not None and record.settings.get("activation_checkpointing") == "on":
+        return "checkpointed"
+    return "compiled" if variant == "compiled" else "eager"
+
+
+def _chosen_kind(evidence: Evidence) -> str:
+    """The series the recommended batch's point came from (eager where none was chosen)."""
+    choice = evidence.batch_choice
+    return "eager" if choice is None else step_kind(evidence, choice.variant)
 
 
 @dataclass(frozen=True)
@@ -111,14 +131,13 @@ def throughput_series(evidence: Evidence) -> list[Series]:
     """One series per variant that ran points, in this order: the eager step, the compiled
     step, and training fed by the DataLoader, one series per worker count (and thread count);
     a variant with no point that ran is left out."""
-    chosen = evidence.batch_choice
-    compiled = chosen is not None and chosen.compiled  # the fed passes ran as the choice did
+    chosen = _chosen_kind(evidence)  # the fed passes ran as the choice did
     series = []
-    for name, is_compiled in (("eager", False), ("compiled", True)):
+    for name in STEP_KINDS:
         points = [
             Point(r.batch_size, r.samples_per_s, r.relative_spread, r.steady)
             for r in evidence.throughput
-            if r.compiled == is_compiled
+            if step_kind(evidence, r.variant) == name
         ]
         if points:
             series.append(Series(name, name, tuple(sorted(points, key=_size))))
@@ -130,7 +149,7 @@ def throughput_series(evidence: Evidence) -> list[Series]:
     for (workers, threads), points in sorted(fed.items(), key=lambda i: (i[0][0], i[0][1] or 0)):
         name = f"fed, {workers} worker{'s' if workers != 1 else ''}"
         name += f", {threads} thread{'s' if threads != 1 else ''}" if threads is not None else ""
-        name += ", compiled" if compiled else ""
+        name += f", {chosen}" if chosen != "eager" else ""
         series.append(Series(name, "fed", tuple(sorted(points, key=_size))))
     return series
 
@@ -156,7 +175,7 @@ def recommended_series(evidence: Evidence, workers: int | None = None) -> str | 
         mine = [(s, p) for s, p in fed if workers is not None and _workers(s) == workers]
         best = max(mine or fed, key=lambda sp: sp[1].samples_per_s, default=None)
         return None if best is None else best[0].name
-    kind = "compiled" if choice is not None and choice.compiled else "eager"
+    kind = _chosen_kind(evidence)
     return next((s.name for s, _ in at if s.kind == kind), None)
 
 
@@ -182,14 +201,14 @@ def batch_rows(evidence: Evidence, workers: int | None = None) -> list[BatchRow]
     misfit = first_misfit(evidence)
     chosen = recommended_series(evidence, workers)
     fastest = fastest_measured(evidence)  # a point of the step, compiled if the choice was
-    compiled = evidence.batch_choice is not None and evidence.batch_choice.compiled
+    kind = _chosen_kind(evidence)
     rows: list[tuple[int, int, BatchRow]] = []
     for order, series in enumerate(throughput_series(evidence)):
         for p in series.points:
             marks = []
             if p.batch_size == evidence.batch_size and series.name == chosen:
                 marks.append("recommended")
-            elif p.batch_size == fastest and series.kind == ("compiled" if compiled else "eager"):
+            elif p.batch_size == fastest and series.kind == kind:
                 marks.append("fastest")
             row = BatchRow(p.batch_size, p.samples_per_s, p.relative_spread, "timed", ())
             rows.append((p.batch_size, order, replace(row, marks=tuple(marks), series=series.name)))
@@ -211,21 +230,24 @@ def _untimed(size: int, marks: tuple[str, ...]) -> BatchRow:
     return BatchRow(size, None, None, "ran (not timed)", marks)
 
 
-def memory_peaks(evidence: Evidence) -> list[tuple[int, float]]:
-    """(batch size, peak memory in GiB) of each search trial that ran and read its peak, sorted."""
+def memory_peaks(evidence: Evidence, kind: str | None = None) -> list[tuple[int, float]]:
+    """(batch size, peak memory in GiB) of each search trial that ran and read its peak, sorted;
+    of the series ``kind`` only (``step_kind``) where given."""
     return sorted(
         (t.batch_size, t.peak_memory_bytes / GIB)
         for t in evidence.search
-        if t.fits and t.peak_memory_bytes is not None
+        if t.fits
+        and t.peak_memory_bytes is not None
+        and (kind is None or step_kind(evidence, t.variant) == kind)
     )
 
 
 def step_rate(evidence: Evidence) -> float | None:
-    """Samples/s the training step consumes at the recommended batch size, compiled where the
-    batch was chosen from a compiled point (None: the step was not timed at that size)."""
-    compiled = evidence.batch_choice is not None and evidence.batch_choice.compiled
+    """Samples/s the training step consumes at the recommended batch size, of the series the
+    batch was chosen from (None: the step was not timed at that size)."""
+    kind = _chosen_kind(evidence)
     at = [r for r in evidence.throughput if r.batch_size == evidence.batch_size]
-    same = [r for r in at if r.compiled == compiled]
+    same = [r for r in at if step_kind(evidence, r.variant) == kind]
     return next((r.samples_per_s for r in same or at), None)
 
 

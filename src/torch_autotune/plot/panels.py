@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from torch_autotune.plot.data import (
     GIB,
+    STEP_KINDS,
     effect_rows,
     first_misfit,
     memory_peaks,
@@ -41,11 +42,17 @@ BLUE, LIGHT_BLUE, GREEN, GREY = "#1f77b4", "#9ecae1", "#2ca02c", "#7f7f7f"
 RED, PURPLE, DARK = "#d62728", "#9467bd", "#333333"
 ORANGE, BROWN, TEAL, PINK = "#ff7f0e", "#8c564b", "#17becf", "#e377c2"
 # One colour and marker per kind of series; fed series, dashed, cycle through their own.
-_SERIES_LOOKS = {"eager": (BLUE, "o"), "compiled": (ORANGE, "s")}
+_SERIES_LOOKS = {"eager": (BLUE, "o"), "compiled": (ORANGE, "s"), "checkpointed": (GREEN, "D")}
 _FED_COLOURS = (BROWN, TEAL, PINK)
 _SERIES_LABELS = {
     "eager": "training throughput, eager (median, spread)",
     "compiled": "training throughput, compiled (median, spread)",
+    "checkpointed": "training throughput, activation checkpointing (median, spread)",
+}
+_MEMORY_LOOKS = {
+    "eager": ("s", ""),
+    "compiled": ("x", ", compiled"),
+    "checkpointed": ("D", ", checkpointed"),
 }
 
 
@@ -181,17 +188,21 @@ def _draw_memory(ax: Axes, evidence: Evidence) -> list[Handle]:
         return []
     memory = ax.twinx()
     memory.set_label("memory")
-    handles: list[Handle] = [
-        *memory.plot(
-            [b for b, _ in peaks],
-            [m for _, m in peaks],
-            "s",
+    handles: list[Handle] = []
+    for kind in STEP_KINDS:  # one curve a kind: checkpointing moves the curve, not a point
+        mine = memory_peaks(evidence, kind)
+        if not mine:
+            continue
+        marker, suffix = _MEMORY_LOOKS[kind]
+        handles += memory.plot(
+            [b for b, _ in mine],
+            [m for _, m in mine],
+            marker,
             color=PURPLE,
             markersize=5,
             alpha=0.8,
-            label="peak memory of a search trial",
+            label=f"peak memory of a search trial{suffix}",
         )
-    ]
     top = max(m for _, m in peaks)
     if evidence.memory_limit_bytes is not None:
         limit = evidence.memory_limit_bytes / GIB

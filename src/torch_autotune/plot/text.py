@@ -16,6 +16,7 @@ from rich.text import Text
 
 from torch_autotune.plot.data import (
     GIB,
+    STEP_KINDS,
     batch_rows,
     chart_title,
     effect_rows,
@@ -125,10 +126,14 @@ def _print_batches(console: Console, evidence: Evidence, workers: int, width: in
             _BarRow(label, row.samples_per_s / top, ((f" {number}{spread}", ""), *marks), style)
         )
     _print_bars(console, bars, width)
-    peaks = memory_peaks(evidence)
-    if peaks:
+    for kind in STEP_KINDS:  # a line a curve: checkpointing moves the whole curve
+        peaks = memory_peaks(evidence, kind)
+        if not peaks:
+            continue
         at, peak_gib = max(peaks, key=lambda p: (p[1], p[0]))  # the highest, at the largest size
-        text = f"  peak memory {peak_gib:.1f} GiB (batch {at})"
+        text = (
+            f"  peak memory {peak_gib:.1f} GiB (batch {at}{'' if kind == 'eager' else ', ' + kind})"
+        )
         if evidence.memory_limit_bytes is not None:
             text += f" of {evidence.memory_limit_bytes / GIB:.1f} GiB the trials could use"
         _line(console, (text, "dim"))
