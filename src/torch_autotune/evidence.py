@@ -331,6 +331,15 @@ class Evidence(StrictModel):
         " schema 1, which did not record them).",
     )
 
+    def kind_of(self, variant: str) -> str:
+        """What a point or trial of ``variant`` trained as: "checkpointed" where it ran with
+        activation checkpointing (the checkpointed variant, or the base of a model that fit
+        only with it: its recorded settings say so), else "compiled" or "eager"."""
+        record = next((v for v in self.variants if v.name == variant), None)
+        if record is not None and record.settings.get("activation_checkpointing") == "on":
+            return "checkpointed"
+        return COMPILED if variant == COMPILED else EAGER
+
     def ran(self, memory: Mapping[str, str] | None = None) -> set[int]:
         """Batch sizes that trained here: search trials that fit, steady points, passes fed by
         the DataLoader, the bench's arms. ``memory``: only the probe's runs with these values of

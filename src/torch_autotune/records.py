@@ -7,7 +7,8 @@ fields it owns; everything that used to list the settings by hand reads them fro
   how a value shows in its tables, and why it leaves the others alone (``not_ablated``);
 - couplings: what goes back with a setting when the bench drops it, and why (``couples``:
   channels_last goes with AMP, rule H1);
-- the run's summary: a row for each record with ``summary`` set, shown by ``show``;
+- the run's summary: a row for each record with ``summary`` set, shown by ``show`` (and by
+  its measured decision's reason, with ``summary_reason``: the numbers behind it);
 - the exporters: a tool with an argument for the setting names it in ``integrations``' table
   (``Export``); every other tool writes the record's generated line (``note``), naming the
   profile's helper that applies it (``applied_by``), so a new setting is never left unsaid;
@@ -102,6 +103,7 @@ class SettingRecord:
     show: Callable[[Settings], str]
     applied_by: AppliedBy | None
     summary: bool = True
+    summary_reason: bool = False
     bench: str | None = None
     not_ablated: str | None = None
     couples: Mapping[str, str] = field(default_factory=dict)

@@ -314,6 +314,7 @@ RECORDS: tuple[SettingRecord, ...] = (
         "activation checkpointing",
         lambda s: on_off(s.activation_checkpointing),
         applied_by="prepare_model",
+        summary_reason=True,
         bench="activation_checkpointing",  # off: at the batch that ran without it (bench.Plan)
         memory=True,
         changed=lambda s: s.activation_checkpointing,

@@ -293,3 +293,27 @@ def test_checkpointing_is_not_measured_where_throughput_stopped_growing() -> Non
     assert decision is not None
     assert decision.reason.startswith("off: not measured: throughput stopped growing")
     assert decision.source is Source.INFERRED
+
+
+def test_the_summary_gives_both_numbers_and_names_each_points_series() -> None:
+    import io
+    import re
+
+    from rich.console import Console
+
+    from torch_autotune.render import render_run
+
+    profile = _balanced(_growing(1.05))
+    out = io.StringIO()
+    render_run(profile, Console(file=out, width=400, color_system=None), saved=None)
+    text = out.getvalue()
+    row = re.search(r"^activation checkpointing\s+(.*)$", text, re.MULTILINE)
+    assert row is not None
+    assert row.group(1).startswith("on: measured faster: ")
+    assert "the largest batch was 480 with it and 120 without" in row.group(1)
+    evidence = profile.evidence
+    assert evidence is not None
+    for record in evidence.throughput:
+        kind = "checkpointed" if record.variant == "checkpointed" else "eager"
+        line = rf"^\s+{record.batch_size}\s+{record.samples_per_s:.1f}\s+\d+%\s+{kind}"
+        assert re.search(line, text, re.MULTILINE), (record, text)

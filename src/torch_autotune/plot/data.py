@@ -57,13 +57,8 @@ STEP_KINDS = ("eager", "compiled", "checkpointed")
 
 
 def step_kind(evidence: Evidence, variant: str) -> str:
-    """The series a point or trial of ``variant`` belongs to: "checkpointed" where it ran with
-    activation checkpointing (the checkpointed variant, or the base of a model that fit only
-    with it: its settings say so), else "compiled" or "eager"."""
-    record = next((v for v in evidence.variants if v.name == variant), None)
-    if record is not None and record.settings.get("activation_checkpointing") == "on":
-        return "checkpointed"
-    return "compiled" if variant == "compiled" else "eager"
+    """The series a point or trial of ``variant`` belongs to (``Evidence.kind_of``)."""
+    return evidence.kind_of(variant)
 
 
 def _chosen_kind(evidence: Evidence) -> str:

@@ -11,7 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from torch_autotune.bench import BenchEvidence, Effect
-from torch_autotune.profile import CompileRecord, Evidence, Profile, RanksRecord
+from torch_autotune.profile import CompileRecord, Evidence, Profile, RanksRecord, Source
+from torch_autotune.records import SettingRecord
 from torch_autotune.render.machine import facts_table
 from torch_autotune.rules.optimizer import except_compile
 from torch_autotune.settings import RECORD_BY_NAME, RECORDS
@@ -68,9 +69,24 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
         if asked is not None:
             where = "the GPU" if profile.settings.device == "cuda" else "host RAM"
             facts.append(("memory limit", f"{asked / 2**30:g} GiB of {where}, as asked"))
-    s = profile.settings
-    facts += [(record.label, record.show(s)) for record in RECORDS if record.summary]
+    facts += [(record.label, _shown(profile, record)) for record in RECORDS if record.summary]
     return facts
+
+
+def _shown(profile: Profile, record: SettingRecord) -> str:
+    """A setting's value in the summary; with its measured decision's reason where its record
+    asks for it (activation checkpointing: the numbers with it and without)."""
+    shown = record.show(profile.settings)
+    if not record.summary_reason:
+        return shown
+    decision = profile.decision(record.paths[0])
+    if decision is None or decision.source is not Source.MEASURED:
+        return shown
+    return (
+        decision.reason
+        if decision.reason.startswith(f"{shown}:")
+        else f"{shown}: {decision.reason}"
+    )
 
 
 def _workload_facts(evidence: Evidence) -> list[tuple[str, str]]:
@@ -170,7 +186,7 @@ def _throughput_table(evidence: Evidence) -> Table:
     for column in ("batch", "samples/s", "spread", "note"):
         table.add_column(column, justify="right" if column != "note" else "left")
     for record in evidence.throughput:
-        notes = ["compiled" if record.compiled else "eager"]
+        notes = [evidence.kind_of(record.variant)]
         if not record.steady:
             notes.append("noisy: not used to choose")
         table.add_row(
