@@ -648,10 +648,16 @@ def test_a_compiled_search_that_stopped_for_memory_takes_the_margin_below_a_capp
     assert disagreements(profile) == []
 
 
-def test_a_compiled_choice_records_the_largest_its_own_search_trained() -> None:
+def test_a_compiled_choice_records_the_largest_its_own_search_trained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Found by the property (CI, 2026-11-25): the compiled variant searched on its own and
     stopped at 63 where eager trained 107; the choice records 63, its reason says 'trained
-    compiled', and the summary's largest batch names both."""
+    compiled', and the summary's largest batch names both. (The run as it was then: the
+    optimizer's memory trial, which came later and spends some of its 52 s, is left out.)"""
+    from torch_autotune.probe import optimizer_memory
+
+    monkeypatch.setattr(optimizer_memory, "DECIDES", float("inf"))
     noisy = (3, 4, 5, 6, 29, 31, 36, 41, 43, 44, 48, 50, 51, 54, 55, 58, 59, 66, 67, 81)
     machine = SimulatedMachine(
         limit=107,

@@ -190,3 +190,44 @@ def test_a_memory_limit_holds_the_probe_to_a_smaller_gpu() -> None:
     total = torch.cuda.get_device_properties(0).total_memory
     held = torch.empty(int(0.5 * total), dtype=torch.uint8, device="cuda")  # past 4 GiB: allowed
     del held
+
+
+def test_where_the_optimizer_step_is_the_peak_foreach_is_measured_against_fused() -> None:
+    """A wide MLP (8 layers of 4096x4096: 134M parameters, 2 GiB with Adam's state) on 32-wide
+    vectors under a 3 GiB limit: activations are nothing beside the optimizer's step, so the
+    fused step against foreach's is measured at the largest batch and rule I2 says so."""
+    import dataclasses
+
+    import torch
+
+    from torch_autotune.api import tune
+    from torch_autotune.probe.workloads import resolve_workload
+    from torch_autotune.profile import Source
+
+    width = 4096
+
+    def wide() -> torch.nn.Module:
+        layers = [torch.nn.Linear(width, width) for _ in range(8)]
+        return torch.nn.Sequential(torch.nn.Linear(32, width), *layers, torch.nn.Linear(width, 10))
+
+    mlp = resolve_workload("mlp")
+    workload = dataclasses.replace(
+        mlp,
+        name="wide",
+        make_model=wide,
+        make_batch=lambda n: (torch.randn(n, 32), torch.randint(0, 10, (n,))),
+        typical_batch=None,
+        dataset=None,
+    )
+    profile = tune(workload, mode="balanced", budget_s=60, memory_limit_gib=3)
+    assert profile.evidence is not None
+    record = profile.evidence.optimizer_memory
+    assert profile.evidence.limited_by == "memory", profile.evidence.limit_reason
+    assert record is not None, profile.evidence.search
+    assert record.fused_peak_bytes is not None
+    if record.foreach_fits:
+        assert record.foreach_peak_bytes is not None
+        assert record.foreach_peak_bytes > record.fused_peak_bytes  # the intermediates
+    decision = profile.decision("optimizer.fused")
+    assert decision is not None
+    assert decision.source is Source.MEASURED

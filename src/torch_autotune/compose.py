@@ -135,6 +135,7 @@ def measurements(result: ProbeResult) -> Measurements:
         batch_choice=evidence.batch_choice,
         checkpointing_reason=result.checkpointing_reason,
         checkpointing_note=result.checkpointing_note,
+        optimizer_memory=evidence.optimizer_memory,
     )
 
 

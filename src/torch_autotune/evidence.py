@@ -120,6 +120,16 @@ class PhaseRecord(StrictModel):
     allowed_s: float | None = Field(default=None, ge=0, description="The phase's share.")
 
 
+class OptimizerMemoryRecord(StrictModel):
+    """The fused optimizer's step against torch's default (foreach), at the largest batch the
+    search trained fused, where memory limited it (``probe.optimizer_memory``)."""
+
+    batch_size: BatchSize
+    fused_peak_bytes: Bytes | None = Field(description="The fused trial's peak at that batch.")
+    foreach_fits: bool = Field(description="The foreach optimizer trained that batch too.")
+    foreach_peak_bytes: Bytes | None = Field(description="Its peak, where it fit.")
+
+
 class CompileRecord(StrictModel):
     """torch.compile measured against eager training, or why it was not."""
 
@@ -313,6 +323,11 @@ class Evidence(StrictModel):
     compile: CompileRecord | None = Field(
         default=None, description="torch.compile measured (speed mode, where it can run)."
     )
+    optimizer_memory: OptimizerMemoryRecord | None = Field(
+        default=None,
+        description="The fused optimizer against foreach at the largest batch, where memory"
+        " limited the search and the optimizer is fused.",
+    )
     warnings: tuple[str, ...] = Field(default=(), description="What the user should know.")
     details: WorkloadDetails | None = Field(
         default=None, description="What the probe made of the workload (None in earlier releases)."
@@ -334,11 +349,15 @@ class Evidence(StrictModel):
     def kind_of(self, variant: str) -> str:
         """What a point or trial of ``variant`` trained as: "checkpointed" where it ran with
         activation checkpointing (the checkpointed variant, or the base of a model that fit
-        only with it: its recorded settings say so), else "compiled" or "eager"."""
+        only with it: its recorded settings say so), else "compiled" or "eager"; a
+        measurement of another kind by its name ("foreach")."""
+        name = variant.partition(",")[0]  # "eager, cuDNN autotuner off": a search of eager
+        if name not in (EAGER, COMPILED, "checkpointed"):
+            return name  # a measurement of its own (the foreach optimizer's trial)
         record = next((v for v in self.variants if v.name == variant), None)
         if record is not None and record.settings.get("activation_checkpointing") == "on":
             return "checkpointed"
-        return COMPILED if variant == COMPILED else EAGER
+        return name
 
     def ran(self, memory: Mapping[str, str] | None = None) -> set[int]:
         """Batch sizes that trained here: search trials that fit, steady points, passes fed by

@@ -379,6 +379,7 @@ def _with_checkpointing(
     reason = (
         f"not even batch {error.batch_size} trained without it (out of memory); with each "
         "repeated block's forward recomputed in backward, the largest batch that trained was "
-        f"{result.evidence.max_batch_size}"
+        f"{result.evidence.max_batch_size} (its recomputed step could not be checked against"
+        " the plain one, which does not fit)"
     )
     return result, reason

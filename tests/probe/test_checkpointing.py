@@ -16,7 +16,8 @@ from tests.probe.fake_trials import recorded, tune_on
 from tests.rules.helpers import context_with, run
 from torch_autotune.apply import prepare_model
 from torch_autotune.errors import DoesNotFitError
-from torch_autotune.probe.recompute import RTOL, checkpointed_step_agrees
+from torch_autotune.probe.recompute import checkpointed_step_agrees
+from torch_autotune.probe.search import RTOL
 from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, llama, models, resolve_workload
@@ -145,7 +146,8 @@ def test_a_model_that_fits_only_with_checkpointing_gets_it_with_the_numbers() ->
     assert (decision.rule, decision.source) == ("L2", Source.MEASURED)
     assert decision.reason == (
         "on: not even batch 1 trained without it (out of memory); with each repeated block's "
-        "forward recomputed in backward, the largest batch that trained was 12"
+        "forward recomputed in backward, the largest batch that trained was 12 (its recomputed"
+        " step could not be checked against the plain one, which does not fit)"
     )
     memory = {v.settings.get("activation_checkpointing") for v in evidence.variants}
     assert memory == {"on"}  # every size the profile's batch came from ran checkpointed
@@ -263,7 +265,10 @@ def test_checkpointing_is_kept_where_the_larger_batch_it_allows_is_faster() -> N
     decision = profile.decision("activation_checkpointing")
     assert decision is not None
     assert decision.source is Source.MEASURED
-    assert decision.reason.startswith("on: measured faster: ")
+    assert decision.reason.startswith(
+        "on: its recomputed step matched the plain one at batch 1 (loss and gradients within"
+    )
+    assert "; measured faster: " in decision.reason
     assert "the largest batch was 480 with it and 120 without" in decision.reason
 
 
@@ -309,7 +314,8 @@ def test_the_summary_gives_both_numbers_and_names_each_points_series() -> None:
     text = out.getvalue()
     row = re.search(r"^activation checkpointing\s+(.*)$", text, re.MULTILINE)
     assert row is not None
-    assert row.group(1).startswith("on: measured faster: ")
+    assert row.group(1).startswith("on: its recomputed step matched the plain one")
+    assert "; measured faster: " in row.group(1)
     assert "the largest batch was 480 with it and 120 without" in row.group(1)
     evidence = profile.evidence
     assert evidence is not None
@@ -317,3 +323,55 @@ def test_the_summary_gives_both_numbers_and_names_each_points_series() -> None:
         kind = "checkpointed" if record.variant == "checkpointed" else "eager"
         line = rf"^\s+{record.batch_size}\s+{record.samples_per_s:.1f}\s+\d+%\s+{kind}"
         assert re.search(line, text, re.MULTILINE), (record, text)
+
+
+def test_a_recompute_that_is_not_the_step_is_not_used() -> None:
+    from torch_autotune.probe.search import Agreement
+
+    machine = _growing(1.05)  # faster with it: but its recomputed step differs
+    machine.recompute = Agreement(agrees=False, largest_difference=0.25, blocks=4)
+    profile = _balanced(machine)
+    assert not profile.settings.activation_checkpointing
+    assert profile.evidence is not None
+    assert not any(r.variant == "checkpointed" for r in profile.evidence.throughput)
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert decision.reason.startswith(
+        "off: not used: a step with it differs from the plain step from the same weights by"
+        " 2.5e-01 (loss or a gradient, relative), more than 0.001"
+    )
+
+
+def test_a_recompute_that_could_not_be_checked_says_so() -> None:
+    machine = _growing(1.05)
+    machine.recompute = None  # the plain step at the smallest batch ran out of memory
+    profile = _balanced(machine)
+    assert profile.settings.activation_checkpointing
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert decision.reason.startswith(
+        "on: its recomputed step was not checked (the plain step at batch 1 ran out of memory)"
+    )
+
+
+def test_on_real_torch_the_check_runs_one_model_at_a_time() -> None:
+    """The plain step and the checkpointed one on the same model, one after the other: the
+    runner lets its own model go first, and the check builds one model."""
+    from torch_autotune.probe.trials import TrialRunner
+
+    built: list[int] = []
+    workload = _tiny("gpt2")
+    make = workload.make_model
+
+    def counting() -> object:
+        built.append(1)
+        return make()
+
+    runner = TrialRunner(dataclasses.replace(workload, make_model=counting), StepSettings())
+    runner(2)  # the runner's own model
+    assert built == [1]
+    checked = runner.recompute_check(2)
+    assert checked is not None
+    assert checked.agrees
+    assert built == [1, 1]  # one more for the check, none for a twin
+    assert runner._model is None  # its own was let go before

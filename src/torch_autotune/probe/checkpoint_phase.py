@@ -21,12 +21,20 @@ from dataclasses import dataclass
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.plan import plan
 from torch_autotune.probe.seam import Progress, Trials
+from torch_autotune.probe.search import RTOL, Agreement
 from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.variant_phase import Bounds, VariantOutcome, measure_variant
 from torch_autotune.probe.variants import Variant
 from torch_autotune.profile import ThroughputRecord
 
-__all__ = ["CHECKPOINTED", "CheckpointingOutcome", "checkpointed", "measure_checkpointing"]
+__all__ = [
+    "CHECKPOINTED",
+    "CheckpointingOutcome",
+    "checked_text",
+    "checkpointed",
+    "disagrees",
+    "measure_checkpointing",
+]
 
 CHECKPOINTED = "checkpointed"
 """The variant's name in the records."""
@@ -95,6 +103,9 @@ def measure_checkpointing(
     left = budget.left_in_run() - after.workers_s - after.confirm_s
     try:
         with budget.phase(variant.phase, left):
+            checked = _checked(base, bounds.floor, progress)
+            if checked is not None and not checked.agrees:
+                return CheckpointingOutcome(note=disagrees(checked))
             outcome = measure_variant(
                 base,
                 variant,
@@ -108,18 +119,55 @@ def measure_checkpointing(
             )
     except NotCheckpointable as refused:
         return CheckpointingOutcome(note=f"not measured: {refused}")
+    return _verdict(outcome, best, largest, checked_text(checked, bounds.floor))
+
+
+def _verdict(
+    outcome: VariantOutcome, best: ThroughputRecord, largest: int, checked: str
+) -> CheckpointingOutcome:
+    """Kept with L2's reason where its judgement kept it, else why not (``checked``: what the
+    check of its recompute found)."""
     judged = outcome.judgement
     if judged is None:
         return CheckpointingOutcome(outcome, note=f"not kept: {outcome.failed}")
     if not judged.kept:  # the judgement's words, less its "activation checkpointing off: "
         return CheckpointingOutcome(outcome, note=judged.reason.partition(" off: ")[2])
     reason = (
-        f"measured faster: {judged.samples_per_s / judged.base_samples_per_s:.2f}x "
+        f"{checked}; measured faster: {judged.samples_per_s / judged.base_samples_per_s:.2f}x "
         f"({judged.samples_per_s:,.0f} samples/s at batch {judged.batch_size} with it against "
         f"{judged.base_samples_per_s:,.0f} at batch {best.batch_size} without it); the largest "
         f"batch was {outcome.largest} with it and {largest} without"
     )
     return CheckpointingOutcome(outcome, reason=reason)
+
+
+def _checked(base: Trials, batch: int, progress: Progress) -> Agreement | None:
+    """The recomputed step against the plain one at ``batch`` (the seam's ``recompute_check``)."""
+    progress("checkpointing", f"batch {batch}, recomputed against the plain step")
+    return base.recompute_check(batch)
+
+
+def disagrees(checked: Agreement) -> str:
+    """Why checkpointing is not used where its recomputed step is not the plain one."""
+    return (
+        f"not used: a step with it differs from the plain step from the same weights by "
+        f"{checked.largest_difference:.1e} (loss or a gradient, relative), more than {RTOL:g}:"
+        " a checkpointed block's forward depends on more than its inputs (state it changes,"
+        " randomness not from torch's generators)"
+    )
+
+
+def checked_text(checked: Agreement | None, batch: int) -> str:
+    """What the check of the recomputed step found, for the reasons."""
+    if checked is None:
+        return (
+            f"its recomputed step was not checked (the plain step at batch {batch} ran out of"
+            " memory)"
+        )
+    return (
+        f"its recomputed step matched the plain one at batch {batch} (loss and gradients "
+        f"within {checked.largest_difference:.1e}, relative)"
+    )
 
 
 def _why_not(best: ThroughputRecord | None, limited_by: str, sizes: list[int]) -> str | None:

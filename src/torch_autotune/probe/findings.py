@@ -15,6 +15,7 @@ from torch_autotune.profile import (
     BatchChoice,
     CompileRecord,
     Evidence,
+    OptimizerMemoryRecord,
     SearchTrialRecord,
     ThroughputRecord,
     VariantRecord,
@@ -34,6 +35,7 @@ class RunState(Protocol):
     records: list[ThroughputRecord]
     variants: dict[str, VariantRecord]
     compile: CompileRecord | None
+    optimizer_memory: OptimizerMemoryRecord | None
     smallest: Smallest
     limit: int | None
 
@@ -63,6 +65,7 @@ def run_evidence(
         memory_limit_bytes=run.limit,
         phases=run.budget.records(),
         compile=run.compile,
+        optimizer_memory=run.optimizer_memory,
         warnings=tuple(run.warnings),
         details=workload_details(run.workload, run.smallest),
         batch_choice=choice,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.seam import Progress, Trials
-from torch_autotune.probe.search import TrialOutcome, find_max_batch_size
+from torch_autotune.probe.search import Trial, TrialOutcome, find_max_batch_size
 from torch_autotune.probe.timemodel import StepTiming, TimeModel
 from torch_autotune.probe.trials import MIN_BLOCKS
 from torch_autotune.profile import EAGER, SearchTrialRecord
@@ -203,6 +203,21 @@ def refused_record(
         predicted_s=None if predicted_s is None else round(predicted_s, 3),
         left_s=None if left_s is None else round(max(0.0, left_s), 3),
         error=error,
+    )
+
+
+def trial_record(trial: Trial, variant: str) -> SearchTrialRecord:
+    """A trial that ran outside a guarded search (a confirmation, a measurement of memory), as
+    the evidence keeps it."""
+    return SearchTrialRecord(
+        batch_size=trial.batch_size,
+        fits=trial.fits,
+        peak_memory_bytes=trial.peak_memory_bytes,
+        seconds=rounded_seconds(trial.seconds),
+        step=trial.step,
+        warmup_s=rounded_seconds(trial.warmup_s),
+        step_s=rounded_seconds(trial.step_s),
+        variant=variant,
     )
 
 

@@ -25,7 +25,7 @@ import pickle
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch_autotune.errors import EXIT_PROBE, AutotuneError, RankFailedError, raised_by_user_code
 from torch_autotune.evidence import EAGER
@@ -36,6 +36,9 @@ from torch_autotune.probe.loader import LoaderTrial
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import PointOutcome, StepSettings
 from torch_autotune.probe.variants import Variant
+
+if TYPE_CHECKING:
+    from torch_autotune.probe.search import Agreement
 
 __all__ = ["Follower", "Group", "Leader", "joined", "run_ranks"]
 
@@ -268,6 +271,11 @@ class Leader:
     def leaf_modules(self) -> int:
         found = self._all(_Call(self.ident, "leaf_modules"), self.runner.leaf_modules)
         return int(found[0])
+
+    def recompute_check(self, batch_size: int) -> Agreement | None:
+        """Rank 0's alone: a model of its own, no collective (the others wait for the next
+        call)."""
+        return cast("Agreement | None", self.runner.recompute_check(batch_size))
 
     def memory_limit(self) -> int | None:
         found = self._all(_Call(self.ident, "memory_limit"), self.runner.memory_limit)

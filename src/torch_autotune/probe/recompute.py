@@ -6,14 +6,13 @@ depends on more than its inputs is found before it trains wrong.
 
 from __future__ import annotations
 
-import copy
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.apply import autocast, batch_to_device
 from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.oom import release_memory
+from torch_autotune.probe.search import RTOL, Agreement
 from torch_autotune.wrapping import checkpoint_blocks
 
 if TYPE_CHECKING:
@@ -22,38 +21,26 @@ if TYPE_CHECKING:
 
 __all__ = ["Agreement", "checkpointed_step_agrees"]
 
-RTOL = 1e-3
-"""Relative tolerance between the two steps' losses and gradients: float32 kernels reorder
-sums between a forward and its recompute (cuDNN, matmul splits), by far less than this."""
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """How the checkpointed step compared with the plain one: ``agrees`` within ``RTOL``,
-    and the largest relative difference of the loss and of any gradient."""
-
-    agrees: bool
-    largest_difference: float
-    blocks: int  # blocks checkpointed (1: a Hugging Face model's own)
-
 
 def checkpointed_step_agrees(
     workload: Workload, settings: StepSettings, batch_size: int
 ) -> Agreement:
-    """One forward and backward of the workload's model and of a copy of it with its blocks
-    checkpointed (``wrapping.checkpoint_blocks``), the RNG seeded alike for both (dropout draws
-    the same masks), at ``batch_size`` on the settings' device under their autocast. Raises
+    """One forward and backward of a new model of the workload, then, with its blocks
+    checkpointed in place (``wrapping.checkpoint_blocks``), another from the same weights (no
+    optimizer step between), the RNG seeded alike for both (dropout draws the same masks), at
+    ``batch_size`` on the settings' device under their autocast: one model on the device at a
+    time, the plain step's loss and gradients kept on the host. Raises
     ``wrapping.NotCheckpointable`` where the model has no block to checkpoint safely."""
-    plain = workload.make_model().to(settings.device)
-    twin = copy.deepcopy(plain)
-    blocks = checkpoint_blocks(twin)
+    model = workload.make_model().to(settings.device)
     batch = batch_to_device(settings.settings, _users(workload.make_batch, batch_size))
-    results = [_step(workload, model, batch, settings) for model in (plain, twin)]
-    (loss, grads), (loss_cp, grads_cp) = results
+    loss, grads = _step(workload, model, batch, settings)
+    model.zero_grad(set_to_none=True)
+    blocks = checkpoint_blocks(model)
+    loss_cp, grads_cp = _step(workload, model, batch, settings)
     differences = [_relative(loss, loss_cp)]
     differences += [_relative(a, b) for a, b in zip(grads, grads_cp, strict=True)]
     largest = max(differences)
-    del plain, twin, results
+    del model, batch
     release_memory(settings.device)
     return Agreement(largest <= RTOL, largest, blocks)
 
@@ -71,8 +58,9 @@ def _step(
             ours = getattr(step, "marks_user_code", False)
             loss = step(model, batch) if ours else _users(step, model, batch)
         _users(loss.backward)
-    grads = [p.grad.detach().float() for p in model.parameters() if p.grad is not None]
-    return loss.detach().float(), grads
+    # kept on the host: the next step needs the device's room
+    grads = [p.grad.detach().float().cpu() for p in model.parameters() if p.grad is not None]
+    return loss.detach().float().cpu(), grads
 
 
 def _relative(a: Any, b: Any) -> float:

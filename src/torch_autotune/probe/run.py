@@ -45,10 +45,11 @@ from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.checkpoint_phase import measure_checkpointing
 from torch_autotune.probe.findings import run_evidence
-from torch_autotune.probe.guard import rounded_seconds
+from torch_autotune.probe.guard import trial_record
 from torch_autotune.probe.loop import FedRunner
 from torch_autotune.probe.memory import memory_capped
 from torch_autotune.probe.oom import long_lived_objects_frozen
+from torch_autotune.probe.optimizer_memory import measure_optimizer_memory
 from torch_autotune.probe.plan import Plan, plan
 from torch_autotune.probe.points import (
     batch_choice,
@@ -87,6 +88,7 @@ from torch_autotune.profile import (
     EAGER,
     CompileRecord,
     Evidence,
+    OptimizerMemoryRecord,
     Preferences,
     Profile,
     SearchTrialRecord,
@@ -172,6 +174,7 @@ class _Run:
     search: list[SearchTrialRecord] = field(default_factory=list)
     variants: dict[str, VariantRecord] = field(default_factory=dict)
     compile: CompileRecord | None = None
+    optimizer_memory: OptimizerMemoryRecord | None = None
     smallest: Smallest = field(default_factory=lambda: Smallest(1, None))
     threads_for: ThreadsFor | None = None
     limit: int | None = None  # bytes the trials could use on the device
@@ -358,19 +361,7 @@ class _Run:
                 f"batch {candidate} ran during the search but not when run again; memory is "
                 "shared with another process? Re-run autotune when the GPU is free"
             )
-        return [
-            SearchTrialRecord(
-                batch_size=t.batch_size,
-                fits=t.fits,
-                peak_memory_bytes=t.peak_memory_bytes,
-                seconds=rounded_seconds(t.seconds),
-                step=t.step,
-                warmup_s=rounded_seconds(t.warmup_s),
-                step_s=rounded_seconds(t.step_s),
-                variant=variant,
-            )
-            for t in confirmed.trials
-        ]
+        return [trial_record(t, variant) for t in confirmed.trials]
 
     def workers(self, final: Trials, variant: str, batch: int, multiple: int) -> WorkersOutcome:
         """The DataLoader's worker count, measured with ``final`` (the runner of the final
@@ -400,6 +391,10 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     fixed = run.preferences.fixed_shapes
     searched = run.searched(max_batch_size)
     found = searched.found
+    run.optimizer_memory, foreach = measure_optimizer_memory(
+        run.runner, searched, run.search, budget=run.budget, progress=run.report
+    )
+    run.search += foreach
     sizes = candidates(searched.largest, found.limited_by, step, fixed, floor=run.floor)
     mode = run.settings.compile_mode
     after = plan(

@@ -13,11 +13,11 @@ from typing import Protocol
 
 from torch_autotune.probe.fed import FedTrial
 from torch_autotune.probe.loader import LoaderTrial
-from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.search import Agreement, TrialOutcome
 from torch_autotune.probe.trials import PointOutcome, StepSettings
 from torch_autotune.probe.variants import Variant
 
-__all__ = ["Progress", "Trials"]
+__all__ = ["Agreement", "Progress", "Trials"]
 
 Progress = Callable[[str, str], None]
 """(phase, what is being tried); first ("budget", "120 s") once the budget is chosen."""
@@ -43,6 +43,12 @@ class Trials(Protocol):
     def leaf_modules(self) -> int: ...
 
     def memory_limit(self) -> int | None: ...
+
+    def recompute_check(self, batch_size: int) -> Agreement | None:
+        """One step with activation checkpointing against one without, from the same weights
+        and batch (``probe.recompute``); None where the plain step ran out of memory. Raises
+        ``wrapping.NotCheckpointable`` where the model cannot be checkpointed."""
+        ...
 
     def load(
         self, num_workers: int, batch_size: int, *, batches: int, timeout_s: float, seconds: float

@@ -39,6 +39,24 @@ class TrialOutcome:
 
 
 @dataclass(frozen=True)
+class Agreement:
+    """What one check found (the seam's ``recompute_check``): how a step with activation
+    checkpointing compared with the plain one from the same weights and batch
+    (``probe.recompute``): ``agrees`` within ``RTOL``, and the largest relative difference of
+    the loss and of any gradient."""
+
+    agrees: bool
+    largest_difference: float
+    blocks: int  # blocks checkpointed (1: a Hugging Face model's own)
+
+
+RTOL = 1e-3
+"""Relative tolerance between a checkpointed step's loss and gradients and the plain step's:
+float32 kernels reorder sums between a forward and its recompute (cuDNN, matmul splits), by
+far less than this (``probe.recompute`` holds the steps to it)."""
+
+
+@dataclass(frozen=True)
 class Trial:
     """One size tried, in the order tried, with why it was chosen."""
 

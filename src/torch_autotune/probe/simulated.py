@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 from torch_autotune.probe.fed import FedTrial, pass_seconds
 from torch_autotune.probe.loader import LoaderTrial, measure_loader
-from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.search import Agreement, TrialOutcome
 from torch_autotune.probe.trials import MIN_BLOCKS, PointOutcome, StepSettings, spread
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ __all__ = ["PRESETS", "SimulatedMachine", "SimulatedTrials", "preset"]
 
 MIB = 1 << 20
 GIB = 1 << 30
+AGREES = Agreement(agrees=True, largest_difference=0.0, blocks=1)
 
 
 @dataclass
@@ -84,6 +85,8 @@ class SimulatedMachine:
     compiled_speedup: float = 1.23
     checkpointed_limit: int | None = None  # the largest batch with activation checkpointing
     recompute_factor: float = 1.33  # a checkpointed step: about one forward more (issue 21)
+    foreach_bytes: int = 0  # what torch's foreach optimizer step holds beyond the fused one's
+    recompute: Agreement | None = AGREES  # the checkpointed step's check (None: no room)
     fixed_bytes: int = 2 * GIB
     per_sample_bytes: int = 44 * MIB
     memory_bytes: int | None = 80 * GIB  # what the trials may use (None: unknown, a CPU)
@@ -201,15 +204,28 @@ class SimulatedTrials:
         return min(known) if known else None
 
     def _fits(self, batch_size: int) -> bool:
-        """Whether ``batch_size`` trains: within the machine's limit, and its peak within the
-        cap (``--memory-limit``, as the allocator's fraction holds it)."""
+        """Whether ``batch_size`` trains: within the machine's limit, its peak within the cap
+        (``--memory-limit``, as the allocator's fraction holds it), and a foreach optimizer's
+        step within what the largest batch that fits holds."""
         m, cap = self.machine, self.settings.memory_limit_bytes
         if not m.fits(batch_size, **self._how):
             return False
-        return cap is None or m.peak(batch_size, **self._how) <= cap
+        held = m.peak(m._limit(**self._how), **self._how)
+        return (cap is None or self._peak(batch_size) <= cap) and self._peak(batch_size) <= held
+
+    def _peak(self, batch_size: int) -> int:
+        """The trial's peak: the step's, or the foreach optimizer's step where that is higher
+        (activations are freed by then, the intermediates of the update are not)."""
+        m, peak = self.machine, self.machine.peak(batch_size, **self._how)
+        foreach = not self.settings.settings.optimizer.fused and m.foreach_bytes
+        return max(peak, m.fixed_bytes + m.foreach_bytes) if foreach else peak
 
     def leaf_modules(self) -> int:
         return self.machine.leaves
+
+    def recompute_check(self, batch_size: int) -> Agreement | None:
+        del batch_size  # the machine's check holds at every size
+        return self.machine.recompute
 
     def variant(self, variant: Variant) -> SimulatedTrials:
         settings = self.settings.with_variant(variant)
@@ -233,7 +249,7 @@ class SimulatedTrials:
         m.advance(warmup + self.settings.steps * step)
         return TrialOutcome(
             True,
-            m.peak(batch_size, **self._how),
+            self._peak(batch_size),
             warmup + self.settings.steps * step,
             warmup,
             step,
@@ -271,7 +287,7 @@ class SimulatedTrials:
             warmup_s=warmup,
             step_s=step,
             blocks=len(rates),
-            peak_memory_bytes=m.peak(batch_size, **self._how),
+            peak_memory_bytes=self._peak(batch_size),
             seconds=m.now - began,
         )
 

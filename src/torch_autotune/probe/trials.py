@@ -36,7 +36,7 @@ from torch_autotune.apply import (
 from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.memory import device_memory_limit, peak_read, peak_reset
 from torch_autotune.probe.oom import release_memory, run_guarded
-from torch_autotune.probe.search import TrialOutcome
+from torch_autotune.probe.search import Agreement, TrialOutcome
 from torch_autotune.probe.timing import Timer
 from torch_autotune.settings import Compile, Settings, torch_defaults
 
@@ -197,6 +197,18 @@ class TrialRunner:
     def sibling(self, settings: StepSettings, *, base: Self | None) -> Self:
         """A runner of this class with ``settings``, on ``base``'s model where given."""
         return type(self)(self.workload, settings, clock=self.clock, base=base)
+
+    def recompute_check(self, batch_size: int) -> Agreement | None:
+        """The seam's (``probe.recompute``), on a model of its own: this runner's is let go
+        first, so that a model that barely fits is not on the device twice."""
+        from torch_autotune.probe.recompute import checkpointed_step_agrees
+
+        self.release_model()
+        checked, oom = run_guarded(
+            lambda: checkpointed_step_agrees(self.workload, self.settings, batch_size)
+        )
+        release_memory(self.settings.device)
+        return None if oom is not None else checked
 
     def release_model(self) -> None:
         """Let go of the model (it is built again when next needed) and the memory it held."""

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from torch_autotune.bounds import STRICT, BatchSize, WorkerCount
-from torch_autotune.evidence import BatchChoice
+from torch_autotune.evidence import BatchChoice, OptimizerMemoryRecord
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
 from torch_autotune.invariants import device_accelerators
 from torch_autotune.profile import Mode, Preferences, Source, torch_release
@@ -39,6 +39,7 @@ class Measurements(BaseModel):
     fsdp_reason: str | None = None  # the ranks sharded the model with FSDP2: why, with numbers
     checkpointing_reason: str | None = None  # activation checkpointing kept: why, with numbers
     checkpointing_note: str | None = None  # why the probe did not measure it, or did not keep it
+    optimizer_memory: OptimizerMemoryRecord | None = None  # fused against foreach, where measured
 
 
 @dataclass(frozen=True)

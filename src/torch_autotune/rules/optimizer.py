@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from torch_autotune.evidence import EAGER, BatchChoice
+from torch_autotune.evidence import EAGER, BatchChoice, OptimizerMemoryRecord
 from torch_autotune.profile import Mode, Source
 from torch_autotune.rules.context import Context, Finding
 
@@ -46,20 +46,42 @@ def optimizer(ctx: Context) -> Iterator[Finding]:
     """I1-I5: fused=True for Adam/AdamW on CUDA/ROCm GPUs with torch 2.0 or newer."""
     off = _not_fused_reason(ctx)
     if off is None:
-        yield Finding(
-            "optimizer.fused",
-            True,
-            "I2",
+        why = (
             f"{ctx.preferences.optimizer} on a CUDA/ROCm GPU with torch "
             f"{ctx.snapshot.software.torch_version}: the fused kernel (one launch for all "
             "parameters) is the fastest implementation and stable, yet not torch's default "
-            "(foreach). Needs every parameter floating-point on the GPU and differentiable=False",
+            "(foreach). Needs every parameter floating-point on the GPU and differentiable=False"
         )
+        measured = ctx.measurements.optimizer_memory if ctx.measurements is not None else None
+        if measured is None:
+            yield Finding("optimizer.fused", True, "I2", why)
+            return
+        memory = f"{why}; {optimizer_memory_text(measured)}"
+        yield Finding("optimizer.fused", True, "I2", memory, Source.MEASURED)
         return
     rule, why = off
     yield Finding(
         "optimizer.fused", False, rule, f"torch's default (foreach) implementation: {why}"
     )
+
+
+def optimizer_memory_text(record: OptimizerMemoryRecord) -> str:
+    """What the fused step's memory measured against foreach's, where memory limited the batch
+    (``probe.optimizer_memory``)."""
+    at = f"measured at batch {record.batch_size}, the largest that trained"
+    fused = record.fused_peak_bytes
+    if not record.foreach_fits:
+        return f"{at}: torch's default (foreach) ran out of memory there, so fused decides it"
+    foreach = record.foreach_peak_bytes
+    if fused is None or foreach is None:
+        return f"{at}: torch's default (foreach) trained it too (no peak was read)"
+    more = foreach - fused
+    text = (
+        f"{at}: the fused step peaked at {fused / 2**30:.2f} GiB, foreach at {foreach / 2**30:.2f}"
+    )
+    if more > 0:
+        return f"{text} ({more / 2**20:,.0f} MiB more)"
+    return f"{text}: no more memory here"
 
 
 def _rate(samples_per_s: float | None) -> str:
