@@ -11,9 +11,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 from tests.probe.fake_trials import recorded
+from tests.probe.test_estimate import Tower, _tower
 from torch_autotune import api
 from torch_autotune.errors import EXIT_DOES_NOT_FIT, DoesNotFitError
 from torch_autotune.probe import estimate
@@ -25,14 +25,13 @@ from torch_autotune.probe.estimate import (
 )
 from torch_autotune.probe.fit_plan import SHARD_FIT, with_plan
 from torch_autotune.probe.trials import StepSettings
-from torch_autotune.probe.workloads import Workload, resolve_workload
+from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.profile import Preferences, Profile
 from torch_autotune.rules.engine import build_profile
 from torch_autotune.settings import torch_defaults
 
 H100 = recorded("h100-80gb-hbm3")
 GIB = 2**30
-WIDTH = 256
 
 LLAMA_1B = Breakdown(  # llama-1b at batch 1 under fake tensors on this CPU, bf16 autocast
     parameters=int(4.11 * GIB),
@@ -44,34 +43,6 @@ LLAMA_1B = Breakdown(  # llama-1b at batch 1 under fake tensors on this CPU, bf1
 )
 """Recorded 2026-11-27 (torch 2.13): the peak is in the second step's backward, the gradients
 still in torch's "Temp" (counted with the activations here)."""
-
-
-class Stack(nn.Module):
-    """Four blocks of two WIDTH x 4*WIDTH layers: 2.1M parameters, 8 MiB in float32."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = nn.Sequential(
-            *(
-                nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
-                for _ in range(4)
-            )
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.blocks(x)
-
-
-def _stack() -> Workload:
-    return dataclasses.replace(
-        resolve_workload("mlp"),
-        name="stack",
-        make_model=Stack,
-        make_batch=lambda n: (torch.randn(n, WIDTH), torch.randn(n, WIDTH)),
-        typical_batch=None,
-        dataset=None,
-        kind="mlp",
-    )
 
 
 def _error(batch: int = 1) -> DoesNotFitError:
@@ -108,17 +79,17 @@ def _recorded_estimates(
 
 def test_a_step_breakdown_counts_parameters_their_moments_and_activations() -> None:
     settings = StepSettings(torch_defaults("cpu"))
-    small = step_breakdown(_stack(), settings, batch_size=8)
-    large = step_breakdown(_stack(), settings, batch_size=4096)
+    small = step_breakdown(_tower(), settings, batch_size=8)
+    large = step_breakdown(_tower(), settings, batch_size=4096)
     assert small is not None
     assert large is not None
-    params = sum(p.numel() for p in Stack().parameters()) * 4
+    params = sum(p.numel() for p in Tower().parameters()) * 4
     assert small.parameters == large.parameters == params
     # AdamW holds two moments of every parameter (and, at the peak of a small batch, which is
     # the optimizer's step, what its implementation holds on the way)
     assert 2 * params <= small.optimizer <= 2.5 * params
     assert large.activations > 100 * small.activations > 0
-    assert small.largest_block == params // 4  # one of the four blocks
+    assert small.largest_block == params // 8  # one of the eight blocks
     assert large.total == (
         large.parameters + large.gradients + large.optimizer + large.activations + large.other
     )
@@ -128,7 +99,7 @@ def test_a_model_that_cannot_be_faked_has_no_breakdown() -> None:
     def make_batch(n: int) -> object:
         raise RuntimeError("the user's data needs a file that is not there")
 
-    broken = dataclasses.replace(_stack(), make_batch=make_batch)
+    broken = dataclasses.replace(_tower(), make_batch=make_batch)
     assert step_breakdown(broken, StepSettings(torch_defaults("cpu")), batch_size=8) is None
 
 

@@ -1,0 +1,194 @@
+"""``benchmarks/memory_regime.py`` on the CPU: its batch search and its verdict on recorded
+numbers, how its arms reach activation checkpointing, and a smoke run of the whole script on the
+small ``transformer`` built-in (the limits recorded, not applied), one arm in a child process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from torch_autotune.errors import DoesNotFitError
+from torch_autotune.hardware import HardwareSnapshot
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_regime.py"
+SMOKE = [
+    "--device", "cpu", "--workloads", "transformer", "--limits", "2", "--seconds", "0.02",
+    "--max-batch", "2", "--quick", "--eager-only",
+]  # fmt: skip
+
+
+@pytest.fixture
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """One CPU thread here and in the children: a smoke run's steps are tiny, and on a busy
+    machine a second thread waits for a core more than it computes."""
+    import torch
+
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def bench() -> Iterator[ModuleType]:
+    spec = importlib.util.spec_from_file_location("memory_regime", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_largest_batch_doubles_then_bisects(bench: ModuleType) -> None:
+    largest, trials = bench.largest_batch(lambda size: size <= 13, 1024)
+    assert largest == 13
+    assert [size for size, _ in trials] == [1, 2, 4, 8, 16, 12, 14, 13]
+    assert bench.largest_batch(lambda size: size <= 100, 12) == (
+        12,
+        [[1, True], [2, True], [4, True], [8, True], [12, True]],
+    )
+    assert bench.largest_batch(lambda _size: False, 64) == (0, [[1, False]])
+
+
+def _arm(label: str, checkpointing: bool, *rates: float, over_cap: bool = False) -> dict[str, Any]:
+    rows = [{"batch": 8, "samples_per_s": rate, "over_cap": over_cap} for rate in rates]
+    return {"label": label, "checkpointing": checkpointing, "measurements": rows}
+
+
+def test_summary_takes_the_fastest_arm_under_the_cap(bench: ModuleType) -> None:
+    result = {
+        "does_not_fit": None,
+        "tuned": _arm("tuned", True, 114.0),
+        "arms": [
+            _arm("off", False, 100.0, 90.0),
+            _arm("on", True, 120.0, 60.0),
+            _arm("over", False, 500.0, over_cap=True),  # the cap not honoured: left out
+        ],
+    }
+    summary = bench.summarize(result)
+    assert summary["oracle"] == {"arm": "on", "batch": 8, "samples_per_s": 120.0}
+    assert summary["best_without_checkpointing"]["arm"] == "off"
+    assert summary["tuned_over_oracle"] == pytest.approx(0.95)
+    assert summary["tuned_over_no_checkpointing"] == pytest.approx(1.14)
+    assert summary["targets_held"]
+    slower = {**result, "tuned": _arm("tuned", True, 99.0)}  # 0.825 of the oracle
+    assert not bench.summarize(slower)["targets_held"]
+
+
+def test_summary_where_the_tuner_finds_no_fit(bench: ModuleType) -> None:
+    nothing = {"does_not_fit": "plan", "tuned": None, "arms": [_arm("off", False)]}
+    assert bench.summarize(nothing)["targets_held"]  # nothing fits in the grid either
+    missed = {**nothing, "arms": [_arm("on", True, 10.0)]}
+    assert not bench.summarize(missed)["targets_held"]  # the grid found a fit the tuner did not
+
+
+def test_the_grid_trains_checkpointed_arms_checkpointed(
+    bench: ModuleType, detected_as: Callable[[str], HardwareSnapshot]
+) -> None:
+    """Each arm of the grid, as the training loop reads it: checkpointing from the arm's
+    ``TrainConfig.settings`` (a bench knob), and the model prepared with its repeated blocks
+    wrapped, or none of them."""
+    from torch_autotune.bench import TrainConfig
+    from torch_autotune.probe.loop import TrainingLoop
+    from torch_autotune.probe.workloads import resolve_workload
+    from torch_autotune.settings import Settings
+
+    detected_as("cpu-laptop-linux")
+    args = bench._parse(SMOKE)
+    specs = bench.grid(bench._template("transformer", 2.0, None, args), args)
+    assert [spec.checkpointing for spec in specs] == [False, True]
+    for spec in specs:
+        base = Settings.model_validate(spec.base)
+        loop = TrainingLoop(resolve_workload("transformer"), "cpu", settings=base)
+        settings = loop.settings(TrainConfig.model_validate(spec.config))
+        assert settings.activation_checkpointing is spec.checkpointing
+        model = loop._model(settings)
+        wrapped = [m for m in model.modules() if getattr(m, "_torch_autotune_checkpointed", 0)]
+        assert bool(wrapped) is spec.checkpointing
+
+
+def test_usage_errors_exit_2(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bench.main(["--profile", "gpt2-large=p.yaml"])
+    assert exited.value.code == 2
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--workloads", "transformer"]) == 2
+    assert "CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_smoke_run_on_the_cpu(
+    bench: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    """tune() under the limit, the grid with checkpointing off and on, the second allocator's
+    arms each in a child process (on the CPU its variable is harmless), JSON and Markdown."""
+    detected_as("cpu-laptop-linux")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setitem(bench.PARENT_ENV, "PYTORCH_CUDA_ALLOC_CONF", None)  # torch's default
+    allocators = ["--allocators", "default", "expandable_segments:True"]
+    code = bench.main([*SMOKE, "--budget", "6", *allocators, "--out", str(tmp_path)])
+    assert code in (0, 1)  # the targets mean nothing on a loaded CPU
+    document = json.loads((tmp_path / "memory_regime_cpu.json").read_text())
+    assert "transformer under 2 GiB" in (tmp_path / "memory_regime_cpu.md").read_text()
+    assert document["versions"]["device"] == "cpu"
+    (result,) = document["results"]
+    assert result["limit_gib"] == 2.0
+    assert not result["cap_applied"]
+    arms = result["arms"]
+    assert {arm["checkpointing"] for arm in arms} == {False, True}
+    for arm in arms:
+        assert arm["error"] is None, arm
+        assert 1 <= arm["largest_batch"] <= 2
+        assert arm["measurements"]
+        assert all(row["samples_per_s"] > 0 for row in arm["measurements"])
+    children = [arm for arm in arms if arm["process"] == "child"]
+    assert children
+    assert all(arm["pid"] != os.getpid() for arm in children)
+    assert {arm["env_seen"]["PYTORCH_CUDA_ALLOC_CONF"] for arm in children} == {
+        "expandable_segments:True"
+    }
+    fastest = max(row["samples_per_s"] for arm in arms for row in arm["measurements"])
+    tuned_rate = result["tuned"]["measurements"][0]["samples_per_s"]
+    assert result["oracle"]["samples_per_s"] == fastest
+    assert result["tuned_over_oracle"] == pytest.approx(tuned_rate / fastest)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_a_workload_that_does_not_fit(
+    bench: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    """The tuner's plan is the result; the grid still runs, at the rules' settings."""
+    detected_as("cpu-laptop-linux")
+
+    def does_not_fit(*_args: object, **_kwargs: object) -> None:
+        raise DoesNotFitError("not even batch 1 trained: shard it", batch_size=1)
+
+    monkeypatch.setattr(bench, "tune", does_not_fit)
+    code = bench.main([*SMOKE, "--max-batch", "1", "--out", str(tmp_path)])
+    (result,) = json.loads((tmp_path / "memory_regime_cpu.json").read_text())["results"]
+    assert result["does_not_fit"].startswith("not even batch 1 trained: shard it")
+    assert result["tuned"] is None
+    assert all(arm["largest_batch"] == 1 for arm in result["arms"])  # no cap on the CPU
+    assert code == 1  # the grid fitted where the tuner said nothing would
