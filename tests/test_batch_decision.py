@@ -24,7 +24,8 @@ from torch_autotune.errors import EXIT_USAGE
 from torch_autotune.evidence import BatchChoice
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import process_count
-from torch_autotune.probe.simulated import SimulatedMachine, preset
+from torch_autotune.probe.presets import preset
+from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
 from torch_autotune.profile_io import dump_profile

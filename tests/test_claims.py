@@ -28,7 +28,8 @@ from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import process_count
 from torch_autotune.probe import workers_phase
 from torch_autotune.probe.points import margin_for
-from torch_autotune.probe.simulated import SimulatedMachine, preset
+from torch_autotune.probe.presets import preset
+from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Evidence, Profile, ThroughputRecord
 from torch_autotune.render.results import render_run

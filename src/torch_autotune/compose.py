@@ -136,6 +136,7 @@ def measurements(result: ProbeResult) -> Measurements:
         checkpointing_reason=result.checkpointing_reason,
         checkpointing_note=result.checkpointing_note,
         optimizer_memory=evidence.optimizer_memory,
+        allocator=evidence.allocator,
     )
 
 

@@ -130,6 +130,22 @@ class OptimizerMemoryRecord(StrictModel):
     foreach_peak_bytes: Bytes | None = Field(description="Its peak, where it fit.")
 
 
+class AllocatorRecord(StrictModel):
+    """The caching allocator's setting against this process's, measured in a fresh process
+    where memory limited the search (``probe.allocator_phase``)."""
+
+    value: Annotated[str, Field(max_length=256)] = Field(description="J1's value.")
+    fresh_has_it: bool = Field(description="The fresh process ran with it (this one without).")
+    measured: bool = False
+    kept: bool = True
+    batch_size: BatchSize | None = Field(default=None, description="Where both points ran.")
+    largest_with: BatchSize | None = None
+    largest_without: BatchSize | None = None
+    samples_per_s_with: float | None = Field(default=None, gt=0)
+    samples_per_s_without: float | None = Field(default=None, gt=0)
+    reason: Annotated[str, Field(max_length=2000)]
+
+
 class CompileRecord(StrictModel):
     """torch.compile measured against eager training, or why it was not."""
 
@@ -322,6 +338,10 @@ class Evidence(StrictModel):
     phases: tuple[PhaseRecord, ...] = Field(default=(), description="Time per phase.")
     compile: CompileRecord | None = Field(
         default=None, description="torch.compile measured (speed mode, where it can run)."
+    )
+    allocator: AllocatorRecord | None = Field(
+        default=None,
+        description="The allocator's setting measured in a fresh process (J1), where it was.",
     )
     optimizer_memory: OptimizerMemoryRecord | None = Field(
         default=None,

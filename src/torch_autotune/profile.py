@@ -26,6 +26,7 @@ from torch_autotune.bounds import CpuCount, GlobalBatch, PositiveBytes, Seed, Wo
 from torch_autotune.evidence import (
     COMPILED,
     EAGER,
+    AllocatorRecord,
     BatchChoice,
     CompileRecord,
     Evidence,
@@ -68,6 +69,7 @@ __all__ = [
     "COMPILED",
     "EAGER",
     "PROFILE_SCHEMA_VERSION",
+    "AllocatorRecord",
     "Backends",
     "BatchChoice",
     "BatchSettings",

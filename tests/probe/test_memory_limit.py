@@ -15,7 +15,8 @@ from tests.probe.fake_trials import recorded, tune_on
 from torch_autotune import compose
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_USAGE
-from torch_autotune.probe.simulated import SimulatedMachine, preset
+from torch_autotune.probe.presets import preset
+from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.render.results import render_run
 

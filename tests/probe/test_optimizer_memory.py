@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from tests.probe.fake_trials import recorded, tune_on
 from tests.probe.test_checkpointing import _simulated_token_workload
 from torch_autotune.probe.optimizer_memory import DECIDES, FOREACH, may_decide
-from torch_autotune.probe.simulated import SimulatedMachine, preset
+from torch_autotune.probe.presets import preset
+from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.profile import Profile, SearchTrialRecord, Source
 
 H100 = recorded("h100-80gb-hbm3")

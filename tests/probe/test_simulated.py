@@ -12,8 +12,9 @@ import pytest
 from tests.probe.fake_trials import recorded
 from torch_autotune.api import tune
 from torch_autotune.probe.plan import ram_budget
+from torch_autotune.probe.presets import PRESETS, preset
 from torch_autotune.probe.seam import Trials
-from torch_autotune.probe.simulated import PRESETS, SimulatedMachine, SimulatedTrials, preset
+from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.profile import Profile

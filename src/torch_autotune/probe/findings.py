@@ -8,14 +8,17 @@ from typing import Protocol
 
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import Found
+from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.smallest import Smallest, workload_details
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import (
+    AllocatorRecord,
     BatchChoice,
     CompileRecord,
     Evidence,
     OptimizerMemoryRecord,
+    Profile,
     SearchTrialRecord,
     ThroughputRecord,
     VariantRecord,
@@ -25,8 +28,11 @@ __all__ = ["RunState", "run_evidence"]
 
 
 class RunState(Protocol):
-    """What a probe run holds when its phases are done (``probe.run._Run``)."""
+    """What a probe run holds (``probe.run._Run``): what its phases read, and what they found
+    when they are done."""
 
+    rules_only: Profile
+    runner: Trials
     workload: Workload
     settings: StepSettings
     budget: Budget
@@ -36,8 +42,14 @@ class RunState(Protocol):
     variants: dict[str, VariantRecord]
     compile: CompileRecord | None
     optimizer_memory: OptimizerMemoryRecord | None
+    allocator: AllocatorRecord | None
     smallest: Smallest
     limit: int | None
+
+    @property
+    def report(self) -> Progress:
+        """Where the phases say what they try."""
+        ...
 
 
 def run_evidence(
@@ -66,6 +78,7 @@ def run_evidence(
         phases=run.budget.records(),
         compile=run.compile,
         optimizer_memory=run.optimizer_memory,
+        allocator=run.allocator,
         warnings=tuple(run.warnings),
         details=workload_details(run.workload, run.smallest),
         batch_choice=choice,

@@ -58,6 +58,7 @@ T = TypeVar("T")
 
 if TYPE_CHECKING:
     from torch_autotune.bench_record import TrainConfig
+    from torch_autotune.probe.fresh import FreshOutcome
     from torch_autotune.probe.workloads import Workload
 
 WARMUP_STEPS = 3
@@ -241,6 +242,34 @@ class FedRunner(TrialRunner):
     """A ``TrialRunner`` that also measures the workload's DataLoader: alone (``load``), and
     feeding training (``fed``), through the bench's loop on this runner's own model, so that
     the probe and ``autotune bench`` measure a worker count the same way."""
+
+    def fresh(
+        self,
+        environment: dict[str, str | None],
+        *,
+        batch: int,
+        above: list[int],
+        seconds: float,
+        timeout_s: float,
+    ) -> FreshOutcome | None:
+        """The seam's (``probe.fresh``): this runner's model let go first, so that the fresh
+        process has the device's memory but for this one's context; the fresh process trains
+        the step alone (``TrialRunner``), as the search and the points here do."""
+        from torch_autotune.probe.fresh import request_for, run_fresh
+
+        rebuild = self.workload.rebuild
+        if rebuild is None:
+            return None
+        self.release_model()
+        request = request_for(
+            self.settings,
+            rebuild,
+            self.workload.min_batch_size,
+            batch=batch,
+            above=above,
+            seconds=seconds,
+        )
+        return run_fresh(request, environment, timeout_s=timeout_s)
 
     def load(
         self, num_workers: int, batch_size: int, *, batches: int, timeout_s: float, seconds: float

@@ -18,9 +18,8 @@ ran out, and both peaks) is the evidence's ``optimizer_memory``, and I2 says it.
 from __future__ import annotations
 
 from torch_autotune.evidence import OptimizerMemoryRecord, SearchTrialRecord
-from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.findings import RunState
 from torch_autotune.probe.guard import trial_record
-from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import Trial
 from torch_autotune.probe.search_phase import Searched
 from torch_autotune.probe.variants import Variant
@@ -50,17 +49,13 @@ def foreach() -> Variant:
 
 
 def measure_optimizer_memory(
-    base: Trials,
-    searched: Searched,
-    search: list[SearchTrialRecord],
-    *,
-    budget: Budget,
-    progress: Progress,
+    run: RunState, searched: Searched
 ) -> tuple[OptimizerMemoryRecord | None, list[SearchTrialRecord]]:
-    """The foreach step at the largest batch ``searched`` trained (module docstring), ``search``
-    its trials' records: (what it found, its trial's record), or (None, []) where it is not
-    measured: the optimizer is not fused, memory did not stop the search, or the trial would
-    take more than ``SHARE`` of the time left."""
+    """The foreach step at the largest batch ``searched`` trained (module docstring): (what it
+    found, its trial's record), or (None, []) where it is not measured: the optimizer is not
+    fused, memory did not stop the search, or the trial would take more than ``SHARE`` of the
+    time left."""
+    base, search, budget, progress = run.runner, run.search, run.budget, run.report
     largest, limited_by, model = searched.largest, searched.found.limited_by, searched.guard.model
     if not base.settings.settings.optimizer.fused or limited_by != "memory":
         return None, []

@@ -38,6 +38,7 @@ from torch_autotune.probe.trials import PointOutcome, StepSettings
 from torch_autotune.probe.variants import Variant
 
 if TYPE_CHECKING:
+    from torch_autotune.probe.fresh import FreshOutcome
     from torch_autotune.probe.search import Agreement
 
 __all__ = ["Follower", "Group", "Leader", "joined", "run_ranks"]
@@ -276,6 +277,11 @@ class Leader:
         """Rank 0's alone: a model of its own, no collective (the others wait for the next
         call)."""
         return cast("Agreement | None", self.runner.recompute_check(batch_size))
+
+    def fresh(self, environment: dict[str, str | None], **_trials: Any) -> FreshOutcome | None:
+        """None: a fresh process of one rank is not the job's (its ranks start together)."""
+        del environment
+        return None
 
     def memory_limit(self) -> int | None:
         found = self._all(_Call(self.ident, "memory_limit"), self.runner.memory_limit)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 
 from torch_autotune.errors import ProbeError
 from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.probe.allocator_phase import measure_allocator
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.checkpoint_phase import measure_checkpointing
 from torch_autotune.probe.findings import run_evidence
@@ -86,6 +87,7 @@ from torch_autotune.probe.workloads import Workload
 from torch_autotune.probe.workloads.copies import parked
 from torch_autotune.profile import (
     EAGER,
+    AllocatorRecord,
     CompileRecord,
     Evidence,
     OptimizerMemoryRecord,
@@ -175,6 +177,7 @@ class _Run:
     variants: dict[str, VariantRecord] = field(default_factory=dict)
     compile: CompileRecord | None = None
     optimizer_memory: OptimizerMemoryRecord | None = None
+    allocator: AllocatorRecord | None = None
     smallest: Smallest = field(default_factory=lambda: Smallest(1, None))
     threads_for: ThreadsFor | None = None
     limit: int | None = None  # bytes the trials could use on the device
@@ -391,9 +394,7 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     fixed = run.preferences.fixed_shapes
     searched = run.searched(max_batch_size)
     found = searched.found
-    run.optimizer_memory, foreach = measure_optimizer_memory(
-        run.runner, searched, run.search, budget=run.budget, progress=run.report
-    )
+    run.optimizer_memory, foreach = measure_optimizer_memory(run, searched)
     run.search += foreach
     sizes = candidates(searched.largest, found.limited_by, step, fixed, floor=run.floor)
     mode = run.settings.compile_mode
@@ -412,6 +413,8 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     best, final = run.variant(best, sizes, after, searched)
     if final is run.runner:  # compile not kept: activation checkpointing may be measured
         best, final = run.checkpointing(best, sizes, searched)
+    base_best = best if final is run.runner else None  # a variant's point: not measured
+    run.allocator = measure_allocator(run, base_best, searched, after.workers_s + after.confirm_s)
     variant = best.variant if best is not None and final is not run.runner else EAGER
     ran = [r.batch_size for r in run.records if r.variant == EAGER]
     candidate = best.batch_size if best is not None else max(ran, default=sizes[0])

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from torch_autotune.probe.fed import FedTrial
+from torch_autotune.probe.fresh import FreshOutcome
 from torch_autotune.probe.loader import LoaderTrial
 from torch_autotune.probe.search import Agreement, TrialOutcome
 from torch_autotune.probe.trials import PointOutcome, StepSettings
@@ -48,6 +49,19 @@ class Trials(Protocol):
         """One step with activation checkpointing against one without, from the same weights
         and batch (``probe.recompute``); None where the plain step ran out of memory. Raises
         ``wrapping.NotCheckpointable`` where the model cannot be checkpointed."""
+        ...
+
+    def fresh(
+        self,
+        environment: dict[str, str | None],
+        *,
+        batch: int,
+        above: list[int],
+        seconds: float,
+        timeout_s: float,
+    ) -> FreshOutcome | None:
+        """This runner's trials in a fresh process with ``environment`` (``probe.fresh``); None
+        where its workload cannot be built again there (objects in hand, ranks)."""
         ...
 
     def load(

@@ -7,7 +7,7 @@ stands in for its accelerator when the probe measures. ``tune()`` takes it throu
 compile, workers) runs in milliseconds, on the timings a real machine showed::
 
     from torch_autotune import load_snapshot, tune
-    from torch_autotune.probe.simulated import preset
+    from torch_autotune.probe.presets import preset
 
     machine = preset("h100-resnet50")
     profile = tune("resnet50", snapshot=load_snapshot("h100.json"),
@@ -34,18 +34,18 @@ The worker counts the probe tries are still bounded by the CPUs of the process t
 (``probe.workers_phase``), also for a recorded machine: on a laptop with 2 CPUs, the 16-CPU
 H100's loading runs on 2 workers and limits training, and the batch follows (the tests patch
 ``workers_phase._process_cpus`` to the preset's ``host_cpus`` for the recorded run's shape).
-``PRESETS`` are recorded machines: the ResNet-50 and GPT-2 runs on an H100 and the conv net on
-a 2-core CPU. A test holds ``SimulatedTrials`` to the seam, method by method.
+``probe.presets`` holds recorded machines: the ResNet-50 and GPT-2 runs on an H100 and the conv
+net on a 2-core CPU. A test holds ``SimulatedTrials`` to the seam, method by method.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from torch_autotune.probe.fed import FedTrial, pass_seconds
+from torch_autotune.probe.fresh import FreshOutcome
 from torch_autotune.probe.loader import LoaderTrial, measure_loader
 from torch_autotune.probe.search import Agreement, TrialOutcome
 from torch_autotune.probe.trials import MIN_BLOCKS, PointOutcome, StepSettings, spread
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from torch_autotune.probe.variants import Variant
     from torch_autotune.probe.workloads import Workload
 
-__all__ = ["PRESETS", "SimulatedMachine", "SimulatedTrials", "preset"]
+__all__ = ["SimulatedMachine", "SimulatedTrials"]
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -68,7 +68,7 @@ class SimulatedMachine:
 
     The defaults are ResNet-50 in bf16 on an H100 as the first GPU run measured it (4,250
     samples/s at large batches, 14 s to start, 7 s of cuDNN autotuning a shape, 80 s to
-    compile); ``PRESETS`` hold the later recorded runs. ``now``, ``started``,
+    compile); ``probe.presets`` holds the later recorded runs. ``now``, ``started``,
     ``compiled_once``, ``shapes``, ``autotuned`` and ``log`` are the process's state: what
     has run so far.
     """
@@ -87,6 +87,7 @@ class SimulatedMachine:
     recompute_factor: float = 1.33  # a checkpointed step: about one forward more (issue 21)
     foreach_bytes: int = 0  # what torch's foreach optimizer step holds beyond the fused one's
     recompute: Agreement | None = AGREES  # the checkpointed step's check (None: no room)
+    allocator: tuple[int, float] | None = None  # with J1's allocator setting: limit, step factor
     fixed_bytes: int = 2 * GIB
     per_sample_bytes: int = 44 * MIB
     memory_bytes: int | None = 80 * GIB  # what the trials may use (None: unknown, a CPU)
@@ -223,6 +224,24 @@ class SimulatedTrials:
     def leaf_modules(self) -> int:
         return self.machine.leaves
 
+    def fresh(
+        self,
+        environment: dict[str, str | None],
+        *,
+        batch: int,
+        above: list[int],
+        seconds: float,
+        timeout_s: float,
+    ) -> FreshOutcome | None:
+        """A fresh process with the allocator's setting (``environment`` sets it) where the
+        machine has one (``allocator``: its limit, its step's factor), else without."""
+        m = self.machine
+        m.advance(min(timeout_s, 30.0 + seconds))  # its start, its point and its trials
+        limit, factor = m.allocator if any(environment.values()) and m.allocator else (m.limit, 1.0)
+        fits = {size: size <= limit for size in [batch, *above]}
+        rate = batch / (m.step_s(batch, **self._how) * factor) if fits[batch] else None
+        return FreshOutcome(fits, rate, next(iter(environment.values()), None))
+
     def recompute_check(self, batch_size: int) -> Agreement | None:
         del batch_size  # the machine's check holds at every size
         return self.machine.recompute
@@ -350,98 +369,3 @@ class SimulatedTrials:
 
 if TYPE_CHECKING:  # mypy holds the simulation to the seam as a type, a test does by signature
     _SEAM: type[Trials] = SimulatedTrials
-
-
-# --- recorded machines -------------------------------------------------------------------------
-
-
-def h100_resnet50() -> SimulatedMachine:
-    """ResNet-50 (bf16, channels_last, fused AdamW) on an H100 80GB, 2026-11-23: eager 4,250,
-    4,213 and 4,096 samples/s at 1672, 832 and 416 (a step of 4.9 ms plus 0.232 ms a sample);
-    1865 the largest batch (1866 ran out of memory); peaks of 0.87 GB at 8 and 84.0 GB at
-    1865; compiled 1.18x after a 53 s compile; cuDNN autotuning 5-12 s a shape; the first
-    step 5.7 s after start-up; the DataLoader at 4,688 samples/s with 16 workers."""
-    return SimulatedMachine(
-        limit=1865,
-        fixed_s=0.0049,
-        per_sample_s=0.000232,
-        first_s=5.7,
-        new_shape_s=0.1,
-        autotune_s=8.1,
-        compile_s=53.2,
-        compiled_speedup=1.18,
-        fixed_bytes=500_000_000,
-        per_sample_bytes=44_800_000,
-        memory_bytes=84_465_090_560,
-        load_s=16 / 4688,
-        host_cpus=16,
-        leaves=137,
-    )
-
-
-def h100_gpt2() -> SimulatedMachine:
-    """GPT-2 small (124M parameters, 512 tokens, bf16, fused AdamW) on an H100 80GB,
-    2026-11-23: eager 481, 455 and 434 samples/s at 136, 64 and 32 (a step of 9.5 ms plus
-    2.0 ms a sample); 155 the largest batch (156 ran out of memory); peaks of 6.4 GB at 8 and
-    83.9 GB at 155; compiled 1.40x after a 33 s compile; no cuDNN autotuner (not a conv
-    net); the first step 6.5 s after start-up; the DataLoader at 48,709 samples/s in the
-    main process."""
-    return SimulatedMachine(
-        limit=155,
-        fixed_s=0.0095,
-        per_sample_s=0.0020076,
-        first_s=6.5,
-        new_shape_s=0.1,
-        autotune_s=0.1,
-        compile_s=32.6,
-        compiled_speedup=1.40,
-        fixed_bytes=2_210_000_000,
-        per_sample_bytes=526_800_000,
-        memory_bytes=84_465_090_560,
-        load_s=1 / 48709,
-        host_cpus=16,
-        leaves=76,
-    )
-
-
-def cpu_conv() -> SimulatedMachine:
-    """The built-in conv net (0.7M parameters, 64x64 images, float32) on a 2-core CPU:
-    recorded at 208, 265, 299 and 306 samples/s at 512, 256, 128 and 64, throughput falling
-    with the batch; here a step of 80 ms plus 0.383 ms a sample to the power 1.4 (208, 261,
-    304 and 306). Memory never limits below the CPU cap (300 MiB plus 2.3 MiB a sample: 983
-    MiB at 256, 1575 MiB at 512). Loading is the data-bound benchmark's dataset, 3.7 ms a
-    sample on one core, the workers sharing the 2 cores with the step (``load_s=None``: the
-    workload's own DataLoader, measured for real)."""
-    return SimulatedMachine(
-        limit=10**6,
-        fixed_s=0.08,
-        per_sample_s=0.000383,
-        exponent=1.4,
-        first_s=0.3,
-        new_shape_s=0.1,
-        autotune_s=0.0,
-        fixed_bytes=300 * MIB,
-        per_sample_bytes=int(2.3 * MIB),
-        memory_bytes=None,  # torch reads no device memory on a CPU: the host's RAM holds the search
-        load_s=0.0037,
-        host_cpus=2,
-        shares_cpus=True,
-        leaves=1,
-    )
-
-
-PRESETS: dict[str, Callable[[], SimulatedMachine]] = {
-    "h100-resnet50": h100_resnet50,
-    "h100-gpt2": h100_gpt2,
-    "cpu-conv": cpu_conv,
-}
-"""Recorded machines by name: ``benchmarks/results/h100-2026-11-23`` (the two H100 runs) and
-``benchmarks/results/cpu_autotune_runs.md`` with ``data_bound_conv.md`` (the CPU)."""
-
-
-def preset(name: str, **changes: object) -> SimulatedMachine:
-    """A fresh ``PRESETS[name]``, with ``changes`` to its fields (``preset("h100-gpt2",
-    load_s=None)``: the workload's real DataLoader). ValueError for an unknown name."""
-    if name not in PRESETS:
-        raise ValueError(f"no simulated machine {name!r}; the presets are {', '.join(PRESETS)}")
-    return replace(PRESETS[name](), **changes)  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from torch_autotune.bounds import STRICT, BatchSize, WorkerCount
-from torch_autotune.evidence import BatchChoice, OptimizerMemoryRecord
+from torch_autotune.evidence import AllocatorRecord, BatchChoice, OptimizerMemoryRecord
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
 from torch_autotune.invariants import device_accelerators
 from torch_autotune.profile import Mode, Preferences, Source, torch_release
@@ -40,6 +40,7 @@ class Measurements(BaseModel):
     checkpointing_reason: str | None = None  # activation checkpointing kept: why, with numbers
     checkpointing_note: str | None = None  # why the probe did not measure it, or did not keep it
     optimizer_memory: OptimizerMemoryRecord | None = None  # fused against foreach, where measured
+    allocator: AllocatorRecord | None = None  # J1's setting in a fresh process, where measured
 
 
 @dataclass(frozen=True)

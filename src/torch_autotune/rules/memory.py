@@ -215,15 +215,23 @@ def _expandable_segments(ctx: Context) -> Finding:
         if ctx.rocm
         else f"Linux, NVIDIA, torch {ctx.snapshot.software.torch_version}"
     )
-    return Finding(
-        setting,
-        EXPANDABLE_SEGMENTS,
-        "M4" if ctx.rocm else "J1",
+    why = (
         f"{platform}: the allocator grows segments instead of leaving slivers of unusable "
         "memory when tensor sizes change (batch-size probing, variable batches or sequence "
         "lengths), so more of the GPU is usable. Must be set before the first CUDA allocation; "
-        "still marked experimental; combine it with max_split_size_mb only on torch 2.5+ (J5)",
+        "still marked experimental; combine it with max_split_size_mb only on torch 2.5+ (J5)"
     )
+    rule = "M4" if ctx.rocm else "J1"
+    measured = ctx.measurements.allocator if ctx.measurements is not None else None
+    if measured is None or measured.value != EXPANDABLE_SEGMENTS:
+        return Finding(setting, EXPANDABLE_SEGMENTS, rule, why)
+    if not measured.measured:  # the fresh process failed: the rule's, with what happened
+        return Finding(setting, EXPANDABLE_SEGMENTS, rule, f"{why}; {measured.reason}")
+    if measured.kept:
+        return Finding(
+            setting, EXPANDABLE_SEGMENTS, rule, f"{why}; {measured.reason}", Source.MEASURED
+        )
+    return Finding(setting, None, rule, f"not set: {measured.reason}", Source.MEASURED)
 
 
 def _workspace_config(ctx: Context, *, variable: str, vendor: str, rule: str) -> Finding:

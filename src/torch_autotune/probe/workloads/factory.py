@@ -7,6 +7,7 @@ result.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -34,7 +35,8 @@ def load_workload(spec: str) -> Workload:
     module_name, attribute = _parse_spec(spec)
     module = _import(spec, module_name)
     factory = _attribute(spec, module, module_name, attribute)
-    return as_workload(call_factory(spec, factory), name=spec)
+    made = as_workload(call_factory(spec, factory), name=spec)
+    return made if module_name == "__main__" else dataclasses.replace(made, rebuild=spec)
 
 
 def _parse_spec(spec: str) -> tuple[str, str]:

@@ -67,7 +67,7 @@ def _resolved(
         return choice
     if choice is None and not objects:
         chosen = DEFAULT_WORKLOAD if device is None else default_workload(device)
-        return BUILTIN_WORKLOADS[chosen]()
+        return dataclasses.replace(BUILTIN_WORKLOADS[chosen](), rebuild=chosen)
     if isinstance(choice, str) and ":" not in choice:
         return _named(choice)
     from torch_autotune.probe.state import preserved
@@ -86,7 +86,9 @@ def _users(choice: Any, objects: Mapping[str, Any] | None, name: str | None) -> 
         return as_workload(choice, name=name or default_name(choice), source="objects")
     if _is_function(choice):
         spec = f"{getattr(choice, '__module__', '?')}:{getattr(choice, '__qualname__', '?')}"
-        return as_workload(call_factory(spec, choice), name=name or spec)
+        made = as_workload(call_factory(spec, choice), name=name or spec)
+        importable = not spec.startswith(("__main__:", "?")) and "<" not in spec
+        return dataclasses.replace(made, rebuild=spec) if importable else made
     return as_workload(choice, name=name or default_name({"model": choice}), source="objects")
 
 
@@ -103,7 +105,7 @@ def _is_function(value: Any) -> bool:
 
 def _named(choice: str) -> Workload:
     if choice in BUILTIN_WORKLOADS:
-        return BUILTIN_WORKLOADS[choice]()
+        return dataclasses.replace(BUILTIN_WORKLOADS[choice](), rebuild=choice)
     raise WorkloadError(
         f"'{choice}' is neither a built-in workload ({_listed(BUILTIN_WORKLOADS)}) nor a"
         f" package.module:factory reference{_perhaps(choice, BUILTIN_WORKLOADS)}"

@@ -56,7 +56,8 @@ class Workload:
     with BatchNorm in training mode cannot train on one sample). ``optimizer`` names the kind of
     optimizer for the rules (``adamw``, ``adam``, ``sgd``, ``other``); ``details`` says what the
     probe made of the user's objects (how a batch is fed to the model, what was adapted), for
-    the evidence.
+    the evidence. ``rebuild`` is how another process builds it again (a built-in's name,
+    ``module:factory``); None for objects in hand, which a fresh process cannot have.
     """
 
     name: str
@@ -74,6 +75,7 @@ class Workload:
     optimizer: OptimizerKind = "adamw"
     variable_shapes: bool = False
     details: Callable[[], WorkloadDetails] | None = None
+    rebuild: str | None = None
 
     def __post_init__(self) -> None:
         where = f"workload '{self.name}'"

@@ -1,0 +1,105 @@
+"""Recorded machines for the simulation (``probe.simulated``): the ResNet-50 and GPT-2 runs on
+an H100 and the conv net on a 2-core CPU, each a ``SimulatedMachine`` with the timings and
+memory the real run showed. No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from torch_autotune.probe.simulated import MIB, SimulatedMachine
+
+__all__ = ["PRESETS", "cpu_conv", "h100_gpt2", "h100_resnet50", "preset"]
+
+
+def h100_resnet50() -> SimulatedMachine:
+    """ResNet-50 (bf16, channels_last, fused AdamW) on an H100 80GB, 2026-11-23: eager 4,250,
+    4,213 and 4,096 samples/s at 1672, 832 and 416 (a step of 4.9 ms plus 0.232 ms a sample);
+    1865 the largest batch (1866 ran out of memory); peaks of 0.87 GB at 8 and 84.0 GB at
+    1865; compiled 1.18x after a 53 s compile; cuDNN autotuning 5-12 s a shape; the first
+    step 5.7 s after start-up; the DataLoader at 4,688 samples/s with 16 workers."""
+    return SimulatedMachine(
+        limit=1865,
+        fixed_s=0.0049,
+        per_sample_s=0.000232,
+        first_s=5.7,
+        new_shape_s=0.1,
+        autotune_s=8.1,
+        compile_s=53.2,
+        compiled_speedup=1.18,
+        fixed_bytes=500_000_000,
+        per_sample_bytes=44_800_000,
+        memory_bytes=84_465_090_560,
+        load_s=16 / 4688,
+        host_cpus=16,
+        leaves=137,
+    )
+
+
+def h100_gpt2() -> SimulatedMachine:
+    """GPT-2 small (124M parameters, 512 tokens, bf16, fused AdamW) on an H100 80GB,
+    2026-11-23: eager 481, 455 and 434 samples/s at 136, 64 and 32 (a step of 9.5 ms plus
+    2.0 ms a sample); 155 the largest batch (156 ran out of memory); peaks of 6.4 GB at 8 and
+    83.9 GB at 155; compiled 1.40x after a 33 s compile; no cuDNN autotuner (not a conv
+    net); the first step 6.5 s after start-up; the DataLoader at 48,709 samples/s in the
+    main process."""
+    return SimulatedMachine(
+        limit=155,
+        fixed_s=0.0095,
+        per_sample_s=0.0020076,
+        first_s=6.5,
+        new_shape_s=0.1,
+        autotune_s=0.1,
+        compile_s=32.6,
+        compiled_speedup=1.40,
+        fixed_bytes=2_210_000_000,
+        per_sample_bytes=526_800_000,
+        memory_bytes=84_465_090_560,
+        load_s=1 / 48709,
+        host_cpus=16,
+        leaves=76,
+    )
+
+
+def cpu_conv() -> SimulatedMachine:
+    """The built-in conv net (0.7M parameters, 64x64 images, float32) on a 2-core CPU:
+    recorded at 208, 265, 299 and 306 samples/s at 512, 256, 128 and 64, throughput falling
+    with the batch; here a step of 80 ms plus 0.383 ms a sample to the power 1.4 (208, 261,
+    304 and 306). Memory never limits below the CPU cap (300 MiB plus 2.3 MiB a sample: 983
+    MiB at 256, 1575 MiB at 512). Loading is the data-bound benchmark's dataset, 3.7 ms a
+    sample on one core, the workers sharing the 2 cores with the step (``load_s=None``: the
+    workload's own DataLoader, measured for real)."""
+    return SimulatedMachine(
+        limit=10**6,
+        fixed_s=0.08,
+        per_sample_s=0.000383,
+        exponent=1.4,
+        first_s=0.3,
+        new_shape_s=0.1,
+        autotune_s=0.0,
+        fixed_bytes=300 * MIB,
+        per_sample_bytes=int(2.3 * MIB),
+        memory_bytes=None,  # torch reads no device memory on a CPU: the host's RAM holds the search
+        load_s=0.0037,
+        host_cpus=2,
+        shares_cpus=True,
+        leaves=1,
+    )
+
+
+PRESETS: dict[str, Callable[[], SimulatedMachine]] = {
+    "h100-resnet50": h100_resnet50,
+    "h100-gpt2": h100_gpt2,
+    "cpu-conv": cpu_conv,
+}
+"""Recorded machines by name: ``benchmarks/results/h100-2026-11-23`` (the two H100 runs) and
+``benchmarks/results/cpu_autotune_runs.md`` with ``data_bound_conv.md`` (the CPU)."""
+
+
+def preset(name: str, **changes: object) -> SimulatedMachine:
+    """A fresh ``PRESETS[name]``, with ``changes`` to its fields (``preset("h100-gpt2",
+    load_s=None)``: the workload's real DataLoader). ValueError for an unknown name."""
+    if name not in PRESETS:
+        raise ValueError(f"no simulated machine {name!r}; the presets are {', '.join(PRESETS)}")
+    return replace(PRESETS[name](), **changes)  # type: ignore[arg-type]

@@ -1,0 +1,167 @@
+"""The allocator's ``expandable_segments`` (rule J1), measured in a fresh process against this
+one's where memory stopped the search (``probe.allocator_phase``, ``probe.fresh``): on the
+simulated H100, where the fresh process's limit and speed are the machine's ``allocator``; and
+the fresh process itself, for real, on this CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.probe.fake_trials import recorded, tune_on
+from tests.probe.test_checkpointing import _growing, _simulated_token_workload
+from torch_autotune.evidence import SearchTrialRecord
+from torch_autotune.probe.allocator_phase import ALLOC_CONF, _above
+from torch_autotune.probe.fresh import FreshOutcome, request_for, run_fresh
+from torch_autotune.probe.loop import FedRunner
+from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.trials import StepSettings
+from torch_autotune.probe.workloads import resolve_workload
+from torch_autotune.profile import Profile, Source
+from torch_autotune.rules.memory import EXPANDABLE_SEGMENTS
+from torch_autotune.settings import torch_defaults
+
+H100 = recorded("h100-80gb-hbm3")
+SETTING = f"environment.{ALLOC_CONF}"
+
+
+def _decoder(allocator: tuple[int, float] | None) -> SimulatedMachine:
+    """The decoder of the checkpointing tests, whose batch memory stops at 120 on the H100;
+    with the allocator's setting it fits ``allocator[0]`` and steps ``allocator[1]`` times as
+    long."""
+    return dataclasses.replace(_growing(1.0, checkpointed=None), allocator=allocator)
+
+
+def _tuned(machine: SimulatedMachine, **options: object) -> Profile:
+    options = {"mode": "balanced", "budget_s": 180, **options}
+    return tune_on(machine, _simulated_token_workload(), H100, **options)
+
+
+@pytest.fixture(autouse=True)
+def _process_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ALLOC_CONF, raising=False)  # as a user's shell starts autotune
+
+
+def test_kept_where_it_raises_the_largest_batch() -> None:
+    profile = _tuned(_decoder((132, 1.0)))
+    record = profile.evidence.allocator if profile.evidence is not None else None
+    assert record is not None
+    assert record.measured
+    assert record.kept
+    assert record.fresh_has_it
+    assert (record.largest_with, record.largest_without) == (132, 120)
+    decision = profile.decision(SETTING)
+    assert decision is not None
+    assert decision.value == EXPANDABLE_SEGMENTS
+    assert decision.source is Source.MEASURED
+    assert "measured, with it in a fresh process (it is read when CUDA starts): the largest" in (
+        decision.reason
+    )
+    assert "at least 132 (every size tried trained) with it and 120 without" in decision.reason
+    assert profile.evidence is not None
+    assert "allocator" in [p.name for p in profile.evidence.phases]
+
+
+def test_kept_where_it_changes_nothing() -> None:
+    profile = _tuned(_decoder(None))
+    record = profile.evidence.allocator if profile.evidence is not None else None
+    assert record is not None
+    assert record.kept
+    assert record.samples_per_s_with == pytest.approx(record.samples_per_s_without or 0, 0.01)
+    assert profile.settings.environment.get(ALLOC_CONF) == EXPANDABLE_SEGMENTS
+
+
+@pytest.mark.parametrize(
+    ("allocator", "why"),
+    [
+        ((110, 1.0), "the largest batch that trained was below 120 (120 ran out of memory) with"),
+        ((120, 1.25), "was 120 (121 ran out of memory) with it and 120 without"),
+    ],
+)
+def test_dropped_where_it_lowers_the_largest_batch_or_is_slower(
+    allocator: tuple[int, float], why: str
+) -> None:
+    profile = _tuned(_decoder(allocator))
+    record = profile.evidence.allocator if profile.evidence is not None else None
+    assert record is not None
+    assert record.measured
+    assert not record.kept
+    assert ALLOC_CONF not in profile.settings.environment
+    decision = profile.decision(SETTING)
+    assert decision is not None
+    assert decision.value is None
+    assert decision.source is Source.MEASURED
+    assert decision.reason.startswith("not set: measured, with it in a fresh process")
+    assert why in decision.reason
+
+
+def test_a_process_that_started_with_it_measures_the_fresh_one_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(ALLOC_CONF, EXPANDABLE_SEGMENTS)
+    profile = _tuned(_decoder((132, 1.0)))  # the fresh process, without it, fits 120
+    record = profile.evidence.allocator if profile.evidence is not None else None
+    assert record is not None
+    assert not record.fresh_has_it
+    assert (record.largest_with, record.largest_without) == (120, 120)
+    assert record.kept
+    assert "measured, without it in a fresh process" in record.reason
+
+
+def test_not_measured_without_the_time_or_where_memory_did_not_stop_the_search() -> None:
+    short = _tuned(_decoder((132, 1.0)), budget_s=30)
+    assert short.evidence is not None
+    assert short.evidence.allocator is None
+    decision = short.decision(SETTING)
+    assert decision is not None
+    assert decision.source is Source.INFERRED
+    capped = _tuned(_decoder((132, 1.0)), max_batch_size=64)
+    assert capped.evidence is not None
+    assert capped.evidence.limited_by != "memory"
+    assert capped.evidence.allocator is None
+
+
+def test_the_sizes_above_are_the_first_that_ran_out_and_a_few_percent_beyond() -> None:
+    def trial(size: int, fits: bool, step: str = "bisect") -> SearchTrialRecord:
+        seconds = None if "not run" in step else 1.0
+        return SearchTrialRecord(
+            batch_size=size, fits=fits, peak_memory_bytes=None, seconds=seconds, step=step
+        )
+
+    search = [trial(64, True), trial(200, False), trial(130, False), trial(120, True)]
+    search.append(trial(125, False, "time-guard (not run)"))  # refused: never ran
+    # sizes between 120 and 130 never ran here: only one that ran out here can show a gain
+    assert _above(120, search) == [120, 130, 131, 132]
+    assert _above(120, [trial(120, True)]) == [120, 121, 126, 132]
+
+
+def test_objects_in_hand_cannot_go_to_a_fresh_process() -> None:
+    workload = dataclasses.replace(resolve_workload("mlp"), rebuild=None)
+    runner = FedRunner(workload, StepSettings(torch_defaults("cpu")))
+    assert runner.fresh({ALLOC_CONF: "x"}, batch=8, above=[], seconds=1, timeout_s=60) is None
+    assert resolve_workload("mlp").rebuild == "mlp"
+
+
+@pytest.mark.slow  # a Python process that imports torch and trains: seconds
+def test_the_fresh_process_trains_under_the_environment_it_was_given() -> None:
+    request = request_for(
+        StepSettings(torch_defaults("cpu")), "mlp", 1, batch=8, above=[16, 32], seconds=2.0
+    )
+    found = run_fresh(request, {ALLOC_CONF: EXPANDABLE_SEGMENTS}, timeout_s=300)
+    assert found.error is None
+    assert found.seen == EXPANDABLE_SEGMENTS
+    assert found.fits == {8: True, 16: True, 32: True}
+    assert found.largest == 32
+    unset = run_fresh(request, {ALLOC_CONF: None}, timeout_s=300)
+    assert unset.seen is None
+    broken = dataclasses.replace(request, rebuild="no_such_package.module:factory")
+    failed = run_fresh(broken, {ALLOC_CONF: None}, timeout_s=300)
+    assert failed.error is not None
+    assert "no_such_package" in failed.error
+    assert failed.largest is None
+
+
+def test_the_largest_is_below_the_first_size_that_did_not_fit() -> None:
+    assert FreshOutcome({120: True, 126: True, 130: False, 132: True}).largest == 126
+    assert FreshOutcome({120: False}).largest is None
