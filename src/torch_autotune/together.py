@@ -344,7 +344,7 @@ def probe(
     except DoesNotFitError as error:
         checkpointed = _with_checkpointing(run, rules_only, error)
         if isinstance(checkpointed, DoesNotFitError):
-            raise with_plan(checkpointed, workload, rules_only) from None
+            raise with_plan(checkpointed, workload, rules_only, progress) from None
         result, reason = checkpointed
         measured = compose.measurements(result).model_copy(update={"checkpointing_reason": reason})
         return build(measured, result.evidence)

@@ -152,7 +152,15 @@ def test_llama_1b_under_24_gib_is_told_the_ways_that_fit(monkeypatch: pytest.Mon
     half = dataclasses.replace(LLAMA_1B, activations=int(3.4 * GIB))
     shard = {2: int(12.1 * GIB), 4: int(8.2 * GIB), 8: int(6.3 * GIB)}
     _recorded_estimates(monkeypatch, LLAMA_1B, shard, half)
-    told = with_plan(_error(), resolve_workload("llama-1b"), _rules_only(24))
+    heard: list[str] = []
+    told = with_plan(
+        _error(), resolve_workload("llama-1b"), _rules_only(24), lambda p, w: heard.append(w)
+    )
+    assert heard == [
+        "what a step of batch 1 needs (an estimate)",
+        *(f"sharded over {world} GPUs (an estimate)" for world in (2, 4, 8)),
+        "sequences of 1024 tokens (an estimate)",
+    ]
     assert told.exit_code == EXIT_DOES_NOT_FIT == 7
     lines = _lines(told)
     assert lines[0] == f"{_error().fact}."

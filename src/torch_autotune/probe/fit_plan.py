@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch_autotune.errors import DoesNotFitError
 from torch_autotune.invariants import device_accelerators
+from torch_autotune.probe.seam import Progress
 from torch_autotune.probe.trials import StepSettings
 
 if TYPE_CHECKING:
@@ -68,9 +69,15 @@ class Way:
         return f"{said}; {self.how}" if self.how else said
 
 
-def with_plan(error: DoesNotFitError, workload: Workload, rules_only: Profile) -> DoesNotFitError:
+def with_plan(
+    error: DoesNotFitError,
+    workload: Workload,
+    rules_only: Profile,
+    progress: Progress | None = None,
+) -> DoesNotFitError:
     """``error`` (one GPU: not even its smallest batch fits) with the plan (module docstring);
-    as it was on the CPU and MPS, or where nothing could be estimated."""
+    as it was on the CPU and MPS, or where nothing could be estimated. ``progress`` hears of
+    each estimate (seconds each on a CPU for a billion parameters)."""
     from torch_autotune.probe.estimate import step_breakdown
 
     snapshot = rules_only.provenance.snapshot
@@ -80,12 +87,14 @@ def with_plan(error: DoesNotFitError, workload: Workload, rules_only: Profile) -
     settings = StepSettings.from_profile(rules_only)
     memory, said_memory = _memory(rules_only, min(a.memory_total_bytes or 0 for a in targets))
     batch = error.batch_size
+    say = progress or (lambda _phase, _what: None)
+    say("plan", f"what a step of batch {batch} needs (an estimate)")
     needed = step_breakdown(workload, settings, batch_size=batch)
     bound = _bound(memory, needed)
     ways = [
-        *_sharded(workload, settings, batch, len(targets), bound),
+        *_sharded(workload, settings, batch, len(targets), bound, say=say),
         *_optimizer_ways(needed, bound, snapshot.host.memory_available_bytes),
-        *_shorter(workload, settings, batch, bound, needed),
+        *_shorter(workload, settings, batch, bound, needed, say=say),
     ]
     if needed is None and not any(w.need_bytes is not None for w in ways):
         return error
@@ -131,7 +140,7 @@ def _needed_line(needed: Breakdown | None, batch: int, said_memory: str, memory:
 
 
 def _sharded(
-    workload: Workload, settings: StepSettings, batch: int, gpus: int, bound: int
+    workload: Workload, settings: StepSettings, batch: int, gpus: int, bound: int, *, say: Progress
 ) -> list[Way]:
     """FSDP2 over this node's GPUs (or 2, 4 and 8 where it has one), each world's estimate."""
     from torch_autotune.probe.estimate import fsdp_peak_bytes
@@ -139,6 +148,7 @@ def _sharded(
     worlds = [gpus, 2 * gpus, 4 * gpus] if gpus > 1 else [2, 4, 8]
     ways = []
     for world in worlds:
+        say("plan", f"sharded over {world} GPUs (an estimate)")
         need = fsdp_peak_bytes(workload, settings, world_size=world, batch_size=batch)
         fits = need is not None and need <= bound
         how = f"autotune --nproc-per-node {world} measures it" if fits and world <= gpus else ""
@@ -182,7 +192,13 @@ def _optimizer_ways(needed: Breakdown | None, bound: int, host_free: int | None)
 
 
 def _shorter(
-    workload: Workload, settings: StepSettings, batch: int, bound: int, needed: Breakdown | None
+    workload: Workload,
+    settings: StepSettings,
+    batch: int,
+    bound: int,
+    needed: Breakdown | None,
+    *,
+    say: Progress,
 ) -> list[Way]:
     """For a batch of token sequences: the step at half its length, and at a quarter where
     half does not fit but needs less than the whole (the peak may be the optimizer's step,
@@ -197,6 +213,7 @@ def _shorter(
         return []
     ways = []
     for shorter in (length // 2, length // 4):
+        say("plan", f"sequences of {shorter} tokens (an estimate)")
         step = step_breakdown(
             workload,
             settings,
