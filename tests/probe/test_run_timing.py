@@ -205,6 +205,17 @@ def test_a_size_refused_beside_one_refused_for_time_says_so() -> None:
         ran = [t.batch_size for t in evidence.search if t.fits and t.variant == record.variant]
         assert min(refused) <= 1.25 * max(ran) < 1.25 * record.batch_size
         assert record.predicted_s is not None
+    # time stopped it, and the summary says so: not "batch N ran out of memory" (the CPU's
+    # transformer said that of a size it never ran, 2026-11-27)
+    assert evidence.limited_by in ("time", "budget")
+    assert "ran out of memory" not in (evidence.limit_reason or "")
+    above = min(t.batch_size for t in evidence.search if t.batch_size > evidence.max_batch_size)
+    if evidence.limited_by == "time" and above in {t.batch_size for t in beside}:
+        assert evidence.limit_reason is not None
+        assert evidence.limit_reason.startswith(
+            f"batch {above} was not run: it is within 25% of the largest that ran, beside a"
+            " size refused for time (batch "
+        )
 
 
 def test_the_cpu_search_reaches_the_cap() -> None:

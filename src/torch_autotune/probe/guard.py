@@ -260,10 +260,10 @@ def search_with_guard(
         largest, limited_by = (max(ran) if ran else None), "budget"
     above = [t for t in guarded.records if not t.fits and t.batch_size > (largest or 0)]
     bound = min(above, key=lambda t: t.batch_size) if above else None
-    if bound is not None and limited_by == "memory":
-        limited_by = {TIME_GUARD: "time", "ram-guard (not run)": "host RAM"}.get(
-            bound.step, "memory"
-        )
+    if bound is not None and limited_by == "memory":  # the smallest size above: not run?
+        step = bound.step  # TIME_GUARD, or NEAR_TIME_GUARD: not run for time either
+        timed = step in (TIME_GUARD, NEAR_TIME_GUARD)
+        limited_by = "time" if timed else "host RAM" if step == "ram-guard (not run)" else "memory"
     if limited_by == "time" and guarded.budget.spent:
         limited_by = "budget"
     reasons = {
@@ -272,7 +272,7 @@ def search_with_guard(
             f"batch {bound.batch_size if bound else '?'} was predicted to need more than the "
             f"{gib(guarded.ram_budget_bytes)} of host RAM the probe may fill"
         ),
-        "time": guarded.refused or "the next size did not fit in the time left",
+        "time": _time_reason(guarded, bound),
         "budget": (
             f"{guarded.budget.elapsed():.0f} s of the {guarded.budget.total_s:.0f} s budget "
             "were spent"
@@ -281,6 +281,18 @@ def search_with_guard(
         "start": f"batch {guarded.start} ran out of memory",
     }
     return Found(largest, limited_by, reasons.get(limited_by, limited_by))
+
+
+def _time_reason(guarded: SearchGuard, bound: SearchTrialRecord | None) -> str:
+    """Why time stopped the search: the size refused by its prediction, and the one above the
+    largest that was not run beside it (``NEAR_TIME_GUARD``), where that is the bound."""
+    refused = guarded.refused or "the next size did not fit in the time left"
+    if bound is not None and bound.step == NEAR_TIME_GUARD:
+        return (
+            f"batch {bound.batch_size} was not run: it is within 25% of the largest that ran,"
+            f" beside a size refused for time ({refused})"
+        )
+    return refused
 
 
 def gib(value: int | None) -> str:
