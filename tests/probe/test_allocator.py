@@ -55,9 +55,10 @@ def test_kept_where_it_raises_the_largest_batch() -> None:
     assert decision is not None
     assert decision.value == EXPANDABLE_SEGMENTS
     assert decision.source is Source.MEASURED
-    assert "measured, with it in a fresh process (it is read when CUDA starts): the largest" in (
-        decision.reason
-    )
+    assert (
+        "measured, with it in a fresh process (it is read when CUDA starts; that process shares"
+        " the GPU with this one's context): the largest batch that trained was"
+    ) in decision.reason
     assert "at least 132 (every size tried trained) with it and 120 without" in decision.reason
     assert profile.evidence is not None
     assert "allocator" in [p.name for p in profile.evidence.phases]
@@ -165,3 +166,73 @@ def test_the_fresh_process_trains_under_the_environment_it_was_given() -> None:
 def test_the_largest_is_below_the_first_size_that_did_not_fit() -> None:
     assert FreshOutcome({120: True, 126: True, 130: False, 132: True}).largest == 126
     assert FreshOutcome({120: False}).largest is None
+
+
+@pytest.mark.parametrize(
+    ("stdout", "code", "said"),
+    [
+        ("torch-autotune-fresh {not json\n", 0, "its answer could not be read"),
+        ('torch-autotune-fresh {"fits": 3}\n', 0, "its answer could not be read"),
+        ("the user's own print\n", 0, "it exited with 0: no output"),
+        (
+            "torch-autotune-fresh "
+            + '{"fits": [[8, true]], "samples_per_s": "x", "seen": null, "error": null}',
+            0,
+            "its answer could not be read",
+        ),
+        ("", -9, "it exited with -9"),
+    ],
+)
+def test_a_fresh_process_that_answers_badly_is_an_error_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch, stdout: str, code: int, said: str
+) -> None:
+    import subprocess
+
+    from torch_autotune.probe import fresh
+
+    def answered(command: list[str], *_args: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(command, code, stdout=stdout, stderr="")
+
+    monkeypatch.setattr(fresh, "_run", answered)
+    request = request_for(StepSettings(torch_defaults("cpu")), "mlp", 1, batch=8)
+    found = run_fresh(request, {ALLOC_CONF: None}, timeout_s=10)
+    assert found.error is not None
+    assert found.error.startswith(said)
+    assert found.largest is None
+
+
+def test_a_fresh_process_past_its_time_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from torch_autotune.probe import fresh
+
+    def slow(command: list[str], _given: str, _env: object, timeout: float) -> object:
+        raise subprocess.TimeoutExpired(command, timeout)
+
+    monkeypatch.setattr(fresh, "_run", slow)
+    request = request_for(StepSettings(torch_defaults("cpu")), "mlp", 1, batch=8)
+    found = run_fresh(request, {ALLOC_CONF: None}, timeout_s=42)
+    assert found.error == "it ran past 42 s and was stopped"
+
+
+def test_kept_where_without_it_not_even_the_points_batch_trained() -> None:
+    from torch_autotune.probe.allocator_phase import _kept
+
+    assert _kept(120, None, 1000.0, None)  # the fresh process without it fit nothing
+    assert not _kept(None, 120, None, 1000.0)
+    assert not _kept(110, 120, 1000.0, 1000.0)
+    assert _kept(120, 120, 980.0, 1000.0)  # 2% slower: within noise
+    assert not _kept(120, 120, 900.0, 1000.0)
+
+
+def test_a_process_that_has_it_under_either_name_or_among_other_options_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch_autotune.probe.allocator_phase import _has_it
+
+    assert not _has_it(EXPANDABLE_SEGMENTS)
+    monkeypatch.setenv(ALLOC_CONF, "max_split_size_mb:128, expandable_segments:True")
+    assert _has_it(EXPANDABLE_SEGMENTS)
+    monkeypatch.delenv(ALLOC_CONF)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:true")
+    assert _has_it(EXPANDABLE_SEGMENTS)

@@ -282,3 +282,37 @@ def test_a_model_that_does_not_fit_exits_7_with_the_plan_and_saves_nothing(
     assert result.stderr == f"autotune: error: {_error().fact}.\n{plan}\n"
     assert "Traceback" not in result.output
     assert not list(tmp_path.iterdir())  # type: ignore[attr-defined]
+
+
+def test_a_gpu_of_unknown_memory_is_held_to_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    shard = {2: int(12.1 * GIB), 4: int(8.2 * GIB), 8: int(6.3 * GIB)}
+    _recorded_estimates(monkeypatch, LLAMA_1B, shard, LLAMA_1B)
+    unknown = H100.model_copy(
+        update={
+            "accelerators": tuple(
+                a.model_copy(update={"memory_total_bytes": None}) for a in H100.accelerators
+            )
+        }
+    )
+    rules_only = build_profile(unknown, preferences=Preferences())
+    lines = _lines(with_plan(_error(), resolve_workload("llama-1b"), rules_only))
+    assert "this GPU's memory is not known" in lines[1]
+    # 85% of the 19.0 GiB estimate, the most a way may need: 2 GPUs' 12.1 do, 8-bit's 12.9 do
+    assert "about 12.1 GiB a GPU (estimated), fits" in _way(lines, "sharded with FSDP2 over 2")
+    monkeypatch.setattr(estimate, "step_breakdown", lambda *_a, **_k: None)
+    lines = _lines(with_plan(_error(), resolve_workload("llama-1b"), rules_only))
+    assert _way(lines, "sharded with FSDP2 over 2").endswith("about 12.1 GiB a GPU (estimated)")
+    assert not any(line.startswith("None fits") for line in lines)
+
+
+def test_the_plan_puts_the_rng_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    _recorded_estimates(monkeypatch, LLAMA_1B, {2: 1, 4: 1, 8: 1}, LLAMA_1B)
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    drawing = dataclasses.replace(  # a user's data, drawn from torch's global generator
+        resolve_workload("transformer"),
+        make_batch=lambda n: (torch.randint(0, 1000, (n, 128)), torch.randint(0, 1000, (n, 128))),
+    )
+    with_plan(_error(), drawing, _rules_only(24))
+    assert torch.equal(torch.rand(3), expected)

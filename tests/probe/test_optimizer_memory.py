@@ -15,8 +15,11 @@ from tests.probe.fake_trials import recorded, tune_on
 from tests.probe.test_checkpointing import _simulated_token_workload
 from torch_autotune.probe.optimizer_memory import DECIDES, FOREACH, may_decide
 from torch_autotune.probe.presets import preset
+from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.trials import StepSettings
 from torch_autotune.profile import Profile, SearchTrialRecord, Source
+from torch_autotune.settings import torch_defaults
 
 H100 = recorded("h100-80gb-hbm3")
 GIB = 1 << 30
@@ -57,6 +60,8 @@ def test_where_foreach_runs_out_at_the_largest_batch_the_fused_step_decides_it()
     assert record.foreach_peak_bytes is None
     (trial,) = [t for t in evidence.search if t.variant == FOREACH]
     assert (trial.batch_size, trial.fits, trial.step) == (6, False, "optimizer memory (foreach)")
+    (control,) = [t for t in evidence.search if t.step == "optimizer memory (fused again)"]
+    assert (control.batch_size, control.fits) == (6, True)  # the fused step fits there still
     assert "optimizer" in [p.name for p in evidence.phases]
     decision = profile.decision("optimizer.fused")
     assert decision is not None
@@ -149,3 +154,64 @@ def test_the_record_survives_a_save_and_a_load(fits: bool) -> None:
     assert again.evidence is not None
     assert profile.evidence is not None
     assert again.evidence.optimizer_memory == profile.evidence.optimizer_memory
+
+
+class _Runner:
+    """The seam at its narrowest: each call's outcome from ``fits`` (fused or foreach)."""
+
+    def __init__(self, fits: dict[bool, bool], fused: bool = True) -> None:
+        self.fits, self.fused = fits, fused
+        self.settings = StepSettings(
+            torch_defaults("cuda").model_copy(
+                update={
+                    "optimizer": torch_defaults("cuda").optimizer.model_copy(
+                        update={"fused": fused}
+                    )
+                }
+            )
+        )
+
+    def variant(self, _variant: object) -> _Runner:
+        return _Runner(self.fits, fused=False)
+
+    def __call__(self, batch_size: int) -> TrialOutcome:
+        fits = self.fits[self.fused]
+        return TrialOutcome(fits, 22 * GIB if fits else None, 1.0, 0.1, 0.3)
+
+
+def _measure(fits: dict[bool, bool]) -> tuple[object, list[SearchTrialRecord]]:
+    from types import SimpleNamespace
+
+    from torch_autotune.probe.budget import Budget
+    from torch_autotune.probe.optimizer_memory import measure_optimizer_memory
+    from torch_autotune.probe.timemodel import StepTiming, TimeModel
+
+    model = TimeModel()
+    model.learn(StepTiming(1, 0.1, 0.1))
+    model.learn(StepTiming(6, 0.1, 0.35))
+    search = _trials({1: 17, 6: 22})
+    run = SimpleNamespace(
+        runner=_Runner(fits), search=search, budget=Budget(120, lambda: 0.0), report=print
+    )
+    found = SimpleNamespace(limited_by="memory")
+    searched = SimpleNamespace(largest=6, found=found, guard=SimpleNamespace(model=model))
+    return measure_optimizer_memory(run, searched)  # type: ignore[arg-type]
+
+
+def test_where_the_fused_step_no_longer_fits_either_nothing_is_said() -> None:
+    """A device shared since the search: the fused control runs out too, so foreach's
+    failure says nothing of the optimizer."""
+    record, trials = _measure({True: False, False: False})
+    assert record is None
+    assert [(t.step, t.fits) for t in trials] == [
+        ("optimizer memory (foreach)", False),
+        ("optimizer memory (fused again)", False),
+    ]
+    record, trials = _measure({True: True, False: False})
+    assert record is not None
+    assert not record.foreach_fits
+    assert [t.step for t in trials][-1] == "optimizer memory (fused again)"
+    record, trials = _measure({True: True, False: True})
+    assert record is not None
+    assert record.foreach_fits
+    assert len(trials) == 1  # no control where foreach fit

@@ -31,7 +31,7 @@ from torch_autotune.probe.findings import RunState
 from torch_autotune.probe.fresh import FreshOutcome
 from torch_autotune.probe.judge import NOISE
 from torch_autotune.probe.search_phase import Searched
-from torch_autotune.probe.trials import MIN_BLOCKS
+from torch_autotune.probe.trials import BLOCK_S, MIN_BLOCKS
 
 __all__ = ["ALLOC_CONF", "START_S", "measure_allocator"]
 
@@ -40,6 +40,10 @@ START_S = 30.0
 """A fresh process's start before its first trial: Python, torch, CUDA's context, the model."""
 SHARE = 0.25
 """The most of the time left in the run it may be predicted to take."""
+POINT_S = 2 * (MIN_BLOCKS + 1) * BLOCK_S + 1.0
+"""The least the fresh process's point may take: two untimed steps and its timed blocks."""
+NEWER_CONF = "PYTORCH_ALLOC_CONF"
+"""The allocator's variable under its device-neutral name (torch 2.9 on), read before ours."""
 BEYOND = (1.05, 1.1)
 """Sizes beyond the first that did not fit, as shares of the largest that did."""
 
@@ -71,9 +75,9 @@ def measure_allocator(
     needed = START_S + point.seconds + trial.seconds * (1 + len(above))
     if needed > SHARE * max(0.0, budget.left_in_run() - reserve_s):
         return None
-    current = os.environ.get(ALLOC_CONF)
-    arms = _Arms(fresh_has_it=current != wanted, value=wanted)
+    arms = _Arms(fresh_has_it=not _has_it(wanted), value=wanted)
     environment: dict[str, str | None] = {ALLOC_CONF: wanted if arms.fresh_has_it else None}
+    environment[NEWER_CONF] = None  # read before ours from torch 2.9: the child has ours alone
     with budget.phase("allocator"):
         how = "with" if arms.fresh_has_it else "without"
         run.report("allocator", f"a fresh process {how} {wanted}")
@@ -81,12 +85,19 @@ def measure_allocator(
             environment,
             batch=best.batch_size,
             above=above,
-            seconds=2 * point.seconds,
+            seconds=max(2 * point.seconds, POINT_S),
             timeout_s=3 * needed,
         )
     if found is None:
         return None
     return _record(arms, found, best, largest)
+
+
+def _has_it(wanted: str) -> bool:
+    """Whether this process started with ``wanted`` (each of its options) under either name."""
+    given = ",".join(os.environ.get(name, "") for name in (NEWER_CONF, ALLOC_CONF))
+    options = {o.strip().lower() for o in given.split(",") if o.strip()}
+    return {o.strip().lower() for o in wanted.split(",")} <= options
 
 
 def _above(largest: int, search: list[SearchTrialRecord]) -> list[int]:
@@ -150,7 +161,11 @@ def _kept(
 ) -> bool:
     """Kept where it trains at least the largest batch without it, and raises it or is not
     slower (a point that was not steady in either process does not count against it)."""
-    if largest_with is None or largest_without is None or largest_with < largest_without:
+    if largest_with is None:
+        return False
+    if largest_without is None:  # without it, not even the point's batch trained
+        return True
+    if largest_with < largest_without:
         return False
     if largest_with > largest_without or rate_with is None or rate_without is None:
         return True
@@ -167,7 +182,8 @@ def _reason(
         return "not steady" if value is None else f"{value:,.0f} samples/s"
 
     return (
-        f"measured, {fresh} in a fresh process (it is read when CUDA starts): the largest "
-        f"batch that trained was {sizes[0]} with it and {sizes[1]} without; at batch {batch},"
-        f" {speed(rate[0])} with it and {speed(rate[1])} without"
+        f"measured, {fresh} in a fresh process (it is read when CUDA starts; that process "
+        f"shares the GPU with this one's context): the largest batch that trained was "
+        f"{sizes[0]} with it and {sizes[1]} without; at batch {batch}, {speed(rate[0])} with "
+        f"it and {speed(rate[1])} without"
     )

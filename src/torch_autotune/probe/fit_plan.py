@@ -58,13 +58,13 @@ class Way:
 
     what: str
     need_bytes: int | None
-    fits: bool
+    fits: bool | None  # None: the GPU's memory is not known, so no verdict
     how: str = ""
 
     def line(self) -> str:
         need = "not estimated" if self.need_bytes is None else f"about {_gib(self.need_bytes)}"
         said = f"  - {self.what}: {need} a GPU (estimated)"
-        if self.need_bytes is not None:
+        if self.need_bytes is not None and self.fits is not None:
             said += ", fits" if self.fits else ", does not fit"
         return f"{said}; {self.how}" if self.how else said
 
@@ -79,6 +79,7 @@ def with_plan(
     as it was on the CPU and MPS, or where nothing could be estimated. ``progress`` hears of
     each estimate (seconds each on a CPU for a billion parameters)."""
     from torch_autotune.probe.estimate import step_breakdown
+    from torch_autotune.probe.state import preserved
 
     snapshot = rules_only.provenance.snapshot
     targets = device_accelerators(rules_only.settings.device, snapshot)
@@ -89,20 +90,21 @@ def with_plan(
     batch = error.batch_size
     say = progress or (lambda _phase, _what: None)
     say("plan", f"what a step of batch {batch} needs (an estimate)")
-    needed = step_breakdown(workload, settings, batch_size=batch)
-    bound = _bound(memory, needed)
-    ways = [
-        *_sharded(workload, settings, batch, len(targets), bound, say=say),
-        *_optimizer_ways(needed, bound, snapshot.host.memory_available_bytes),
-        *_shorter(workload, settings, batch, bound, needed, say=say),
-    ]
+    with preserved():  # the user's model and data draw from the RNG: put back
+        needed = step_breakdown(workload, settings, batch_size=batch)
+        bound = _bound(memory, needed)
+        ways = [
+            *_sharded(workload, settings, batch, len(targets), bound, say=say),
+            *_optimizer_ways(needed, bound, snapshot.host.memory_available_bytes),
+            *_shorter(workload, settings, batch, bound, needed, say=say),
+        ]
     if needed is None and not any(w.need_bytes is not None for w in ways):
         return error
     lines = [_needed_line(needed, batch, said_memory, memory)]
     if ways:
         lines.append(f"What is left, each one step at batch {batch}:")
         lines.extend(way.line() for way in ways)
-    if not any(way.fits for way in ways):
+    if bound is not None and not any(way.fits for way in ways):
         lines.append("None fits alone: take two together, or a larger GPU.")
     return DoesNotFitError(error.fact, batch_size=batch, plan="\n".join(lines))
 
@@ -112,14 +114,16 @@ def _memory(rules_only: Profile, total: int) -> tuple[int, str]:
     limit = rules_only.provenance.preferences.memory_limit_bytes
     if limit is not None and (not total or limit < total):
         return limit, f"--memory-limit holds this GPU to {_gib(limit)}"
-    return total, f"this GPU has {_gib(total)}"
+    return total, f"this GPU has {_gib(total)}" if total else "this GPU's memory is not known"
 
 
-def _bound(memory: int, needed: Breakdown | None) -> int:
-    """The most a way may need to be said to fit (module docstring)."""
-    if needed is not None and 0 < needed.total < memory:
+def _bound(memory: int, needed: Breakdown | None) -> int | None:
+    """The most a way may need to be said to fit (module docstring); where the GPU's memory
+    is not known, the share of the estimate alone (it ran out of whatever it had), or None
+    without an estimate either."""
+    if needed is not None and needed.total > 0 and (not memory or needed.total < memory):
         return int(SHARD_FIT * needed.total)
-    return int(SHARD_FIT * memory)
+    return int(SHARD_FIT * memory) if memory else None
 
 
 def _needed_line(needed: Breakdown | None, batch: int, said_memory: str, memory: int) -> str:
@@ -140,7 +144,13 @@ def _needed_line(needed: Breakdown | None, batch: int, said_memory: str, memory:
 
 
 def _sharded(
-    workload: Workload, settings: StepSettings, batch: int, gpus: int, bound: int, *, say: Progress
+    workload: Workload,
+    settings: StepSettings,
+    batch: int,
+    gpus: int,
+    bound: int | None,
+    *,
+    say: Progress,
 ) -> list[Way]:
     """FSDP2 over this node's GPUs (or 2, 4 and 8 where it has one), each world's estimate."""
     from torch_autotune.probe.estimate import fsdp_peak_bytes
@@ -150,7 +160,7 @@ def _sharded(
     for world in worlds:
         say("plan", f"sharded over {world} GPUs (an estimate)")
         need = fsdp_peak_bytes(workload, settings, world_size=world, batch_size=batch)
-        fits = need is not None and need <= bound
+        fits = _fits(need, bound)
         how = f"autotune --nproc-per-node {world} measures it" if fits and world <= gpus else ""
         if fits and world > gpus:
             how = f"on {world} GPUs like this one, autotune --nproc-per-node {world} measures it"
@@ -158,7 +168,9 @@ def _sharded(
     return ways
 
 
-def _optimizer_ways(needed: Breakdown | None, bound: int, host_free: int | None) -> list[Way]:
+def _optimizer_ways(
+    needed: Breakdown | None, bound: int | None, host_free: int | None
+) -> list[Way]:
     """An 8-bit optimizer, and the optimizer's state in host memory, from the breakdown."""
     if needed is None or needed.optimizer == 0:
         return []
@@ -169,7 +181,7 @@ def _optimizer_ways(needed: Breakdown | None, bound: int, host_free: int | None)
         Way(
             "an 8-bit optimizer (bitsandbytes' AdamW8bit, or the 8-bit form of yours)",
             eight_bit,
-            eight_bit <= bound,
+            _fits(eight_bit, bound),
             "its state in a byte a value instead of four",
         )
     ]
@@ -184,7 +196,7 @@ def _optimizer_ways(needed: Breakdown | None, bound: int, host_free: int | None)
             "the optimizer's state in host memory (DeepSpeed ZeRO-Offload; FSDP2's "
             "CPUOffloadPolicy moves the parameters too)",
             offloaded,
-            offloaded <= bound and room,
+            None if bound is None else offloaded <= bound and room,
             f"{host}; each step waits on the host's optimizer",
         )
     )
@@ -195,7 +207,7 @@ def _shorter(
     workload: Workload,
     settings: StepSettings,
     batch: int,
-    bound: int,
+    bound: int | None,
     needed: Breakdown | None,
     *,
     say: Progress,
@@ -221,7 +233,7 @@ def _shorter(
             reshape=functools.partial(_cut, length=shorter),
         )
         need = None if step is None else step.total
-        fits = need is not None and need <= bound
+        fits = _fits(need, bound)
         ways.append(
             Way(
                 f"sequences of {shorter} tokens instead of {length}",
@@ -233,6 +245,13 @@ def _shorter(
         if fits or need is None or (needed is not None and need >= NO_GAIN * needed.total):
             break
     return ways
+
+
+def _fits(need: int | None, bound: int | None) -> bool | None:
+    """Whether ``need`` comes within ``bound``; None where the GPU's memory is not known."""
+    if bound is None:
+        return None
+    return need is not None and need <= bound
 
 
 def _cut(batch: Any, *, length: int) -> Any:

@@ -12,8 +12,10 @@ A child that fails, or outlives ``timeout_s``, is an outcome with its error, nev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -89,24 +91,46 @@ def run_fresh(
     watched = next(iter(environment), None)
     command = [sys.executable, "-m", "torch_autotune.probe.fresh", watched or ""]
     try:
-        done = subprocess.run(
-            command,
-            input=json.dumps(asdict(request)),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout_s,
-            check=False,
-        )
+        done = _run(command, json.dumps(asdict(request)), env, timeout_s)
     except subprocess.TimeoutExpired:
         return FreshOutcome(error=f"it ran past {timeout_s:.0f} s and was stopped")
+    except OSError as error:  # no interpreter to start, no memory to fork
+        return FreshOutcome(error=f"it could not start ({error})")
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return FreshOutcome(error=f"it exited with {done.returncode}: {last[:300]}")
-    found = json.loads(lines[-1].removeprefix(RESULT))
-    fits = {int(size): bool(fit) for size, fit in found["fits"]}
-    return FreshOutcome(fits, found["samples_per_s"], found["seen"], found["error"])
+    try:
+        found = json.loads(lines[-1].removeprefix(RESULT))
+        fits = {int(size): bool(fit) for size, fit in found["fits"]}
+        rate = None if found["samples_per_s"] is None else float(found["samples_per_s"])
+        return FreshOutcome(fits, rate, found["seen"], found["error"])
+    except (ValueError, KeyError, TypeError) as error:  # a line that only looks like ours
+        return FreshOutcome(error=f"its answer could not be read ({error!r:.200})")
+
+
+def _run(
+    command: list[str], given: str, env: dict[str, str], timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """``command`` with ``given`` on its standard input, in a session of its own, so that past
+    ``timeout_s`` its own children (compile workers, DataLoader workers) end with it."""
+    with subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    ) as child:
+        try:
+            out, err = child.communicate(given, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            raise
+    return subprocess.CompletedProcess(command, child.returncode, out, err)
 
 
 def _child(request: FreshRequest, watched: str) -> dict[str, Any]:
@@ -124,11 +148,14 @@ def _child(request: FreshRequest, watched: str) -> dict[str, Any]:
     fits: list[tuple[int, bool]] = []
     rate = None
     with memory_capped(settings.device, settings.memory_limit_bytes):
+        runner.apply_flags(cudnn_benchmark=False)  # as the parent's search trained
         first = runner(request.batch)
         fits.append((request.batch, first.fits))
         if first.fits:
+            runner.apply_flags()  # as the parent's points trained
             point = runner.point(request.batch, until=time.perf_counter() + request.seconds)
             rate = point.samples_per_s if point.fits and point.steady else None
+            runner.apply_flags(cudnn_benchmark=False)
             for size in request.above:
                 outcome = runner(size)
                 fits.append((size, outcome.fits))
@@ -150,7 +177,7 @@ def main() -> None:
             "seen": None,
             "error": f"{type(error).__name__}: {error}",
         }
-    print(RESULT + json.dumps(found), flush=True)  # noqa: T201  the parent reads it
+    print("\n" + RESULT + json.dumps(found), flush=True)  # noqa: T201  the parent reads it
 
 
 if __name__ == "__main__":

@@ -11,16 +11,18 @@ peak. So it is measured only where memory stopped the search, the profile fuses 
 a quarter of what the trials' peaks hold whatever the batch (Adam's parameters, gradients and
 two moments in float32: four copies), measured in samples of the trials' memory per sample.
 Then one trial with the foreach optimizer at the largest batch the search trained fused, on
-the same model, within a small share of the time left. Its outcome (it fit or
-ran out, and both peaks) is the evidence's ``optimizer_memory``, and I2 says it.
+the same model, within a small share of the time left; where it runs out of memory, the fused
+step runs there again as the control (a device shared since the search would fail both). Its
+outcome (it fit or ran out, and both peaks) is the evidence's ``optimizer_memory``, and I2
+says it.
 """
 
 from __future__ import annotations
 
-from torch_autotune.evidence import OptimizerMemoryRecord, SearchTrialRecord
+from torch_autotune.evidence import EAGER, OptimizerMemoryRecord, SearchTrialRecord
 from torch_autotune.probe.findings import RunState
 from torch_autotune.probe.guard import trial_record
-from torch_autotune.probe.search import Trial
+from torch_autotune.probe.search import Trial, TrialOutcome
 from torch_autotune.probe.search_phase import Searched
 from torch_autotune.probe.variants import Variant
 
@@ -69,22 +71,33 @@ def measure_optimizer_memory(
     with budget.phase("optimizer"):
         progress("optimizer", f"batch {largest}, torch's default (foreach) optimizer")
         outcome = runner(largest)
+        records = [_trial(largest, outcome, "optimizer memory (foreach)", FOREACH)]
+        if not outcome.fits:  # the control: fused there again, as the device is now
+            progress("optimizer", f"batch {largest}, fused again")
+            again = base(largest)
+            records.append(_trial(largest, again, "optimizer memory (fused again)", EAGER))
+            if not again.fits:  # the device changed, not the optimizer: nothing to say
+                return None, records
     record = OptimizerMemoryRecord(
         batch_size=largest,
         fused_peak_bytes=fused[-1].peak_memory_bytes if fused else None,
         foreach_fits=outcome.fits,
         foreach_peak_bytes=outcome.peak_memory_bytes if outcome.fits else None,
     )
+    return record, records
+
+
+def _trial(size: int, outcome: TrialOutcome, step: str, variant: str) -> SearchTrialRecord:
     trial = Trial(
-        largest,
+        size,
         outcome.fits,
         outcome.peak_memory_bytes,
         outcome.seconds,
-        "optimizer memory (foreach)",
+        step,
         outcome.warmup_s,
         outcome.step_s,
     )
-    return record, [trial_record(trial, FOREACH)]
+    return trial_record(trial, variant)
 
 
 def may_decide(search: list[SearchTrialRecord], largest: int) -> bool:

@@ -274,9 +274,9 @@ class Leader:
         return int(found[0])
 
     def recompute_check(self, batch_size: int) -> Agreement | None:
-        """Rank 0's alone: a model of its own, no collective (the others wait for the next
-        call)."""
-        return cast("Agreement | None", self.runner.recompute_check(batch_size))
+        """Rank 0's alone: a model of its own beside its DDP model, which it keeps (the other
+        ranks keep theirs, and wait for the next call: no collective, nothing out of step)."""
+        return cast("Agreement | None", self.runner.recompute_check(batch_size, keep_model=True))
 
     def fresh(self, environment: dict[str, str | None], **_trials: Any) -> FreshOutcome | None:
         """None: a fresh process of one rank is not the job's (its ranks start together)."""

@@ -198,12 +198,14 @@ class TrialRunner:
         """A runner of this class with ``settings``, on ``base``'s model where given."""
         return type(self)(self.workload, settings, clock=self.clock, base=base)
 
-    def recompute_check(self, batch_size: int) -> Agreement | None:
+    def recompute_check(self, batch_size: int, *, keep_model: bool = False) -> Agreement | None:
         """The seam's (``probe.recompute``), on a model of its own: this runner's is let go
-        first, so that a model that barely fits is not on the device twice."""
+        first, so that a model that barely fits is not on the device twice (``keep_model``:
+        not, where other processes hold theirs in step with it: a job's ranks)."""
         from torch_autotune.probe.recompute import checkpointed_step_agrees
 
-        self.release_model()
+        if not keep_model:
+            self.release_model()
         checked, oom = run_guarded(
             lambda: checkpointed_step_agrees(self.workload, self.settings, batch_size)
         )
