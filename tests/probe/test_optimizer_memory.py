@@ -215,3 +215,22 @@ def test_where_the_fused_step_no_longer_fits_either_nothing_is_said() -> None:
     assert record is not None
     assert record.foreach_fits
     assert len(trials) == 1  # no control where foreach fit
+
+
+def test_the_summary_gives_the_optimizers_step() -> None:
+    import io
+    import re
+
+    from rich.console import Console
+
+    from torch_autotune.render import render_run
+
+    profile = _tuned(_billion(7.0))
+    out = io.StringIO()
+    render_run(profile, Console(file=out, width=400, color_system=None), saved=None)
+    row = re.search(r"^optimizer memory\s+(.*)$", out.getvalue(), re.MULTILINE)
+    assert row is not None
+    assert row.group(1).rstrip() == (
+        "measured at batch 6, the largest that trained: torch's default (foreach) ran out of"
+        " memory there, so fused decides it"
+    )

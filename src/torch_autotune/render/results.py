@@ -14,7 +14,7 @@ from torch_autotune.bench import BenchEvidence, Effect
 from torch_autotune.profile import CompileRecord, Evidence, Profile, RanksRecord, Source
 from torch_autotune.records import SettingRecord
 from torch_autotune.render.machine import facts_table
-from torch_autotune.rules.optimizer import except_compile
+from torch_autotune.rules.optimizer import except_compile, optimizer_memory_text
 from torch_autotune.settings import RECORD_BY_NAME, RECORDS
 
 
@@ -69,7 +69,21 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
         if asked is not None:
             where = "the GPU" if profile.settings.device == "cuda" else "host RAM"
             facts.append(("memory limit", f"{asked / 2**30:g} GiB of {where}, as asked"))
+        facts += _memory_facts(evidence)
     facts += [(record.label, _shown(profile, record)) for record in RECORDS if record.summary]
+    return facts
+
+
+def _memory_facts(evidence: Evidence) -> list[tuple[str, str]]:
+    """The memory phases' rows, where they measured: the allocator's setting, the optimizer's
+    step (the decisions give the same numbers)."""
+    facts = []
+    if evidence.allocator is not None:
+        record = evidence.allocator
+        verdict = "kept" if record.kept else "not set"
+        facts.append(("allocator", f"{record.value} {verdict}: {record.reason}"))
+    if evidence.optimizer_memory is not None:
+        facts.append(("optimizer memory", optimizer_memory_text(evidence.optimizer_memory)))
     return facts
 
 
