@@ -56,15 +56,10 @@ STEP_KINDS = ("eager", "compiled", "checkpointed")
 """The series of the training step, in the order they are drawn."""
 
 
-def step_kind(evidence: Evidence, variant: str) -> str:
-    """The series a point or trial of ``variant`` belongs to (``Evidence.kind_of``)."""
-    return evidence.kind_of(variant)
-
-
 def _chosen_kind(evidence: Evidence) -> str:
     """The series the recommended batch's point came from (eager where none was chosen)."""
     choice = evidence.batch_choice
-    return "eager" if choice is None else step_kind(evidence, choice.variant)
+    return "eager" if choice is None else evidence.kind_of(choice.variant)
 
 
 @dataclass(frozen=True)
@@ -132,7 +127,7 @@ def throughput_series(evidence: Evidence) -> list[Series]:
         points = [
             Point(r.batch_size, r.samples_per_s, r.relative_spread, r.steady)
             for r in evidence.throughput
-            if step_kind(evidence, r.variant) == name
+            if evidence.kind_of(r.variant) == name
         ]
         if points:
             series.append(Series(name, name, tuple(sorted(points, key=_size))))
@@ -227,13 +222,13 @@ def _untimed(size: int, marks: tuple[str, ...]) -> BatchRow:
 
 def memory_peaks(evidence: Evidence, kind: str | None = None) -> list[tuple[int, float]]:
     """(batch size, peak memory in GiB) of each search trial that ran and read its peak, sorted;
-    of the series ``kind`` only (``step_kind``) where given."""
+    of the series ``kind`` only (``Evidence.kind_of``) where given."""
     return sorted(
         (t.batch_size, t.peak_memory_bytes / GIB)
         for t in evidence.search
         if t.fits
         and t.peak_memory_bytes is not None
-        and (kind is None or step_kind(evidence, t.variant) == kind)
+        and (kind is None or evidence.kind_of(t.variant) == kind)
     )
 
 
@@ -242,7 +237,7 @@ def step_rate(evidence: Evidence) -> float | None:
     batch was chosen from (None: the step was not timed at that size)."""
     kind = _chosen_kind(evidence)
     at = [r for r in evidence.throughput if r.batch_size == evidence.batch_size]
-    same = [r for r in at if step_kind(evidence, r.variant) == kind]
+    same = [r for r in at if evidence.kind_of(r.variant) == kind]
     return next((r.samples_per_s for r in same or at), None)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from torch_autotune.evidence import EAGER, OptimizerMemoryRecord, SearchTrialRecord
 from torch_autotune.probe.findings import RunState
 from torch_autotune.probe.guard import trial_record
-from torch_autotune.probe.search import Trial, TrialOutcome
+from torch_autotune.probe.search import TrialOutcome, trial_of
 from torch_autotune.probe.search_phase import Searched
 from torch_autotune.probe.variants import Variant
 
@@ -88,16 +88,7 @@ def measure_optimizer_memory(
 
 
 def _trial(size: int, outcome: TrialOutcome, step: str, variant: str) -> SearchTrialRecord:
-    trial = Trial(
-        size,
-        outcome.fits,
-        outcome.peak_memory_bytes,
-        outcome.seconds,
-        step,
-        outcome.warmup_s,
-        outcome.step_s,
-    )
-    return trial_record(trial, variant)
+    return trial_record(trial_of(size, outcome, step), variant)
 
 
 def may_decide(search: list[SearchTrialRecord], largest: int) -> bool:

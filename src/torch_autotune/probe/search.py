@@ -85,7 +85,8 @@ class SearchResult:
 Fits = Callable[[int], TrialOutcome]
 
 
-def _trial(batch_size: int, outcome: TrialOutcome, step: str) -> Trial:
+def trial_of(batch_size: int, outcome: TrialOutcome, step: str) -> Trial:
+    """The trial ``outcome`` was, at ``batch_size``, run for ``step``."""
     return Trial(
         batch_size,
         outcome.fits,
@@ -113,7 +114,7 @@ class _Bracket:
 
     def run(self, batch_size: int, step: str) -> bool:
         outcome = self.fits(batch_size)
-        self.trials.append(_trial(batch_size, outcome, step))
+        self.trials.append(trial_of(batch_size, outcome, step))
         if outcome.fits:
             self.lo = max(self.lo, batch_size)
         else:
@@ -266,7 +267,7 @@ def confirm(fits: Fits, candidate: int, *, multiple: int = 1, floor: int = 1) ->
     size = candidate
     while size >= floor:
         outcome = fits(size)
-        trials.append(_trial(size, outcome, "confirm"))
+        trials.append(trial_of(size, outcome, "confirm"))
         if outcome.fits:
             return Confirmed(size, tuple(trials))
         smaller = round_down(size - 1, multiple) if size - 1 >= multiple else size - 1
