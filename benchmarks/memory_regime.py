@@ -9,8 +9,8 @@ one training loop (``probe.loop.TrainingLoop``, data on the device) measures:
   or ``--profile NAME@LIMIT=FILE``) at its batch; where not even batch 1 fits, the tuner's
   ``DoesNotFitError`` (the plan it gives) is the result;
 - a grid at the profile's precision and optimizer: activation checkpointing off/on x eager,
-  compiled (default mode), compiled with ``torch._functorch.config.activation_memory_budget``
-  at ``--memory-budget`` x the allocator (``PYTORCH_CUDA_ALLOC_CONF`` unset or
+  compiled (default mode), compiled under an activation memory budget of ``--memory-budget``
+  (the profile's ``compile.memory_budget``, as the tuner would keep it) x the allocator (``PYTORCH_CUDA_ALLOC_CONF`` unset or
   ``expandable_segments:True``, read when CUDA starts: an arm whose value is not this process's
   runs in a fresh child, this script with ``--arm JSON``, which prints one JSON line back).
   Each arm finds its largest batch (doubling from 1 to out-of-memory, then bisecting, each
@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import suppress
 from datetime import datetime, timezone
 from functools import partial
 from itertools import product
@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch._functorch.config as functorch_config
 
 from torch_autotune import __version__
 from torch_autotune.api import detect, rules_profile, tune
@@ -69,6 +68,7 @@ RESULTS = Path(__file__).parent / "results"
 TARGET_ORACLE = 0.95
 NOISE = 0.02  # tuned / best arm without checkpointing may be this far below 1.0
 ALLOC = "PYTORCH_CUDA_ALLOC_CONF"
+BUDGET = "compile.memory_budget"  # the profile's setting: torch._functorch's, for its compiles
 EXPANDABLE = "expandable_segments:True"
 DEFAULT_LIMITS = {"gpt2-large": (24.0, 16.0), "llama-1b": (24.0,)}
 RESULT_LINE = "MEMORY_REGIME_ARM "  # a child's one line of JSON on stdout starts so
@@ -97,12 +97,6 @@ class Spec:
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)  # stdout is the child's answer
-
-
-def _memory_budget(budget: float | None) -> AbstractContextManager[Any]:
-    """``activation_memory_budget`` at ``budget`` for the block, torch's own restored after."""
-    patch = functorch_config.patch
-    return nullcontext() if budget is None else patch(activation_memory_budget=budget)
 
 
 def _fits(loop: TrainingLoop, config: TrainConfig, size: int) -> bool:
@@ -179,7 +173,7 @@ def run_arm(spec: Spec) -> dict[str, Any]:
     }
     _say(f"  {spec.label}")
     try:
-        with memory_capped(spec.device, cap), _memory_budget(spec.memory_budget):
+        with memory_capped(spec.device, cap):
             sizes = [spec.batch] if spec.batch is not None else []
             if spec.batch is None:
                 fits = partial(_fits, loop, config)
@@ -239,7 +233,11 @@ def grid(template: Spec, args: argparse.Namespace) -> list[Spec]:
     for checkpointing, (mode, budget), allocator in product((False, True), compiles, allocators):
         how = "eager" if mode is None else f"compiled ({mode})"
         how += "" if budget is None else f", activation_memory_budget {budget}"
-        settings = {**template.config["settings"], "activation_checkpointing": checkpointing}
+        settings = {
+            **{k: v for k, v in template.config["settings"].items() if k != BUDGET},
+            "activation_checkpointing": checkpointing,
+            **({} if budget is None else {BUDGET: budget}),  # the profile's own setting
+        }
         arm: dict[str, Any] = {
             "label": f"checkpointing {'on' if checkpointing else 'off'}, {how}, {allocator}",
             "config": {**template.config, "compile_mode": mode, "settings": settings},

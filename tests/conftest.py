@@ -226,3 +226,20 @@ def gpu_machine(
     guard answers). Real CUDA stays out of reach: a test that trains on the detected GPU fails."""
     as_gpu_machine(monkeypatch)
     return detected_as("h100-80gb-hbm3")
+
+
+@pytest.fixture
+def inductor_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor asks CUDA for its cache key (``torch._inductor.codecache.CacheBase
+    .get_system``), which the hardware guard refuses: torch's own callers get the answer of a
+    CPU build of torch (an AssertionError, which inductor catches); ours still fail."""
+
+    def not_compiled_with_cuda(*_args: object, **_kwargs: object) -> None:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith("torch."):
+            raise AssertionError("Torch not compiled with CUDA enabled")
+        pytest.fail("a unit test reached real CUDA (torch.cuda._lazy_init)", pytrace=False)
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "_lazy_init", not_compiled_with_cuda)

@@ -249,7 +249,40 @@ def compile_model(settings: Settings, model: Any) -> Any:
         return model
     import torch
 
-    return torch.compile(model, mode=settings.compile.mode)
+    budget = settings.compile.memory_budget
+    if budget is None:
+        return torch.compile(model, mode=settings.compile.mode)
+    return torch.compile(model, backend=memory_budgeted(settings.compile.mode, budget))
+
+
+def memory_budgeted(mode: str | None, budget: float) -> Any:
+    """Inductor in ``mode`` (what ``torch.compile(mode=...)`` builds) that partitions each graph
+    under ``torch._functorch.config.activation_memory_budget = budget``.
+
+    The budget is torch's global setting, read when a graph is partitioned, at its first step
+    and at every recompile: this backend sets it for its own compiles only, so one process can
+    train a model with it beside a model without it. It is also a backend of its own to Dynamo,
+    whose cache of compiled frames is keyed by the backend: a model compiled before with
+    torch's default is compiled again under the budget, not served from that cache.
+    """
+    import torch
+    from torch._functorch import config
+
+    inductor: Any = torch._TorchCompileInductorWrapper
+
+    class MemoryBudgeted(inductor):  # type: ignore[misc]
+        def __call__(self, model_: Any, inputs_: Any, **kwargs: Any) -> Any:
+            with config.patch(activation_memory_budget=budget):
+                return super().__call__(model_, inputs_, **kwargs)
+
+        def __eq__(self, other: object) -> bool:
+            return super().__eq__(other) and getattr(other, "budget", None) == budget
+
+        __hash__ = None  # type: ignore[assignment]  # unhashable, as the wrapper it extends
+
+    backend = MemoryBudgeted(mode, None, None)
+    backend.budget = budget
+    return backend
 
 
 def batch_to_device(settings: Settings, batch: Any, *, non_blocking: bool = False) -> Any:

@@ -52,6 +52,7 @@ from torch_autotune.knobs import (
     KNOBS,
     Knob,
     couples,
+    dependents,
     knob_value,
     settings_config,
     show_value,
@@ -148,9 +149,11 @@ class Plan:
 def off_arm(
     config: TrainConfig, knob: Knob, baseline: TrainConfig, off_batch: Mapping[str, int]
 ) -> TrainConfig:
-    """``config`` with ``knob`` as the baseline has it, at the batch that ran without it where
-    ``off_batch`` names one."""
+    """``config`` with ``knob`` as the baseline has it (and the settings that take effect only
+    under it: ``dependents``), at the batch that ran without it where ``off_batch`` names one."""
     off = with_knob(config, knob, baseline)
+    for dependent in dependents(knob):
+        off = with_knob(off, dependent, baseline)
     if knob.name in off_batch:
         off = off.model_copy(update={"batch_size": off_batch[knob.name]})
     return off

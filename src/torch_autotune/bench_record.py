@@ -17,6 +17,7 @@ from torch_autotune.bounds import (
     CpuCount,
     PrefetchFactor,
     Rounds,
+    SettingFloat,
     SettingInt,
     WorkerCount,
 )
@@ -49,7 +50,9 @@ class TrainConfig(StrictModel):
     prefetch_factor: PrefetchFactor | None = None
     pin_memory: bool = False
     cpu_threads: CpuCount | None = None
-    settings: dict[str, bool | SettingInt | Annotated[str, Field(max_length=256)] | None] = Field(
+    settings: dict[
+        str, bool | SettingInt | SettingFloat | Annotated[str, Field(max_length=256)] | None
+    ] = Field(
         default_factory=dict,
         max_length=64,
         description="Settings the fields above do not name, by their dotted path in a profile's"

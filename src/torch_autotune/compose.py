@@ -28,7 +28,7 @@ from torch_autotune.bounds import (
     MAX_WORKERS,
 )
 from torch_autotune.profile import Mode, Preferences, Profile
-from torch_autotune.settings import memory_settings
+from torch_autotune.settings import RECORD_BY_NAME, memory_settings, torch_defaults
 
 if TYPE_CHECKING:
     from torch_autotune.probe.ablation import ArmResults
@@ -135,6 +135,8 @@ def measurements(result: ProbeResult) -> Measurements:
         batch_choice=evidence.batch_choice,
         checkpointing_reason=result.checkpointing_reason,
         checkpointing_note=result.checkpointing_note,
+        memory_budget=result.memory_budget,
+        memory_budget_reason=result.memory_budget_reason,
         optimizer_memory=evidence.optimizer_memory,
         allocator=evidence.allocator,
     )
@@ -154,32 +156,55 @@ def bench_plan(
         not_ablated.append(
             f"DataLoader settings: the {workload} workload has no dataset to load from"
         )
-    off_batch, required = _checkpointing_off(profile)
+    off_batch, required = _recompute_off(profile)
     return plan_arms(base, tuned, off_batch=off_batch, required=required), tuple(not_ablated)
 
 
-def _checkpointing_off(profile: Profile) -> tuple[dict[str, int], dict[str, str]]:
-    """How the bench switches activation checkpointing off where the profile keeps it: at the
+RECOMPUTE_SETTINGS = ("activation_checkpointing", "compile_memory_budget")
+"""The settings that trade memory for recompute (rule L2): kept where they fit a larger batch
+that trains faster, so off, they train the batch that fit without them."""
+
+
+def _recompute_off(profile: Profile) -> tuple[dict[str, int], dict[str, str]]:
+    """How the bench switches off a setting of ``RECOMPUTE_SETTINGS`` the profile keeps: at the
     batch of the fastest steady point the probe ran without it and with the profile's other
     settings that change memory (``off_batch``); where none ran, it cannot be switched off
-    (``required``, with the profile's reason: not even the smallest batch trained)."""
-    name = "activation_checkpointing"
-    evidence = profile.evidence
-    if not profile.settings.activation_checkpointing or evidence is None:
-        return {}, {}
-    memory = {k: v for k, v in memory_settings(profile.settings).items() if k != name}
-    without = {
+    (``required``, with the profile's reason: not even the smallest batch trained). Compile
+    goes off with its memory budget (``couples``), so it too takes the batch that ran eager."""
+    off_batch: dict[str, int] = {}
+    required: dict[str, str] = {}
+    if profile.evidence is None:
+        return off_batch, required
+    for name in RECOMPUTE_SETTINGS:
+        record = RECORD_BY_NAME[name]
+        if record.changed is None or not record.changed(profile.settings):
+            continue
+        batch = _fastest_without(profile, (name,))
+        if batch is not None:
+            off_batch[name] = batch
+            continue
+        decision = profile.decision(record.paths[0])
+        why = decision.reason.removeprefix("on: ") if decision is not None else "it is on"
+        required[name] = f"no batch trained without it here ({why})"
+    if "compile_memory_budget" in off_batch | required:
+        eager = _fastest_without(profile, ("compile", "compile_memory_budget"))
+        off_batch.update({} if eager is None else {"compile": eager})
+    return off_batch, required
+
+
+def _fastest_without(profile: Profile, names: tuple[str, ...]) -> int | None:
+    """The batch of the fastest steady point the probe ran with ``names`` at torch's default
+    and the profile's other settings that change memory (None: no such point ran)."""
+    assert profile.evidence is not None
+    defaults = memory_settings(torch_defaults(profile.settings.device))
+    wanted = {**memory_settings(profile.settings), **{n: defaults[n] for n in names}}
+    ran = {
         v.name
-        for v in evidence.variants
-        if v.settings.get(name) == "off"
-        and all(v.settings.get(k, shown) == shown for k, shown in memory.items())
+        for v in profile.evidence.variants
+        if all(v.settings.get(k, defaults[k]) == shown for k, shown in wanted.items())
     }
-    points = [t for t in evidence.throughput if t.variant in without and t.steady]
-    if points:
-        return {name: max(points, key=lambda t: t.samples_per_s).batch_size}, {}
-    decision = profile.decision(name)
-    why = decision.reason.removeprefix("on: ") if decision is not None else "it is on"
-    return {}, {name: f"no batch trained without it here ({why})"}
+    points = [t for t in profile.evidence.throughput if t.variant in ran and t.steady]
+    return max(points, key=lambda t: t.samples_per_s).batch_size if points else None
 
 
 def bench_evidence(

@@ -153,6 +153,11 @@ def _compile_problems(scope: _Scope) -> list[str]:
         )
     if c.enabled != (c.mode is not None):
         problems.append("settings.compile.mode: set exactly when compile is enabled")
+    if c.memory_budget is not None and not c.enabled:
+        problems.append(
+            "settings.compile.memory_budget: only compiled graphs read it, and compile is off "
+            "(remove memory_budget, or enable compile)"
+        )
     if b.deterministic_algorithms and b.cudnn_benchmark:
         problems.append(
             "settings.backends.cudnn_benchmark: the autotuner picks algorithms by timing, "

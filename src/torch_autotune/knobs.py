@@ -191,6 +191,15 @@ def couples(knob: Knob) -> tuple[tuple[Knob, str], ...]:
     )
 
 
+def dependents(knob: Knob) -> tuple[Knob, ...]:
+    """The knobs whose setting takes effect only under ``knob``'s (their record's
+    ``only_with``: compile's memory budget, under compile): off wherever ``knob`` is."""
+    record = next((r for r in RECORDS if r.bench == knob.name), None)
+    if record is None:
+        return ()
+    return tuple(KNOB_BY_NAME[r.bench] for r in RECORDS if r.only_with == record.name and r.bench)
+
+
 def knob_value(config: TrainConfig, knob: Knob) -> Any:
     """The knob's value in a config: a scalar for one field, a tuple for several."""
     if knob.path is not None:
@@ -240,7 +249,7 @@ def settings_config(settings: Settings, baseline: TrainConfig | None = None) -> 
     defaults = torch_defaults(s.device)
     paths = [k.path for k in KNOBS if k.path is not None]
     return TrainConfig(
-        settings={p: _scalar(setting_value(s, p)) for p in paths if _differs(s, defaults, p)},
+        settings={p: setting_value(s, p) for p in paths if _differs(s, defaults, p)},
         batch_size=s.batch.batch_size or base.batch_size,
         precision=s.precision.dtype if s.precision.autocast else "float32",
         channels_last=s.memory_format == "channels_last",
@@ -253,12 +262,6 @@ def settings_config(settings: Settings, baseline: TrainConfig | None = None) -> 
         pin_memory=dl.pin_memory,
         cpu_threads=s.cpu_threads,
     )
-
-
-def _scalar(value: str | int | float | bool | None) -> str | int | bool | None:
-    if isinstance(value, float):
-        raise TypeError("no setting holds a float")  # TrainConfig.settings holds none
-    return value
 
 
 def _differs(settings: Settings, defaults: Settings, path: str) -> bool:

@@ -6,7 +6,8 @@ fields it owns; everything that used to list the settings by hand reads them fro
 - the bench: which settings it switches (``bench``, by the name of the knob that switches it),
   how a value shows in its tables, and why it leaves the others alone (``not_ablated``);
 - couplings: what goes back with a setting when the bench drops it, and why (``couples``:
-  channels_last goes with AMP, rule H1);
+  channels_last goes with AMP, rule H1); a setting that takes effect only under another
+  (``only_with``: compile's memory budget, under compile) is off in that one's "off" arm too;
 - the run's summary: a row for each record with ``summary`` set, shown by ``show`` (and by
   its measured decision's reason, with ``summary_reason``: the numbers behind it);
 - the exporters: a tool with an argument for the setting names it in ``integrations``' table
@@ -107,6 +108,7 @@ class SettingRecord:
     bench: str | None = None
     not_ablated: str | None = None
     couples: Mapping[str, str] = field(default_factory=dict)
+    only_with: str | None = None
     fresh_process: bool = False
     memory: bool = False
     changed: Callable[[Settings], bool] | None = None

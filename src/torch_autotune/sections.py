@@ -62,6 +62,14 @@ class Compile(StrictModel):
     mode: (
         Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None
     ) = None
+    memory_budget: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="torch._functorch.config.activation_memory_budget while the model compiles:"
+        " the share of the activations the compiled graphs save that they keep (0: recompute"
+        " what can be, as checkpointing the whole graph would); None: torch's default, 1.0.",
+    )
 
 
 class DataLoaderSettings(StrictModel):

@@ -169,8 +169,21 @@ RECORDS: tuple[SettingRecord, ...] = (
         lambda s: str(s.compile.mode or "default") if s.compile.enabled else "off",
         applied_by="prepare_model",
         bench="compile",
+        couples={"compile_memory_budget": "only compiled graphs read it"},
         memory=True,
         changed=lambda s: s.compile.enabled,
+    ),
+    SettingRecord(
+        "compile_memory_budget",
+        ("compile.memory_budget",),
+        "activation memory budget",
+        lambda s: "default" if s.compile.memory_budget is None else f"{s.compile.memory_budget:g}",
+        applied_by="prepare_model",
+        summary_reason=True,
+        bench="compile_memory_budget",  # off: at the batch that ran without it (bench.Plan)
+        only_with="compile",
+        memory=True,
+        changed=lambda s: s.compile.memory_budget is not None,
     ),
     SettingRecord(
         "memory_format",

@@ -448,21 +448,6 @@ def test_moving_the_model_moves_the_lightning_modules_own_device_and_dtype() -> 
     assert model.module.device == torch.device("cpu")
 
 
-@pytest.fixture
-def inductor_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Inductor asks CUDA for its cache key (``torch._inductor.codecache.CacheBase
-    .get_system``), which the hardware guard refuses: torch's own callers get the answer of a
-    CPU build of torch (an AssertionError, which inductor catches); ours still fail."""
-
-    def not_compiled_with_cuda(*_args: object, **_kwargs: object) -> None:
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        if caller.startswith("torch."):
-            raise AssertionError("Torch not compiled with CUDA enabled")
-        pytest.fail("a unit test reached real CUDA (torch.cuda._lazy_init)", pytrace=False)
-
-    monkeypatch.setattr(torch.cuda, "_lazy_init", not_compiled_with_cuda)
-
-
 @pytest.mark.slow  # compiles a small step: seconds
 # torch's own warning while dynamo wraps a non-leaf tensor after the graph break at self.log;
 # dynamo hides it with showwarning, which an "error" filter never reaches

@@ -28,7 +28,7 @@ from .helpers import (
     with_software,
 )
 
-COMPILE_SETTINGS = {"compile.enabled", "compile.mode"}
+COMPILE_SETTINGS = {"compile.enabled", "compile.mode", "compile.memory_budget"}
 
 
 def compile_of(machine: str | HardwareSnapshot, **preferences: Any) -> dict[str, Finding]:

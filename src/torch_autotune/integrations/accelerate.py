@@ -10,6 +10,7 @@ from torch_autotune.integrations.common import (
     arguments,
     header,
     line,
+    memory_budget_note,
     notes,
     to_yaml,
 )
@@ -117,6 +118,7 @@ ACCELERATE: Mapping[str, Export] = {
         lambda s: None if s.batch.batch_size is None else _BATCH.format(s.batch.batch_size)
     ),
     "compile": Export(args=_accelerate_compile),
+    "compile_memory_budget": memory_budget_note("accelerate's config"),
     "ddp": Export(note=_accelerate_ddp),
     "grad_accum_steps": line(
         lambda s: (

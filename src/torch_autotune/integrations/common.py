@@ -75,6 +75,24 @@ def with_workers(make: Callable[[Settings], dict[str, Any]]) -> Export:
     return always(lambda s: make(s) if s.dataloader.num_workers > 0 else {})
 
 
+def memory_budget_note(tool: str) -> Export:
+    """Compile's activation memory budget, which no tool has an argument for: torch's global
+    setting, read when each compiled graph is partitioned, so set before the first step."""
+
+    def note(settings: Settings) -> str | None:
+        budget = settings.compile.memory_budget
+        if budget is None or not settings.compile.enabled:
+            return None
+        return (
+            f"activation memory budget: {budget:g}: {tool} has no argument for it; set"
+            f" torch._functorch.config.activation_memory_budget = {budget:g} before the first"
+            " training step (it is read when a compiled graph is partitioned; the profile's"
+            " batch was measured with it)"
+        )
+
+    return line(note)
+
+
 def tf32_note(on: str) -> Callable[[Profile], str | None]:
     """TF32 on (``on``: where else the tool's users set it) or off, through profile.apply()."""
 

@@ -10,6 +10,7 @@ from torch_autotune.integrations.common import (
     always,
     arguments,
     channels_last_note,
+    memory_budget_note,
     notes,
     tf32_note,
     with_workers,
@@ -163,6 +164,7 @@ HF: Mapping[str, Export] = {
         )
     ),
     "compile": Export(args=_hf_compile),
+    "compile_memory_budget": memory_budget_note("the Trainer"),
     "memory_format": channels_last_note("before the Trainer gets it"),
     "tf32": Export(
         args=lambda p: {"tf32": True if p.settings.matmul.tf32 else None},

@@ -48,11 +48,11 @@ class Series:
     with activation checkpointing, or training fed by the DataLoader with one worker count."""
 
     name: str  # "eager", "compiled", "checkpointed", "fed, 2 workers, 1 thread, compiled"
-    kind: str  # "eager", "compiled", "checkpointed" or "fed"
+    kind: str  # "eager", "compiled", "memory-budgeted", "checkpointed" or "fed"
     points: tuple[Point, ...]
 
 
-STEP_KINDS = ("eager", "compiled", "checkpointed")
+STEP_KINDS = ("eager", "compiled", "memory-budgeted", "checkpointed")
 """The series of the training step, in the order they are drawn."""
 
 

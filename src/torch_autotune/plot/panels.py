@@ -42,36 +42,58 @@ BLUE, LIGHT_BLUE, GREEN, GREY = "#1f77b4", "#9ecae1", "#2ca02c", "#7f7f7f"
 RED, PURPLE, DARK = "#d62728", "#9467bd", "#333333"
 ORANGE, BROWN, TEAL, PINK = "#ff7f0e", "#8c564b", "#17becf", "#e377c2"
 # One colour and marker per kind of series; fed series, dashed, cycle through their own.
-_SERIES_LOOKS = {"eager": (BLUE, "o"), "compiled": (ORANGE, "s"), "checkpointed": (GREEN, "D")}
+_SERIES_LOOKS = {
+    "eager": (BLUE, "o"),
+    "compiled": (ORANGE, "s"),
+    "memory-budgeted": (PURPLE, "^"),
+    "checkpointed": (GREEN, "D"),
+}
 _FED_COLOURS = (BROWN, TEAL, PINK)
 _SERIES_LABELS = {
     "eager": "training throughput, eager (median, spread)",
     "compiled": "training throughput, compiled (median, spread)",
+    "memory-budgeted": "training throughput, memory budget (median, spread)",
     "checkpointed": "training throughput, activation checkpointing (median, spread)",
 }
 _MEMORY_LOOKS = {
     "eager": ("s", ""),
     "compiled": ("x", ", compiled"),
+    "memory-budgeted": ("^", ", memory budget"),
     "checkpointed": ("D", ", checkpointed"),
 }
 
 
-def _legend_below(ax: Axes, handles: list[Handle], columns: int = 2) -> None:
+LEGEND_GAP_FONTSIZES = 5.5
+"""The legend's distance below the axes, in the legend's font sizes (8 pt): past the rotated
+tick labels and the axis label, however tall the axes."""
+LEGEND_COLUMN_CHARS = 38
+"""The longest legend label two columns hold side by side within a panel's width, at the
+legend's font size: past it, one column (two cropped the labels and the title)."""
+
+
+def _legend_below(ax: Axes, handles: list[Handle], columns: int = 2) -> int:
+    """The legend under the panel, in ``columns`` (one where a label is too long for two);
+    the rows it takes, which the figure's height makes room for (``png.build_figure``)."""
+    widest = max((len(str(h.get_label())) for h in handles), default=0)
+    columns = 1 if widest > LEGEND_COLUMN_CHARS else columns
     ax.legend(
         handles=handles,
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.16),
+        bbox_to_anchor=(0.5, 0.0),
+        borderaxespad=LEGEND_GAP_FONTSIZES,  # below the rotated tick labels and the axis label
         ncol=columns,
         fontsize=8,
         frameon=False,
     )
+    return -(-len(handles) // columns)
 
 
 # --- batch size ---------------------------------------------------------------------------------
 
 
-def draw_throughput(ax: Axes, evidence: Evidence) -> None:
-    """The batch-size panel: throughput against size, the sizes that matter, peak memory."""
+def draw_throughput(ax: Axes, evidence: Evidence) -> int:
+    """The batch-size panel: throughput against size, the sizes that matter, peak memory; the
+    rows of its legend."""
     handles = _throughput_series(ax, evidence)
     right = _batch_axis(ax, evidence)
     handles += _size_marks(ax, evidence, right)
@@ -81,7 +103,7 @@ def draw_throughput(ax: Axes, evidence: Evidence) -> None:
     ax.set_title(f"Throughput by batch size (limited by {evidence.limited_by})", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     handles += _draw_memory(ax, evidence)
-    _legend_below(ax, handles)
+    return _legend_below(ax, handles)
 
 
 def _throughput_series(ax: Axes, evidence: Evidence) -> list[Handle]:
@@ -226,7 +248,7 @@ def _draw_memory(ax: Axes, evidence: Evidence) -> list[Handle]:
 # --- DataLoader workers -------------------------------------------------------------------------
 
 
-def draw_loader(ax: Axes, evidence: Evidence, chosen: int) -> None:
+def draw_loader(ax: Axes, evidence: Evidence, chosen: int) -> int:
     """The DataLoader panel: a bar per worker count tried, against the training step's rate."""
     records = sorted(evidence.loader, key=lambda r: r.num_workers)
     rates = [r.samples_per_s for r in records if r.samples_per_s is not None]
@@ -259,7 +281,7 @@ def draw_loader(ax: Axes, evidence: Evidence, chosen: int) -> None:
     ax.set_ylabel("samples/s loaded")
     ax.set_title("DataLoader: keeps ahead of training?", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    _legend_below(ax, handles)
+    return _legend_below(ax, handles)
 
 
 def _failed_count(ax: Axes, at: int, error: str, top: float) -> None:
@@ -298,7 +320,7 @@ def _loader_legend(evidence: Evidence, chosen: int) -> list[Handle]:
 # --- bench --------------------------------------------------------------------------------------
 
 
-def draw_bench(ax: Axes, bench: BenchEvidence) -> None:
+def draw_bench(ax: Axes, bench: BenchEvidence) -> int:
     """The bench panel: a horizontal bar per arm from 1.00x, grouped by setting, top down."""
     rows = effect_rows(bench)
     positions, ticks, labels, end = _bench_layout(rows, bench.final is not None)
@@ -322,7 +344,7 @@ def draw_bench(ax: Axes, bench: BenchEvidence) -> None:
     ax.set_xlabel("speedup (1.00x = no change)")
     ax.set_title("Bench: what each setting is worth", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
-    _legend_below(ax, _bench_legend(bench, rows), columns=1)
+    return _legend_below(ax, _bench_legend(bench, rows), columns=1)
 
 
 def _bench_layout(

@@ -10,6 +10,7 @@ and writes the file; ``plot.panels`` draws each panel from what ``plot.data`` sa
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,10 @@ if TYPE_CHECKING:
 
 DPI = 120
 PANEL_WIDTH_IN = 5.4
+TITLE_CHARS_PER_IN = 8.5  # the title's bold 12 pt: one panel's width held a 55-character line
 PANEL_HEIGHT_IN = 4.6
+PLOT_HEIGHT_IN = 3.8  # the title, an axes of its own height, its ticks and labels
+LEGEND_ROW_IN = 0.22  # a legend row at 8 pt, with its spacing
 MIN_MATPLOTLIB = (3, 5)  # Figure(layout="constrained"), set_xticks(labels=...)
 
 
@@ -78,15 +82,20 @@ def build_figure(profile: Profile) -> Figure:
     figure = Figure(figsize=(PANEL_WIDTH_IN * len(drawn), height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)  # attaches itself: the explicit, non-interactive back end
     axes = figure.subplots(1, len(drawn), squeeze=False)[0]
+    rows = 0  # of the longest legend
     for ax, panel in zip(axes, drawn, strict=True):
         ax.set_label(panel)
         if panel == "throughput":
-            draw_throughput(ax, evidence)
+            rows = max(rows, draw_throughput(ax, evidence))
         elif panel == "loader":
-            draw_loader(ax, evidence, profile.settings.dataloader.num_workers)
+            rows = max(rows, draw_loader(ax, evidence, profile.settings.dataloader.num_workers))
         elif evidence.bench is not None:
-            draw_bench(ax, evidence.bench)
-    figure.suptitle(chart_title(profile), fontsize=12, fontweight="bold")
+            rows = max(rows, draw_bench(ax, evidence.bench))
+    figure.set_figheight(max(height, PLOT_HEIGHT_IN + LEGEND_ROW_IN * rows))
+    title = textwrap.fill(
+        chart_title(profile), int(TITLE_CHARS_PER_IN * PANEL_WIDTH_IN * len(drawn))
+    )
+    figure.suptitle(title, fontsize=12, fontweight="bold")
     return figure
 
 

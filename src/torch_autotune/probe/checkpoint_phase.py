@@ -16,9 +16,12 @@ block: ``wrapping.NotCheckpointable``) is said so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.judge import NOISE
 from torch_autotune.probe.plan import plan
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import RTOL, Agreement
@@ -29,11 +32,13 @@ from torch_autotune.profile import ThroughputRecord
 
 __all__ = [
     "CHECKPOINTED",
-    "CheckpointingOutcome",
+    "RecomputeOutcome",
     "checked_text",
     "checkpointed",
     "disagrees",
     "measure_checkpointing",
+    "measure_recomputing",
+    "why_not_measured",
 ]
 
 CHECKPOINTED = "checkpointed"
@@ -56,9 +61,10 @@ def checkpointed() -> Variant:
 
 
 @dataclass(frozen=True)
-class CheckpointingOutcome:
-    """What became of checkpointing: measured (``outcome``), kept with L2's ``reason``, or
-    why it was not measured or not kept (``note``)."""
+class RecomputeOutcome:
+    """What became of a variant that recomputes to fit a larger batch (checkpointing, compile's
+    memory budget): measured (``outcome``), kept with L2's ``reason``, or why it was not
+    measured or not kept (``note``)."""
 
     outcome: VariantOutcome | None = None
     reason: str | None = None
@@ -69,6 +75,7 @@ def measure_checkpointing(
     base: Trials,
     *,
     best: ThroughputRecord | None,
+    points: Sequence[ThroughputRecord],
     limited_by: str,
     largest: int,
     sizes: list[int],
@@ -77,18 +84,69 @@ def measure_checkpointing(
     budget: Budget,
     progress: Progress,
     workers_s: float,
-) -> CheckpointingOutcome:
+) -> RecomputeOutcome:
     """Checkpointing against ``best``, the fastest steady point of ``base`` (the eager runner
-    whose search stopped at ``largest`` for ``limited_by``), at the candidates ``sizes`` and
-    within what the plan leaves after the workers (module docstring)."""
+    whose search stopped at ``largest`` for ``limited_by``; ``points``: its points), at the
+    candidates ``sizes`` and within what the plan leaves after the workers (module docstring)."""
     from torch_autotune.wrapping import NotCheckpointable
 
     if base.settings.settings.activation_checkpointing:
-        return CheckpointingOutcome()  # on already, as the user's settings asked
-    unfit = _why_not(best, limited_by, sizes)
+        return RecomputeOutcome()  # on already, as the user's settings asked
+    unfit = why_not_measured(best, limited_by, sizes, "checkpointing", points)
     if unfit is not None or best is None:
-        return CheckpointingOutcome(note=f"not measured: {unfit}")
-    variant = checkpointed()
+        return RecomputeOutcome(note=f"not measured: {unfit}")
+    checked: list[Agreement | None] = []
+
+    def check() -> str | None:  # the recompute against the plain step, before measuring
+        checked.append(_checked(base, bounds.floor, progress))
+        return disagrees(checked[0]) if checked[0] and not checked[0].agrees else None
+
+    try:
+        measured = measure_recomputing(
+            base,
+            checkpointed(),
+            best=best,
+            sizes=sizes,
+            model=model,
+            bounds=bounds,
+            budget=budget,
+            progress=progress,
+            workers_s=workers_s,
+            check=check,
+        )
+    except NotCheckpointable as refused:
+        return RecomputeOutcome(note=f"not measured: {refused}")
+    judged = measured.outcome.judgement if measured.outcome is not None else None
+    if measured.note is not None or measured.outcome is None or judged is None:
+        return measured
+    reason = (
+        f"{checked_text(checked[0], bounds.floor)}; measured faster: "
+        f"{judged.samples_per_s / judged.base_samples_per_s:.2f}x ({judged.samples_per_s:,.0f}"
+        f" samples/s at batch {judged.batch_size} with it against "
+        f"{judged.base_samples_per_s:,.0f} at batch {best.batch_size} without it); the largest "
+        f"batch was {measured.outcome.largest} with it and {largest} without"
+    )
+    return replace(measured, reason=reason)
+
+
+def measure_recomputing(
+    base: Trials,
+    variant: Variant,
+    *,
+    best: ThroughputRecord,
+    sizes: list[int],
+    model: TimeModel,
+    bounds: Bounds,
+    budget: Budget,
+    progress: Progress,
+    workers_s: float,
+    check: Callable[[], str | None] | None = None,
+) -> RecomputeOutcome:
+    """``variant``, which recomputes to fit a larger batch, against ``best`` (the fastest
+    steady point without it, of a search whose candidates are ``sizes`` and time model
+    ``model``), where the plan leaves it the time after the workers: its own search and points
+    (``variant_phase``), after ``check`` (why it is not measured, or None to go on). Kept: the
+    outcome alone, for the caller to write L2's reason; else why not (``note``)."""
     after = plan(
         variant,
         base,
@@ -99,46 +157,29 @@ def measure_checkpointing(
         workers_s=workers_s,
     )
     if after.variant is None:
-        return CheckpointingOutcome(note=f"not measured: {after.note}")
-    left = budget.left_in_run() - after.workers_s - after.confirm_s
-    try:
-        with budget.phase(variant.phase, left):
-            checked = _checked(base, bounds.floor, progress)
-            if checked is not None and not checked.agrees:
-                return CheckpointingOutcome(note=disagrees(checked))
-            outcome = measure_variant(
-                base,
-                variant,
-                base_best=best,
-                base_sizes=sizes,
-                base_model=model,
-                bounds=bounds,
-                budget=budget,
-                progress=progress,
-                reserve_s=after.workers_s + after.confirm_s,
-            )
-    except NotCheckpointable as refused:
-        return CheckpointingOutcome(note=f"not measured: {refused}")
-    return _verdict(outcome, best, largest, checked_text(checked, bounds.floor))
-
-
-def _verdict(
-    outcome: VariantOutcome, best: ThroughputRecord, largest: int, checked: str
-) -> CheckpointingOutcome:
-    """Kept with L2's reason where its judgement kept it, else why not (``checked``: what the
-    check of its recompute found)."""
+        return RecomputeOutcome(note=f"not measured: {after.note}")
+    reserve_s = after.workers_s + after.confirm_s
+    with budget.phase(variant.phase, budget.left_in_run() - reserve_s):
+        refused = check() if check is not None else None
+        if refused is not None:
+            return RecomputeOutcome(note=refused)
+        outcome = measure_variant(
+            base,
+            variant,
+            base_best=best,
+            base_sizes=sizes,
+            base_model=model,
+            bounds=bounds,
+            budget=budget,
+            progress=progress,
+            reserve_s=reserve_s,
+        )
     judged = outcome.judgement
     if judged is None:
-        return CheckpointingOutcome(outcome, note=f"not kept: {outcome.failed}")
-    if not judged.kept:  # the judgement's words, less its "activation checkpointing off: "
-        return CheckpointingOutcome(outcome, note=judged.reason.partition(" off: ")[2])
-    reason = (
-        f"{checked}; measured faster: {judged.samples_per_s / judged.base_samples_per_s:.2f}x "
-        f"({judged.samples_per_s:,.0f} samples/s at batch {judged.batch_size} with it against "
-        f"{judged.base_samples_per_s:,.0f} at batch {best.batch_size} without it); the largest "
-        f"batch was {outcome.largest} with it and {largest} without"
-    )
-    return CheckpointingOutcome(outcome, reason=reason)
+        return RecomputeOutcome(outcome, note=f"not kept: {outcome.failed}")
+    if not judged.kept:  # the judgement's words, less its "... off: "
+        return RecomputeOutcome(outcome, note=judged.reason.partition(" off: ")[2])
+    return RecomputeOutcome(outcome)
 
 
 def _checked(base: Trials, batch: int, progress: Progress) -> Agreement | None:
@@ -170,8 +211,18 @@ def checked_text(checked: Agreement | None, batch: int) -> str:
     )
 
 
-def _why_not(best: ThroughputRecord | None, limited_by: str, sizes: list[int]) -> str | None:
-    """Why checkpointing cannot be faster here, so is not measured; None where it may be."""
+def why_not_measured(
+    best: ThroughputRecord | None,
+    limited_by: str,
+    sizes: list[int],
+    what: str,
+    points: Sequence[ThroughputRecord] = (),
+) -> str | None:
+    """Why ``what``, a variant that fits a larger batch by recomputing, cannot be faster here,
+    so is not measured; None where it may be. ``best``: the fastest steady point without it,
+    of a search that stopped for ``limited_by`` and whose candidates are ``sizes``; ``points``:
+    that run's points, where the last doubling before ``best`` shows how much a larger batch
+    still gains (a throughput curve flattens with the batch, so the next doubling gains less)."""
     if best is None:
         return "no throughput point without it was steady, to be compared with"
     if limited_by != "memory":
@@ -180,6 +231,22 @@ def _why_not(best: ThroughputRecord | None, limited_by: str, sizes: list[int]) -
         return (
             f"throughput stopped growing below the largest batch (the fastest point, "
             f"{best.batch_size}, is below the top candidate, {sizes[0]}), so the larger batch "
-            "checkpointing allows would not pay for its recompute"
+            f"{what} allows would not pay for its recompute"
         )
-    return None
+    below = [
+        p
+        for p in points
+        if p.steady and p.variant == best.variant and p.batch_size < best.batch_size
+    ]
+    if not below:
+        return None
+    prior = max(below, key=lambda p: p.batch_size)
+    doublings = math.log2(best.batch_size / prior.batch_size)
+    gain = (best.samples_per_s / prior.samples_per_s) ** (1 / doublings) - 1
+    if gain > NOISE:
+        return None
+    return (
+        f"throughput grew {gain:.1%} a doubling of the batch up to the largest (batch "
+        f"{prior.batch_size} to {best.batch_size}), within the {NOISE:.0%} noise, so the "
+        f"larger batch {what} allows would not pay for its recompute"
+    )

@@ -103,7 +103,7 @@ class TrainingLoop:
         # An arm that sets TF32 sets it through the API this torch has, as a profile would.
         api = base.matmul.api or tf32_api(torch)
         self._base = base.model_copy(update={"matmul": base.matmul.model_copy(update={"api": api})})
-        self._models: dict[tuple[str, str | None, bool], Any] = {}
+        self._models: dict[tuple[str, str | None, float | None, bool], Any] = {}
         self._given = model
         self._drain = drain_prefetch
 
@@ -121,6 +121,7 @@ class TrainingLoop:
         key = (
             settings.memory_format,
             settings.compile.mode if settings.compile.enabled else None,
+            settings.compile.memory_budget if settings.compile.enabled else None,
             settings.activation_checkpointing,
         )
         if key not in self._models:

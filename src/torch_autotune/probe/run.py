@@ -22,9 +22,9 @@ detection, before them, counts against it too):
    compile stays in the profile only when it is faster beyond noise there, and its one-off
    cost is reported with the training time after which it pays off. When the predicted
    compile time does not fit, compile is decided by the rules and marked as not measured;
-   **checkpointing** (``probe.checkpoint_phase``), where compile was not kept and memory
-   limited the search: activation checkpointing with a model and a search of its own, kept
-   only where its fastest point beats the fastest without it (rule L2);
+   **recompute** (``probe.recompute_phase``), where memory limited the search: compile's
+   activation memory budget where compile was kept, else activation checkpointing, each with
+   a search of its own, kept only where its fastest point beats the fastest without it (L2);
 4. **confirm**: the recommended size runs once more with the final settings;
 5. **workers**: DataLoader worker counts over the workload's dataset (Windows keeps 0): the
    loader alone, then, where it cannot decide (loading limits training, or workers on a CPU),
@@ -44,7 +44,6 @@ from torch_autotune.errors import ProbeError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.allocator_phase import measure_allocator
 from torch_autotune.probe.budget import Budget
-from torch_autotune.probe.checkpoint_phase import measure_checkpointing
 from torch_autotune.probe.findings import run_evidence
 from torch_autotune.probe.guard import trial_record
 from torch_autotune.probe.loop import FedRunner
@@ -61,6 +60,7 @@ from torch_autotune.probe.points import (
     halvings_below,
     measure_points,
 )
+from torch_autotune.probe.recompute_phase import Recomputed, measure_recompute
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import confirm
 from torch_autotune.probe.search_phase import Searched, search
@@ -119,6 +119,8 @@ class ProbeResult:
     num_workers: int | None
     checkpointing_reason: str | None = None  # rule L2's, where checkpointing was kept
     checkpointing_note: str | None = None  # why it was not measured or not kept
+    memory_budget: float | None = None  # compile's activation memory budget, where kept
+    memory_budget_reason: str | None = None  # L2's: why kept, or why not measured or not kept
 
 
 def measure(
@@ -182,8 +184,7 @@ class _Run:
     threads_for: ThreadsFor | None = None
     limit: int | None = None  # bytes the trials could use on the device
     kept: VariantOutcome | None = None  # the variant kept, where one was
-    checkpointing_reason: str | None = None  # L2's, where checkpointing was kept
-    checkpointing_note: str | None = None  # why it was not measured or not kept
+    recomputed: Recomputed | None = None  # rule L2's phase, where it ran
 
     @property
     def floor(self) -> int:
@@ -292,41 +293,41 @@ class _Run:
                 progress=self.report,
                 reserve_s=plan.workers_s + plan.confirm_s,
             )
-        self.ran_as(*outcome.ran_as)
-        self.search += outcome.search
-        self.records += outcome.points
+        self.merge(outcome)
         self.compile = compile_record(mode, plan.predicted_s, outcome)
         if outcome.judgement is not None and outcome.judgement.kept and outcome.point:
             self.kept = outcome
             return outcome.point, outcome.runner
         return best, self.runner
 
-    def checkpointing(
-        self, best: ThroughputRecord | None, sizes: list[int], searched: Searched
-    ) -> tuple[ThroughputRecord | None, Trials]:
-        """Activation checkpointing against ``best`` (``probe.checkpoint_phase``): (the point
-        to recommend, its runner)."""
-        measured = measure_checkpointing(
-            self.runner,
-            best=best,
-            limited_by=searched.found.limited_by,
-            largest=searched.largest,
-            sizes=sizes,
-            model=searched.guard.model,
-            bounds=searched.bounds,
-            budget=self.budget,
-            progress=self.report,
-            workers_s=self.workers_s,
-        )
-        self.checkpointing_note, outcome = measured.note, measured.outcome
+    def merge(self, outcome: VariantOutcome | None) -> None:
+        """Keep what measuring a variant ran: its settings, its search and its points."""
         if outcome is not None:
             self.ran_as(*outcome.ran_as)
             self.search += outcome.search
             self.records += outcome.points
-        if measured.reason is None or outcome is None or outcome.point is None:
-            return best, self.runner
-        self.kept, self.checkpointing_reason = outcome, measured.reason
-        return outcome.point, outcome.runner
+
+    def recompute(
+        self, best: ThroughputRecord | None, final: Trials, sizes: list[int], searched: Searched
+    ) -> tuple[ThroughputRecord | None, Trials]:
+        """Rule L2's phase (``probe.recompute_phase``) after ``best``, the point ``final``
+        trains: (the point to recommend, its runner)."""
+        done = self.recomputed = measure_recompute(
+            self.runner,
+            best=best,
+            points=self.records,
+            final=final,
+            compiled=self.kept,
+            sizes=sizes,
+            searched=searched,
+            budget=self.budget,
+            progress=self.report,
+            workers_s=self.workers_s,
+        )
+        self.merge(done.measured)
+        if done.kept:
+            self.kept = done.measured
+        return done.best, done.final
 
     def candidates_of(
         self, best: ThroughputRecord | None, searched: Searched, sizes: list[int]
@@ -411,8 +412,7 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         run.warnings.append(f"torch.compile not measured: {after.note}")
     best = run.throughput(sizes, after, searched.guard.model, step)
     best, final = run.variant(best, sizes, after, searched)
-    if final is run.runner:  # compile not kept: activation checkpointing may be measured
-        best, final = run.checkpointing(best, sizes, searched)
+    best, final = run.recompute(best, final, sizes, searched)
     base_best = best if final is run.runner else None  # a variant's point: not measured
     run.allocator = measure_allocator(run, base_best, searched, after.workers_s + after.confirm_s)
     variant = best.variant if best is not None and final is not run.runner else EAGER
@@ -445,4 +445,5 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     update = {"loader": workers.loader, "workers_reason": workers.reason, "fed": workers.fed}
     update["fed_reason"] = workers.batch_reason
     made = evidence.model_copy(update=update)
-    return ProbeResult(made, workers.num_workers, run.checkpointing_reason, run.checkpointing_note)
+    l2 = (run.recomputed or Recomputed(best, final)).decisions()
+    return ProbeResult(made, workers.num_workers, **l2)

@@ -19,7 +19,8 @@ effects a real accelerator showed (the H100 runs of ``benchmarks/results/h100-20
 - the very first step of the process pays start-up (CUDA context, allocator, first kernels);
 - every new shape pays a warm-up (the cuDNN autotuner: 6-9 s for ResNet-50 on an H100);
 - the first compiled step pays the compile (53 s for ResNet-50, 33 s for GPT-2 on an H100),
-  later sizes on the same dynamic-batch compiled module pay almost nothing;
+  later sizes on the same dynamic-batch compiled module pay almost nothing; a compile under an
+  activation memory budget is a compile of its own, and pays it again;
 - a steady step costs ``fixed + per_sample * batch ** exponent``; compiled, that over the
   compiled speedup;
 - a batch fits up to a limit (eager, and compiled where it needs more memory); the peak a
@@ -85,6 +86,8 @@ class SimulatedMachine:
     compiled_speedup: float = 1.23
     checkpointed_limit: int | None = None  # the largest batch with activation checkpointing
     recompute_factor: float = 1.33  # a checkpointed step: about one forward more (issue 21)
+    budgeted_limit: int | None = None  # the largest batch compiled under a memory budget
+    budget_factor: float = 1.1  # a budgeted compiled step: the cheap ops recomputed
     foreach_bytes: int = 0  # what torch's foreach optimizer step holds beyond the fused one's
     recompute: Agreement | None = AGREES  # the checkpointed step's check (None: no room)
     allocator: tuple[int, float] | None = None  # with J1's allocator setting: limit, step factor
@@ -100,6 +103,7 @@ class SimulatedMachine:
     now: float = 0.0
     started: bool = False
     compiled_once: bool = False
+    budgets_compiled: set[float] = field(default_factory=set)  # memory budgets compiled under
     shapes: set[int] = field(default_factory=set)  # sizes that ran (allocator warm)
     autotuned: set[int] = field(default_factory=set)  # sizes the cuDNN autotuner has timed
     log: list[str] = field(default_factory=list)  # "trial 64", "point 832 compiled", ...
@@ -115,29 +119,51 @@ class SimulatedMachine:
     def restart(self) -> None:
         """A fresh process on the same machine: clock at 0, nothing warm, an empty log."""
         self.now, self.started, self.compiled_once = 0.0, False, False
+        self.budgets_compiled = set()
         self.shapes, self.autotuned, self.log = set(), set(), []
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
-    def step_s(self, batch_size: int, *, compiled: bool, checkpointed: bool = False) -> float:
-        """Seconds of one steady training step (a checkpointed one recomputes its forward)."""
+    def step_s(
+        self,
+        batch_size: int,
+        *,
+        compiled: bool,
+        checkpointed: bool = False,
+        budgeted: bool = False,
+    ) -> float:
+        """Seconds of one steady training step (a checkpointed one recomputes its forward, a
+        budgeted compiled one the cheap ops its budget did not keep)."""
         step = self.fixed_s + self.per_sample_s * math.pow(batch_size, self.exponent)
         step = step * self.recompute_factor if checkpointed else step
+        step = step * self.budget_factor if budgeted else step
         return step / self.compiled_speedup if compiled else step
 
-    def _limit(self, *, compiled: bool, checkpointed: bool) -> int:
+    def _limit(self, *, compiled: bool, checkpointed: bool, budgeted: bool = False) -> int:
         if checkpointed and self.checkpointed_limit:
             return self.checkpointed_limit
+        if compiled and budgeted and self.budgeted_limit:
+            return self.budgeted_limit
         return self.compiled_limit if compiled and self.compiled_limit else self.limit
 
-    def fits(self, batch_size: int, *, compiled: bool, checkpointed: bool = False) -> bool:
-        return batch_size <= self._limit(compiled=compiled, checkpointed=checkpointed)
+    def fits(
+        self, batch_size: int, *, compiled: bool, checkpointed: bool = False, budgeted: bool = False
+    ) -> bool:
+        limit = self._limit(compiled=compiled, checkpointed=checkpointed, budgeted=budgeted)
+        return batch_size <= limit
 
-    def peak(self, batch_size: int, *, compiled: bool = False, checkpointed: bool = False) -> int:
+    def peak(
+        self,
+        batch_size: int,
+        *,
+        compiled: bool = False,
+        checkpointed: bool = False,
+        budgeted: bool = False,
+    ) -> int:
         """The allocator's peak in bytes of a trial at ``batch_size``: compiled (or
         checkpointed), where it fits fewer (more) samples, each needs more (less) in proportion."""
-        limit = self._limit(compiled=compiled, checkpointed=checkpointed)
+        limit = self._limit(compiled=compiled, checkpointed=checkpointed, budgeted=budgeted)
         per_sample = self.per_sample_bytes * max(self.limit, 1) // max(limit, 1)
         return self.fixed_bytes + per_sample * batch_size
 
@@ -155,11 +181,13 @@ class SimulatedMachine:
         *,
         compiled: bool,
         checkpointed: bool = False,
+        budgeted: bool = False,
     ) -> float:
         """Samples/s of training fed by the DataLoader. Without workers the main process loads,
         then steps. With them, the slowest of: the workers, the step, and (on a CPU) the cores
         that both share; the step runs on ``threads`` of them (None: all)."""
-        step = self.step_s(batch_size, compiled=compiled, checkpointed=checkpointed) / batch_size
+        how = {"compiled": compiled, "checkpointed": checkpointed, "budgeted": budgeted}
+        step = self.step_s(batch_size, **how) / batch_size
         load = self.load_s or 0.0
         if num_workers == 0:
             return 1 / (load + step)
@@ -190,7 +218,9 @@ class SimulatedTrials:
         self.benchmark = settings.cudnn_benchmark
         self.workload = workload
         checkpointed = settings.settings.activation_checkpointing
-        self._how = {"compiled": compiled, "checkpointed": checkpointed}
+        self.budget = settings.settings.compile.memory_budget if compiled else None
+        budgeted = self.budget is not None
+        self._how = {"compiled": compiled, "checkpointed": checkpointed, "budgeted": budgeted}
 
     # --- the seam ---
 
@@ -355,8 +385,11 @@ class SimulatedTrials:
         if not m.started:
             m.started = True
             warmup += m.first_s
-        if self.is_compiled and not m.compiled_once:
+        if self.is_compiled and self.budget is None and not m.compiled_once:
             m.compiled_once = True
+            warmup += m.compile_s
+        elif self.budget is not None and self.budget not in m.budgets_compiled:
+            m.budgets_compiled.add(self.budget)  # a backend of its own: compiled again
             warmup += m.compile_s
         if self.benchmark and batch_size not in m.autotuned:  # cuDNN's cache is per shape
             m.autotuned.add(batch_size)

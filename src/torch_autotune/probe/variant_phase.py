@@ -58,6 +58,7 @@ class VariantOutcome:
     largest: int | None = None  # the largest batch its own search trained (None: no search)
     limited_by: str | None = None  # what limited that search
     sizes: list[int] = field(default_factory=list)  # its candidates, largest first
+    model: TimeModel | None = None  # its own search's time model (None: no search)
 
 
 def measure_variant(
@@ -104,7 +105,7 @@ def measure_variant(
         sizes = candidates(
             largest, limited, bounds.multiple, bounds.fixed_shapes, floor=bounds.floor
         )
-        model = searched.model
+        model = outcome.model = searched.model
     outcome.sizes = sizes
     runner.apply_flags()
     measured = measure_points(

@@ -68,7 +68,7 @@ class Variant:
     """
 
     name: str
-    changes: tuple[tuple[str, str | int | bool | None], ...] = ()
+    changes: tuple[tuple[str, str | int | float | bool | None], ...] = ()
     fresh_model: bool = False
     changes_memory: bool = False
     warmup_s: Callable[[int], float] = _no_warmup

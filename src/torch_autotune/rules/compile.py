@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 from torch_autotune.hardware import Accelerator, Vendor
 from torch_autotune.profile import Mode, Source
-from torch_autotune.rules.context import Context, Finding
+from torch_autotune.rules.context import Context, Finding, Measurements
 from torch_autotune.thresholds import COMPILE_MIN_TORCH, FULL_TRITON_CC, MAX_AUTOTUNE_MIN_SMS
 
 # Catalog D7: "Triton only supports devices of CUDA Capability >= 7.0".
@@ -273,7 +273,8 @@ def _mode_finding(ctx: Context) -> Finding:
 
 
 def compile_settings(ctx: Context) -> Iterator[Finding]:
-    """D1-D13: torch.compile on or off, and its mode (None when off)."""
+    """D1-D13: torch.compile on or off, and its mode (None when off); L2: its activation
+    memory budget."""
     for gate in _GATES:
         off = gate(ctx)
         if off is not None:
@@ -281,6 +282,7 @@ def compile_settings(ctx: Context) -> Iterator[Finding]:
             reason = f"torch.compile off: {reason}"
             yield Finding("compile.enabled", False, rule, reason)
             yield Finding("compile.mode", None, rule, reason)
+            yield Finding("compile.memory_budget", None, "L2", _NO_COMPILE)
             return
     measured = ctx.measurements
     if measured is not None and measured.compile_enabled is not None:
@@ -288,12 +290,38 @@ def compile_settings(ctx: Context) -> Iterator[Finding]:
         if not measured.compile_enabled:
             yield Finding("compile.enabled", False, "M3", reason, Source.MEASURED)
             yield Finding("compile.mode", None, "M3", reason, Source.MEASURED)
+            yield Finding("compile.memory_budget", None, "L2", _NO_COMPILE, Source.MEASURED)
             return
         yield Finding("compile.enabled", True, "M3", reason, Source.MEASURED)
         yield _mode_finding(ctx)
+        yield _memory_budget(measured)
         return
     reason = _enabled_reason(ctx)
     if measured is not None and measured.compile_reason:
         reason += f"; not measured: {measured.compile_reason}"
     yield Finding("compile.enabled", True, _enabled_rule(ctx), reason)
     yield _mode_finding(ctx)
+    yield _memory_budget(measured)
+
+
+_NO_COMPILE = "default: only compiled graphs read the activation memory budget"
+
+_BUDGET_DEFAULT = (
+    "default (torch's, 1.0: the compiled graphs save what the fastest partition saves): a lower "
+    "budget recomputes part of it in backward, so it is set only where the probe measured that "
+    "the larger batch it allows trains faster"
+)
+
+
+def _memory_budget(measured: Measurements | None) -> Finding:
+    """L2 inside compiled graphs: the activation memory budget the probe kept, else torch's
+    default, with why it was not measured or not kept (``probe.compile_budget``)."""
+    setting = "compile.memory_budget"
+    if measured is None or measured.memory_budget_reason is None:
+        return Finding(setting, None, "L2", _BUDGET_DEFAULT)
+    why = measured.memory_budget_reason
+    if measured.memory_budget is not None:
+        kept = f"{measured.memory_budget:g}: {why}"
+        return Finding(setting, measured.memory_budget, "L2", kept, Source.MEASURED)
+    source = Source.INFERRED if why.startswith("not measured") else Source.MEASURED
+    return Finding(setting, None, "L2", f"default: {why}", source)

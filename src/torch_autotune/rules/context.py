@@ -39,6 +39,8 @@ class Measurements(BaseModel):
     fsdp_reason: str | None = None  # the ranks sharded the model with FSDP2: why, with numbers
     checkpointing_reason: str | None = None  # activation checkpointing kept: why, with numbers
     checkpointing_note: str | None = None  # why the probe did not measure it, or did not keep it
+    memory_budget: float | None = None  # compile's activation memory budget, where kept
+    memory_budget_reason: str | None = None  # why kept, or why not measured or not kept
     optimizer_memory: OptimizerMemoryRecord | None = None  # fused against foreach, where measured
     allocator: AllocatorRecord | None = None  # J1's setting in a fresh process, where measured
 
