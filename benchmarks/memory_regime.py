@@ -10,12 +10,14 @@ one training loop (``probe.loop.TrainingLoop``, data on the device) measures:
   ``DoesNotFitError`` (the plan it gives) is the result;
 - a grid at the profile's precision and optimizer: activation checkpointing off/on x eager,
   compiled (default mode), compiled under an activation memory budget of ``--memory-budget``
-  (the profile's ``compile.memory_budget``, as the tuner would keep it) x the allocator (``PYTORCH_CUDA_ALLOC_CONF`` unset or
-  ``expandable_segments:True``, read when CUDA starts: an arm whose value is not this process's
-  runs in a fresh child, this script with ``--arm JSON``, which prints one JSON line back).
+  (the profile's ``compile.memory_budget``, as the tuner would keep it) x the allocator
+  (``PYTORCH_CUDA_ALLOC_CONF`` unset or ``expandable_segments:True``, read when CUDA starts:
+  an arm whose value is not this process's runs in a fresh child, this script with ``--arm
+  JSON``, which prints one JSON line back).
   Each arm finds its largest batch (doubling from 1 to out-of-memory, then bisecting, each
   trial a short training run), measured there and at half. ``--quick``: no allocator axis, no
-  memory-budget arm.
+  memory-budget arm. Each measurement is also appended, as it finishes, to
+  ``memory_regime.progress.jsonl`` in ``--out``: a run cut short still leaves what it measured.
 
 The oracle is the fastest measurement of the grid. Targets: tuned/oracle at least 0.95; tuned
 no slower than the best arm without checkpointing (1.0, ``NOISE`` allowed); where the tuner
@@ -335,8 +337,20 @@ def _run_workload(name: str, limit: float, args: argparse.Namespace) -> dict[str
         "does_not_fit": None if fitted is not None else profile,
         "tuned": run(template) if fitted is not None else None,
     }
-    result["arms"] = [run(spec) for spec in grid(template, args)]
+    _progress(args, {k: v for k, v in result.items() if k != "does_not_fit"})
+    result["arms"] = []
+    for spec in grid(template, args):
+        result["arms"].append(run(spec))
+        _progress(args, {"workload": name, "limit_gib": limit, "arm": result["arms"][-1]})
     return {**result, **summarize(result)}
+
+
+def _progress(args: argparse.Namespace, done: dict[str, Any]) -> None:
+    """One JSON line a measurement as it finishes (``memory_regime.progress.jsonl``): what a
+    run cut short by its time limit still leaves."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "memory_regime.progress.jsonl").open("a") as lines:
+        lines.write(json.dumps(done, default=str) + "\n")
 
 
 def _versions(device: str) -> dict[str, Any]:
