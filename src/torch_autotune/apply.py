@@ -268,6 +268,12 @@ def memory_budgeted(mode: str | None, budget: float) -> Any:
     import torch
     from torch._functorch import config
 
+    if not hasattr(config, "activation_memory_budget"):
+        raise RuntimeError(
+            f"compile.memory_budget: torch {torch.__version__} has no activation memory budget"
+            " (torch 2.4 added it); tune again on this torch, or remove memory_budget from the"
+            " profile"
+        )
     inductor: Any = torch._TorchCompileInductorWrapper
 
     class MemoryBudgeted(inductor):  # type: ignore[misc]

@@ -52,10 +52,12 @@ from torch_autotune.knobs import (
     KNOBS,
     Knob,
     couples,
-    dependents,
+    goes_with_parent,
     knob_value,
     settings_config,
     show_value,
+    switched_off,
+    switched_on,
     train_settings,
     with_knob,
 )
@@ -140,7 +142,7 @@ class Plan:
         return self.configs.index(config)
 
     def on_alone(self, knob: Knob) -> TrainConfig:
-        return with_knob(self.baseline, knob, self.tuned)
+        return switched_on(self.baseline, knob, self.tuned)
 
     def off_alone(self, knob: Knob) -> TrainConfig:
         return off_arm(self.tuned, knob, self.baseline, self.off_batch)
@@ -149,11 +151,9 @@ class Plan:
 def off_arm(
     config: TrainConfig, knob: Knob, baseline: TrainConfig, off_batch: Mapping[str, int]
 ) -> TrainConfig:
-    """``config`` with ``knob`` as the baseline has it (and the settings that take effect only
-    under it: ``dependents``), at the batch that ran without it where ``off_batch`` names one."""
-    off = with_knob(config, knob, baseline)
-    for dependent in dependents(knob):
-        off = with_knob(off, dependent, baseline)
+    """``config`` with ``knob`` as the baseline has it (``knobs.switched_off``), at the batch
+    that ran without it where ``off_batch`` names one."""
+    off = switched_off(config, knob, baseline)
     if knob.name in off_batch:
         off = off.model_copy(update={"batch_size": off_batch[knob.name]})
     return off
@@ -172,7 +172,7 @@ def plan_arms(
     knobs = tuple(ablated_knobs(baseline, tuned))
     named: list[tuple[str, TrainConfig]] = [("baseline", baseline), ("tuned", tuned)]
     for knob in knobs:
-        named.append((f"baseline + {knob.name}", with_knob(baseline, knob, tuned)))
+        named.append((f"baseline + {knob.name}", switched_on(baseline, knob, tuned)))
         if knob.name not in required:
             named.append((f"tuned - {knob.name}", off_arm(tuned, knob, baseline, off_batch)))
     configs: list[TrainConfig] = []
@@ -306,7 +306,7 @@ def final_config(plan: Plan, settings: Sequence[SettingEffect]) -> TrainConfig:
     config = plan.tuned
     dropped = {s.setting for s in settings if s.outcome == "dropped"}
     for knob in plan.knobs:
-        if knob.name in dropped:
+        if knob.name in dropped and not goes_with_parent(knob, dropped):
             config = off_arm(config, knob, plan.baseline, plan.off_batch)
             for coupled, _why in couples(knob):
                 config = with_knob(config, coupled, plan.baseline)
@@ -364,6 +364,8 @@ def apply_bench(profile: Profile, plan: Plan, bench: BenchEvidence) -> Profile:
     for drop in drops:
         rule, reason = ("M2", _reverted_text(bench)) if reverted else ("M1", drop.reason)
         knob = KNOB_BY_NAME[drop.setting]
+        if goes_with_parent(knob, {d.setting for d in drops}):
+            continue  # back already, with its parent (couples), at the parent's batch
         candidate = _with_drop(draft, knob, plan.baseline, rule, reason)
         if knob.name in plan.off_batch and not reverted:  # the batch that ran without it
             batch = KNOB_BY_NAME["batch_size"]

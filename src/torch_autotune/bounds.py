@@ -102,7 +102,7 @@ Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 SettingInt = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 """A setting's integer held apart from ``Settings`` (a bench arm's): its own bound is checked
 again when it is put into ``Settings``."""
-SettingFloat = Annotated[float, Field(ge=0, le=1)]
+SettingFloat = Annotated[float, Field(ge=0, le=1, strict=True)]
 """A setting's fraction held apart from ``Settings`` (compile's memory budget, in a bench arm):
 its own bound is checked again when it is put into ``Settings``."""
 SmallCount = Annotated[int, Field(ge=0, le=1_000_000)]

@@ -40,11 +40,14 @@ EAGER = "eager"
 """The probe's base variant: the rules-only profile's settings, without torch.compile."""
 COMPILED = "compiled"
 """The probe's variant under torch.compile (the mode its ``CompileRecord`` names)."""
+BUDGETED = "memory-budgeted"
+"""The probe's variant under torch.compile with an activation memory budget (``compile``'s
+``memory_budget``, as its records give it)."""
 
 VariantName = Annotated[str, Field(min_length=1, max_length=120)]
 
 
-_MEMORY_DEFAULTS = {r.name: r.show(Settings()) for r in RECORDS if r.memory}
+MEMORY_DEFAULTS = {r.name: r.show(Settings()) for r in RECORDS if r.memory}
 """How each setting that changes memory shows at torch's default (``settings.memory_settings``),
 for a variant recorded before the setting existed."""
 
@@ -108,8 +111,9 @@ class ThroughputRecord(StrictModel):
 
     @property
     def compiled(self) -> bool:
-        """It ran under torch.compile (the probe's compiled variant)."""
-        return self.variant == COMPILED
+        """It ran under torch.compile (the probe's compiled variant, with or without a memory
+        budget)."""
+        return self.variant in (COMPILED, BUDGETED)
 
 
 class PhaseRecord(StrictModel):
@@ -216,8 +220,9 @@ class BatchChoice(StrictModel):
 
     @property
     def compiled(self) -> bool:
-        """The chosen point ran under torch.compile (the probe's compiled variant)."""
-        return self.variant == COMPILED
+        """The chosen point ran under torch.compile (the probe's compiled variant, with or
+        without a memory budget)."""
+        return self.variant in (COMPILED, BUDGETED)
 
 
 class FedRecord(StrictModel):
@@ -390,7 +395,7 @@ class Evidence(StrictModel):
         held = [
             v
             for v in self.variants
-            if all(v.settings.get(k, _MEMORY_DEFAULTS.get(k)) == x for k, x in wanted.items())
+            if all(v.settings.get(k, MEMORY_DEFAULTS.get(k)) == x for k, x in wanted.items())
         ]
         names = {v.name for v in held}
         if memory is None or not self.variants:

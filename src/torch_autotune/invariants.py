@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch_autotune.evidence import Evidence
+from torch_autotune.evidence import MEMORY_DEFAULTS, Evidence
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
 from torch_autotune.settings import Settings, memory_settings
 from torch_autotune.thresholds import (
     BF16_MIN_CC,
     COMPILE_MIN_TORCH,
     FP32_PRECISION_API_MIN_TORCH,
+    MEMORY_BUDGET_MIN_TORCH,
     TF32_MIN_CC,
 )
 
@@ -158,6 +159,12 @@ def _compile_problems(scope: _Scope) -> list[str]:
             "settings.compile.memory_budget: only compiled graphs read it, and compile is off "
             "(remove memory_budget, or enable compile)"
         )
+    old = scope.release is not None and scope.release < MEMORY_BUDGET_MIN_TORCH
+    if c.memory_budget is not None and old:
+        problems.append(
+            f"settings.compile.memory_budget: torch {_cc_text(MEMORY_BUDGET_MIN_TORCH)} added "
+            f"it, this is {scope.torch_version} (remove memory_budget)"
+        )
     if b.deterministic_algorithms and b.cudnn_benchmark:
         problems.append(
             "settings.backends.cudnn_benchmark: the autotuner picks algorithms by timing, "
@@ -227,5 +234,8 @@ def _bench_ran(evidence: Evidence, wanted: dict[str, str]) -> set[int]:
         arm.config.batch_size
         for arm in evidence.bench.arms
         if any(arm.samples_per_s)
-        and (not arm.memory or all(arm.memory.get(k) == v for k, v in wanted.items()))
+        and (
+            not arm.memory
+            or all(arm.memory.get(k, MEMORY_DEFAULTS.get(k)) == v for k, v in wanted.items())
+        )
     }

@@ -191,6 +191,41 @@ def couples(knob: Knob) -> tuple[tuple[Knob, str], ...]:
     )
 
 
+def parent(knob: Knob) -> Knob | None:
+    """The knob ``knob``'s setting takes effect only under (its record's ``only_with``:
+    compile, for compile's memory budget); None for most."""
+    record = next((r for r in RECORDS if r.bench == knob.name), None)
+    if record is None or record.only_with is None:
+        return None
+    bench = RECORD_BY_NAME[record.only_with].bench
+    return KNOB_BY_NAME[bench] if bench is not None else None
+
+
+def goes_with_parent(knob: Knob, dropped: set[str]) -> bool:
+    """Whether ``knob`` is dropped with its ``parent``, among the knobs named ``dropped``: the
+    parent's drop takes it back too (``couples``) and brings back the batch that ran without
+    both, so it is not dropped again on its own."""
+    under = parent(knob)
+    return under is not None and under.name in dropped
+
+
+def switched_off(config: TrainConfig, knob: Knob, baseline: TrainConfig) -> TrainConfig:
+    """``config`` with ``knob`` as ``baseline`` has it, and the settings that take effect only
+    under it (``dependents``) too."""
+    off = with_knob(config, knob, baseline)
+    for dependent in dependents(knob):
+        off = with_knob(off, dependent, baseline)
+    return off
+
+
+def switched_on(config: TrainConfig, knob: Knob, source: TrainConfig) -> TrainConfig:
+    """``config`` with ``knob`` as ``source`` has it, and its ``parent`` too: a setting that
+    takes effect only under another is switched on with it (compile's memory budget, compile)."""
+    under = parent(knob)
+    on = with_knob(config, under, source) if under is not None else config
+    return with_knob(on, knob, source)
+
+
 def dependents(knob: Knob) -> tuple[Knob, ...]:
     """The knobs whose setting takes effect only under ``knob``'s (their record's
     ``only_with``: compile's memory budget, under compile): off wherever ``knob`` is."""

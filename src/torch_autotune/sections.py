@@ -65,7 +65,8 @@ class Compile(StrictModel):
     memory_budget: float | None = Field(
         default=None,
         ge=0,
-        lt=1,
+        le=1,
+        strict=True,  # a number: YAML's false is not a budget of 0
         description="torch._functorch.config.activation_memory_budget while the model compiles:"
         " the share of the activations the compiled graphs save that they keep (0: recompute"
         " what can be, as checkpointing the whole graph would); None: torch's default, 1.0.",

@@ -21,6 +21,11 @@ MAX_AUTOTUNE_MIN_SMS = 68
 COMPILE_MIN_TORCH = (2, 0)
 """Catalog D1: torch.compile exists from torch 2.0."""
 
+MEMORY_BUDGET_MIN_TORCH = (2, 4)
+"""torch._functorch.config.activation_memory_budget, the partitioner's memory budget, arrived in
+torch 2.4 (PyTorch blog, "Activation checkpointing techniques in torch.compile"): setting it on
+an older torch raises."""
+
 FP32_PRECISION_API_MIN_TORCH = (2, 9)
 """Catalog B2, Q: torch 2.9 introduced torch.backends.*.fp32_precision (mixing it with the old
 allow_tf32 flags raises)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from torch_autotune.evidence import BUDGETED
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.checkpoint_phase import (
     RecomputeOutcome,
@@ -28,11 +29,11 @@ from torch_autotune.probe.checkpoint_phase import (
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.variant_phase import Bounds, VariantOutcome
 from torch_autotune.probe.variants import Variant, compile_seconds
+from torch_autotune.settings import Settings
+from torch_autotune.thresholds import MEMORY_BUDGET_MIN_TORCH
 
 __all__ = ["BUDGETED", "MEMORY_BUDGET", "budgeted", "measure_compile_budget"]
 
-BUDGETED = "memory-budgeted"
-"""The variant's name in the records."""
 
 MEMORY_BUDGET = 0.5
 """The budget tried: torchtitan's default for its compiler-based activation checkpointing
@@ -52,6 +53,7 @@ def budgeted(mode: str, budget: float = MEMORY_BUDGET) -> Variant:
         paid_for="to compile again",
         warmup_noun="a second compile",
         phase="memory budget",
+        costs_training=False,  # the probe compiles twice; training compiles once either way
     )
 
 
@@ -63,13 +65,15 @@ def measure_compile_budget(
     budget: Budget,
     progress: Progress,
     workers_s: float,
+    release: tuple[int, int] | None,
 ) -> RecomputeOutcome:
     """The memory budget against ``compiled``, the compile variant the run kept (its fastest
     point, search and candidates), on ``base``'s model (the eager runner's), within what the
-    plan leaves after the workers (module docstring)."""
+    plan leaves after the workers (module docstring); ``release``: torch's (major, minor)."""
     settings = compiled.runner.settings.settings
-    if settings.compile.memory_budget is not None or not settings.compile.mode:
-        return RecomputeOutcome()  # the user's own budget, already measured as compile's
+    unfit = _unfit(settings, release)
+    if unfit is not None or not settings.compile.mode:
+        return RecomputeOutcome(note=f"not measured: {unfit or 'compile has no mode'}")
     variant = budgeted(settings.compile.mode)
     best, sizes, model = compiled.point, compiled.sizes, compiled.model
     unfit = why_not_measured(
@@ -96,3 +100,20 @@ def measure_compile_budget(
         f"{measured.outcome.largest} with it and {compiled.largest} without"
     )
     return replace(measured, reason=reason)
+
+
+def _unfit(settings: Settings, release: tuple[int, int] | None) -> str | None:
+    """Why no budget is tried with ``settings`` on torch ``release``; None where it may be."""
+    if release is None or release < MEMORY_BUDGET_MIN_TORCH:
+        return (
+            "this torch has no activation memory budget (torch "
+            f"{'.'.join(map(str, MEMORY_BUDGET_MIN_TORCH))} added it)"
+        )
+    if settings.compile.memory_budget is not None:
+        return f"the settings hold a budget already ({settings.compile.memory_budget:g})"
+    if settings.activation_checkpointing:
+        return (
+            "the model's blocks are checkpointed already (it fits only so), and the budget "
+            "would recompute inside what they recompute"
+        )
+    return None

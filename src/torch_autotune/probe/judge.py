@@ -53,11 +53,12 @@ def judge(
     speedup = point.samples_per_s / base.samples_per_s
     noise = max(NOISE, point.relative_spread, base.relative_spread)
     kept = point.steady and speedup > 1 + noise
-    minutes = payoff_minutes(paid_s, base.samples_per_s, point.samples_per_s)
+    training = variant.costs_training  # else only the probe paid it: no payoff to wait for
+    minutes = payoff_minutes(paid_s, base.samples_per_s, point.samples_per_s) if training else None
     numbers = (
         f"{speedup:.2f}x ({point.samples_per_s:,.0f} samples/s {variant.name} at batch "
         f"{point.batch_size} against {base.samples_per_s:,.0f} {base.variant} at batch "
-        f"{base.batch_size}), {paid_s:.0f} s {variant.paid_for}"
+        f"{base.batch_size})" + (f", {paid_s:.0f} s {variant.paid_for}" if training else "")
     )
     if kept:
         reason = f"{variant.label} measured faster: {numbers}"
@@ -70,8 +71,8 @@ def judge(
         )
     else:
         reason = (
-            f"{variant.label} off: measured {numbers}, not faster beyond the {noise:.0%} noise; "
-            f"{base.variant} training avoids {variant.warmup_noun}"
+            f"{variant.label} off: measured {numbers}, not faster beyond the {noise:.0%} noise"
+            + (f"; {base.variant} training avoids {variant.warmup_noun}" if training else "")
         )
     return Judgement(
         kept=kept,

@@ -78,8 +78,8 @@ def plan(
     if variant_s + THROUGHPUT_POINTS * point_s > left:
         note = (
             f"{variant.label} was predicted to take about {predicted:.0f} s {variant.paid_for}"
-            f" and {variant_s - predicted:.0f} s to measure, and {left:.0f} s were left for it;"
-            " give it more time with --budget"
+            f" and {variant_s - predicted:.0f} s to measure, and {max(0.0, left):.0f} s were left"
+            " for it; give it more time with --budget"
         )
         return Plan(None, predicted, 0.0, workers_s, confirm_s, note)
     return Plan(variant, predicted, variant_s, workers_s, confirm_s, None)

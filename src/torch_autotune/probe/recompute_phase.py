@@ -11,7 +11,7 @@ kept (eager, or compile lost to it), the budget means nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypedDict
 
 from torch_autotune.probe.budget import Budget
@@ -22,13 +22,19 @@ from torch_autotune.probe.search_phase import Searched
 from torch_autotune.probe.variant_phase import VariantOutcome
 from torch_autotune.profile import ThroughputRecord
 
-__all__ = ["COMPILE_KEPT", "Decisions", "Recomputed", "measure_recompute"]
+__all__ = ["COMPILE_KEPT", "COMPILE_UNMEASURED", "Decisions", "Recomputed", "measure_recompute"]
 
 COMPILE_KEPT = (
     "not measured: compile was kept, and compile's own activation memory budget is what a "
     "compiled model tries in its place (a checkpointed model would cost a compile of its own)"
 )
 """Why checkpointing is not measured where compile was kept."""
+
+COMPILE_UNMEASURED = (
+    "not measured: the profile keeps compile without measuring it (the compile did not fit the"
+    " time budget), and a checkpointed model under compile is not what the probe measures"
+)
+"""Why checkpointing is not measured where compile stays on unmeasured."""
 
 
 class Decisions(TypedDict):
@@ -77,10 +83,13 @@ def measure_recompute(
     budget: Budget,
     progress: Progress,
     workers_s: float,
+    release: tuple[int, int] | None,
+    compile_unmeasured: bool,
 ) -> Recomputed:
     """The budget against ``compiled`` (the compile variant kept, whose point is ``best`` and
     runner ``final``), or where none was kept, checkpointing against ``best``, the fastest
-    of ``base``'s ``points``, at the candidates ``sizes`` of its search ``searched``."""
+    of ``base``'s ``points``, at the candidates ``sizes`` of its search ``searched``; neither
+    where compile stays on without being measured (``compile_unmeasured``)."""
     if compiled is not None:
         measured = measure_compile_budget(
             base,
@@ -89,19 +98,16 @@ def measure_recompute(
             budget=budget,
             progress=progress,
             workers_s=workers_s,
+            release=release,
         )
         found = _kept(measured, best, final)
         value = found.final.settings.settings.compile.memory_budget if found.kept else None
         why = measured.reason or measured.note
-        return Recomputed(
-            found.best,
-            found.final,
-            measured.outcome,
-            found.kept,
-            checkpointing_note=COMPILE_KEPT,
-            memory_budget=value,
-            memory_budget_reason=why,
+        return replace(
+            found, checkpointing_note=COMPILE_KEPT, memory_budget=value, memory_budget_reason=why
         )
+    if compile_unmeasured:
+        return Recomputed(best, final, checkpointing_note=COMPILE_UNMEASURED)
     measured = measure_checkpointing(
         base,
         best=best,
@@ -116,19 +122,13 @@ def measure_recompute(
         workers_s=workers_s,
     )
     found = _kept(measured, best, final)
-    return Recomputed(
-        found.best,
-        found.final,
-        measured.outcome,
-        found.kept,
-        checkpointing_reason=measured.reason,
-        checkpointing_note=measured.note,
-    )
+    return replace(found, checkpointing_reason=measured.reason, checkpointing_note=measured.note)
 
 
 def _kept(measured: RecomputeOutcome, best: ThroughputRecord | None, final: Trials) -> Recomputed:
-    """The variant's point and runner where it was kept, else ``best`` and ``final``."""
+    """The variant's point and runner where it was kept, else ``best`` and ``final``; with
+    what was measured."""
     outcome = measured.outcome
     if measured.reason is None or outcome is None or outcome.point is None:
-        return Recomputed(best, final)
-    return Recomputed(outcome.point, outcome.runner, kept=True)
+        return Recomputed(best, final, outcome)
+    return Recomputed(outcome.point, outcome.runner, outcome, kept=True)

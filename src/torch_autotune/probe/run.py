@@ -96,6 +96,7 @@ from torch_autotune.profile import (
     SearchTrialRecord,
     ThroughputRecord,
     VariantRecord,
+    torch_release,
 )
 from torch_autotune.settings import memory_settings
 
@@ -310,8 +311,7 @@ class _Run:
     def recompute(
         self, best: ThroughputRecord | None, final: Trials, sizes: list[int], searched: Searched
     ) -> tuple[ThroughputRecord | None, Trials]:
-        """Rule L2's phase (``probe.recompute_phase``) after ``best``, the point ``final``
-        trains: (the point to recommend, its runner)."""
+        """Rule L2's phase (``probe.recompute_phase``): (the point to recommend, its runner)."""
         done = self.recomputed = measure_recompute(
             self.runner,
             best=best,
@@ -323,10 +323,11 @@ class _Run:
             budget=self.budget,
             progress=self.report,
             workers_s=self.workers_s,
+            release=torch_release(self.machine.software.torch_version),
+            compile_unmeasured=self.compile is not None and not self.compile.measured,
         )
         self.merge(done.measured)
-        if done.kept:
-            self.kept = done.measured
+        self.kept = done.measured if done.kept else self.kept
         return done.best, done.final
 
     def candidates_of(

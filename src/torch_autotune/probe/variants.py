@@ -63,8 +63,9 @@ class Variant:
 
     ``name`` is what its records say ("compiled"); ``label`` names the setting in its
     judgement ("compile measured faster", "compile off"); ``paid_for`` and ``warmup_noun`` name
-    its one-off cost ("53 s to compile", "eager training avoids the compile time"); ``phase``
-    is the probe's phase that measures it.
+    its one-off cost ("53 s to compile", "eager training avoids the compile time"), which
+    ``costs_training`` says training pays too (compile's memory budget: not, training compiles
+    once with it or without); ``phase`` is the probe's phase that measures it.
     """
 
     name: str
@@ -76,6 +77,7 @@ class Variant:
     paid_for: str = "to warm up"
     warmup_noun: str = "the warm-up"
     phase: str = "variant"
+    costs_training: bool = True  # training pays its one-off cost too (False: only the probe)
 
     def settings(self, base: Settings) -> Settings:
         """``base`` with this variant's changes."""
