@@ -441,3 +441,32 @@ def test_where_compile_stays_on_unmeasured_neither_lever_is_measured() -> None:
     assert checkpointing.reason == f"off: {COMPILE_UNMEASURED}"
     assert profile.evidence is not None
     assert not any(r.variant == "checkpointed" for r in profile.evidence.throughput)
+
+
+def test_a_compile_that_fails_under_the_budget_leaves_compile_as_it_was_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The partitioner's memory budget is a prototype in torch: where compiling under it
+    raises, the tune goes on with the compiled model that ran, and says why."""
+    from torch_autotune.probe.simulated import SimulatedTrials
+
+    step = SimulatedTrials.__call__
+
+    def failing(self: SimulatedTrials, batch_size: int) -> object:
+        if self.budget is not None:
+            raise RuntimeError("knapsack solver: symbolic size has no hint\nmore lines")
+        return step(self, batch_size)
+
+    monkeypatch.setattr(SimulatedTrials, "__call__", failing)
+    profile = _speed(_machine(1.05))
+    assert profile.settings.compile.enabled
+    assert profile.settings.compile.memory_budget is None
+    decision = profile.decision(BUDGET)
+    assert decision is not None
+    assert decision.reason == (
+        "default: not kept: compiling under it failed (RuntimeError: knapsack solver: symbolic "
+        "size has no hint); the model compiles without it, as the profile keeps it"
+    )
+    assert profile.evidence is not None
+    assert profile.evidence.batch_choice is not None
+    assert profile.evidence.batch_choice.variant == "compiled"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from torch_autotune.errors import AutotuneError
 from torch_autotune.evidence import BUDGETED
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.checkpoint_phase import (
@@ -81,17 +82,23 @@ def measure_compile_budget(
     )
     if unfit is not None or best is None or model is None:
         return RecomputeOutcome(note=f"not measured: {unfit or 'compile ran no search'}")
-    measured = measure_recomputing(
-        base,
-        variant,
-        best=best,
-        sizes=sizes,
-        model=model,
-        bounds=bounds,
-        budget=budget,
-        progress=progress,
-        workers_s=workers_s,
-    )
+    try:
+        measured = measure_recomputing(
+            base,
+            variant,
+            best=best,
+            sizes=sizes,
+            model=model,
+            bounds=bounds,
+            budget=budget,
+            progress=progress,
+            workers_s=workers_s,
+        )
+    except AutotuneError:
+        raise  # ours (a rank that failed, an interrupt): the run's to handle
+    except Exception as error:  # the compiler under the budget, not the user's model
+        compiled.runner.apply_flags()  # as the kept point trained (its search turned some off)
+        return RecomputeOutcome(note=f"not kept: {_failed_compile(error)}")
     judged = measured.outcome.judgement if measured.outcome is not None else None
     if measured.note is not None or measured.outcome is None or judged is None:
         return measured
@@ -117,3 +124,14 @@ def _unfit(settings: Settings, release: tuple[int, int] | None) -> str | None:
             "would recompute inside what they recompute"
         )
     return None
+
+
+def _failed_compile(error: Exception) -> str:
+    """Why the budget is not kept where compiling under it raised: the model compiled without
+    it, so the failure is the partitioner's (a prototype in torch), not the user's code."""
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    said = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    return (
+        f"compiling under it failed ({said}); the model compiles without it, as the profile"
+        " keeps it"
+    )
