@@ -25,8 +25,8 @@ from torch_autotune.profile import ThroughputRecord
 __all__ = ["COMPILE_KEPT", "COMPILE_UNMEASURED", "Decisions", "Recomputed", "measure_recompute"]
 
 COMPILE_KEPT = (
-    "not measured: compile was kept, and compile's own activation memory budget is what a "
-    "compiled model tries in its place (a checkpointed model would cost a compile of its own)"
+    "not measured: the probe kept compile, and compile's own activation memory budget is what "
+    "a compiled model tries in its place (a checkpointed model would cost a compile of its own)"
 )
 """Why checkpointing is not measured where compile was kept."""
 
