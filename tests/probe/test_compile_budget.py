@@ -470,3 +470,15 @@ def test_a_compile_that_fails_under_the_budget_leaves_compile_as_it_was_measured
     assert profile.evidence is not None
     assert profile.evidence.batch_choice is not None
     assert profile.evidence.batch_choice.variant == "compiled"
+
+
+def test_the_summary_leaves_out_the_budget_where_nothing_compiles() -> None:
+    from torch_autotune.probe.presets import preset
+
+    profile = tune_on(preset("cpu-conv"), "conv", recorded("cpu-laptop-linux"))
+    assert not profile.settings.compile.enabled
+    out = io.StringIO()
+    render_run(profile, Console(file=out, width=400, color_system=None), saved=None)
+    text = out.getvalue()
+    assert re.search(r"^compile\s+off\s*$", text, re.MULTILINE)
+    assert "activation memory budget" not in text  # it reads nothing where nothing compiles

@@ -70,7 +70,11 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
             where = "the GPU" if profile.settings.device == "cuda" else "host RAM"
             facts.append(("memory limit", f"{asked / 2**30:g} GiB of {where}, as asked"))
         facts += _memory_facts(evidence)
-    facts += [(record.label, _shown(profile, record)) for record in RECORDS if record.summary]
+    facts += [
+        (record.label, _shown(profile, record))
+        for record in RECORDS
+        if record.summary and not _inert(profile, record)
+    ]
     return facts
 
 
@@ -85,6 +89,17 @@ def _memory_facts(evidence: Evidence) -> list[tuple[str, str]]:
     if evidence.optimizer_memory is not None:
         facts.append(("optimizer memory", optimizer_memory_text(evidence.optimizer_memory)))
     return facts
+
+
+def _inert(profile: Profile, record: SettingRecord) -> bool:
+    """Whether ``record``'s setting does nothing here: it takes effect only under another
+    (``only_with``: compile's memory budget) that is off, and is at its default."""
+    if record.only_with is None or (
+        record.changed is not None and record.changed(profile.settings)
+    ):
+        return False
+    under = RECORD_BY_NAME[record.only_with]
+    return under.changed is not None and not under.changed(profile.settings)
 
 
 def _shown(profile: Profile, record: SettingRecord) -> str:
