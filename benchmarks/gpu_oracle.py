@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import re
 import sys
@@ -165,6 +166,9 @@ def compare(
         result["tuned_over_oracle"] = tuned_rate / measured[oracle_label]
         if isinstance(baseline_rate, float):
             result["tuned_over_baseline"] = tuned_rate / baseline_rate
+    wanted = profile.settings.environment  # read when CUDA starts: not set per arm
+    here = {name: os.environ.get(name) for name in wanted}
+    result["environment"] = {"profile": dict(wanted), "this_process": here}
     evidence = profile.evidence
     if evidence is not None:
         result["probe"] = {
@@ -213,6 +217,19 @@ def _markdown(versions: dict[str, Any], results: list[dict[str, Any]]) -> str:
                 f"{probe['compile']}."
             )
             lines.append("")
+        environment = result.get("environment", {})
+        unset = {
+            k: v
+            for k, v in environment.get("profile", {}).items()
+            if environment.get("this_process", {}).get(k) != v
+        }
+        if unset:
+            shown = ", ".join(f"{k}={v}" for k, v in unset.items())
+            lines += [
+                f"Every arm, the tuned one too, ran without the profile's {shown} (read once,"
+                " when CUDA starts; this process started without it).",
+                "",
+            ]
         lines += ["| arm | settings | samples/s |", "|---|---|---:|"]
         for arm in result["arms"]:
             rate = arm["samples_per_s"]
