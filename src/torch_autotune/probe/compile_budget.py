@@ -111,11 +111,11 @@ def measure_compile_budget(
 
 def _unfit(settings: Settings, release: tuple[int, int] | None) -> str | None:
     """Why no budget is tried with ``settings`` on torch ``release``; None where it may be."""
-    if release is None or release < MEMORY_BUDGET_MIN_TORCH:
-        return (
-            "this torch has no activation memory budget (torch "
-            f"{'.'.join(map(str, MEMORY_BUDGET_MIN_TORCH))} added it)"
-        )
+    added = ".".join(map(str, MEMORY_BUDGET_MIN_TORCH))
+    if release is None:
+        return f"the torch version could not be read, and torch {added} added the budget"
+    if release < MEMORY_BUDGET_MIN_TORCH:
+        return f"this torch has no activation memory budget (torch {added} added it)"
     if settings.compile.memory_budget is not None:
         return f"the settings hold a budget already ({settings.compile.memory_budget:g})"
     if settings.activation_checkpointing:
@@ -129,8 +129,8 @@ def _unfit(settings: Settings, release: tuple[int, int] | None) -> str | None:
 def _failed_compile(error: Exception) -> str:
     """Why the budget is not kept where compiling under it raised: the model compiled without
     it, so the failure is the partitioner's (a prototype in torch), not the user's code."""
-    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-    said = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    text = str(error).strip()
+    said = type(error).__name__ + (f": {text.splitlines()[0][:200]}" if text else "")
     return (
         f"compiling under it failed ({said}); the model compiles without it, as the profile"
         " keeps it"
