@@ -21,11 +21,19 @@ BASE = measured("a100-sxm4-80gb-8x").settings  # CUDA, with a TF32 API
 @st.composite
 def configs(draw: st.DrawFn) -> TrainConfig:
     workers = draw(st.integers(min_value=0, max_value=16))
+    compile_mode = draw(st.sampled_from([None, "default", "reduce-overhead", "max-autotune"]))
+    # the settings TrainConfig names by path only (absent: torch's default): checkpointing on,
+    # and compile's memory budget, which takes effect only under compile
+    settings: dict[str, bool | float] = {}
+    if draw(st.booleans()):
+        settings["activation_checkpointing"] = True
+    if compile_mode is not None and draw(st.booleans()):
+        settings["compile.memory_budget"] = draw(st.floats(min_value=0.0, max_value=1.0))
     return TrainConfig(
         batch_size=draw(st.integers(min_value=1, max_value=4096)),
         precision=draw(st.sampled_from(["float32", "float16", "bfloat16"])),
         channels_last=draw(st.booleans()),
-        compile_mode=draw(st.sampled_from([None, "default", "reduce-overhead", "max-autotune"])),
+        compile_mode=compile_mode,
         # off is torch's default: a profile holds "off" and "default" alike, as None
         cudnn_benchmark=draw(st.sampled_from([None, True])),
         tf32=draw(st.sampled_from([None, True, False])),
@@ -34,6 +42,7 @@ def configs(draw: st.DrawFn) -> TrainConfig:
         prefetch_factor=draw(st.none() | st.integers(1, 8)) if workers else None,
         pin_memory=draw(st.booleans()),
         cpu_threads=draw(st.none() | st.integers(1, 64)),
+        settings=settings,
     )
 
 
