@@ -104,6 +104,7 @@ def test_the_grid_trains_checkpointed_arms_checkpointed(
     from torch_autotune.probe.loop import TrainingLoop
     from torch_autotune.probe.workloads import resolve_workload
     from torch_autotune.settings import Settings
+    from torch_autotune.wrapping import is_checkpointed
 
     detected_as("cpu-laptop-linux")
     args = bench._parse(SMOKE)
@@ -115,7 +116,7 @@ def test_the_grid_trains_checkpointed_arms_checkpointed(
         settings = loop.settings(TrainConfig.model_validate(spec.config))
         assert settings.activation_checkpointing is spec.checkpointing
         model = loop._model(settings)
-        wrapped = [m for m in model.modules() if getattr(m, "_torch_autotune_checkpointed", 0)]
+        wrapped = [m for m in model.modules() if is_checkpointed(m)]
         assert bool(wrapped) is spec.checkpointing
 
 

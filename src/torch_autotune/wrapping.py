@@ -11,9 +11,14 @@ from typing import Any
 
 from torch_autotune.settings import Settings
 
-__all__ = ["NotCheckpointable", "checkpoint_blocks", "parallelize", "repeated_blocks", "shard"]
-
-_CHECKPOINTED = "_torch_autotune_checkpointed"
+__all__ = [
+    "NotCheckpointable",
+    "checkpoint_blocks",
+    "is_checkpointed",
+    "parallelize",
+    "repeated_blocks",
+    "shard",
+]
 
 
 def parallelize(
@@ -79,7 +84,10 @@ def repeated_blocks(model: Any) -> list[Any]:
     rather than their linear layers, which repeat more), deepest first; none where nothing
     repeats. A block is a module of its class; a container (``nn.Sequential``, ``ModuleList``,
     ``ModuleDict``) is a block of the kinds of its children, so ``Sequential(Linear, LayerNorm,
-    GELU)`` repeated is a block, and the ``Sequential`` that holds them all is not."""
+    GELU)`` repeated is a block, and the ``Sequential`` that holds them all is not. Kinds that
+    hold other modules come first: only where none of them repeats are layers (``Linear``)
+    the blocks, so a shallow decoder's large output layer, a ``Linear`` outside the blocks that
+    can outweigh them all, does not make its linear layers the blocks."""
     from torch import nn
 
     containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -96,6 +104,8 @@ def repeated_blocks(model: Any) -> list[Any]:
         return sum(p.numel() for m in found[kind] for p in m.parameters())
 
     repeated = [kind for kind, instances in found.items() if len(instances) > 1 and weight(kind)]
+    composite = [k for k in repeated if any(True for _ in found[k][0].children())]
+    repeated = composite or repeated
     if not repeated:
         return []
     most = max(weight(kind) for kind in repeated)
@@ -113,40 +123,81 @@ def checkpoint_blocks(model: Any) -> int:
     block's forward runs under ``torch.utils.checkpoint`` (non-reentrant, as torch recommends
     and DDP needs; the RNG state kept, so dropout draws the same in the recompute), its
     activations freed after forward and recomputed in backward. The block stays the same
-    module, so its parameters keep their names (``checkpoint_wrapper`` prefixes them). A Hugging
-    Face model checkpoints its own layers (``gradient_checkpointing_enable``, non-reentrant).
-    Returns how many blocks it wraps now (0 where they already are). Raises ``NotCheckpointable``
-    where nothing repeats, or where a block holds BatchNorm, whose running statistics the
-    recompute would update a second time each step."""
-    from torch.nn.modules.batchnorm import _BatchNorm
-    from torch.utils.checkpoint import checkpoint
-
-    if getattr(model, "supports_gradient_checkpointing", False):  # Hugging Face's own
-        return _hugging_face_checkpointing(model)
-    blocks = repeated_blocks(model)
-    if not blocks:
+    module, so its parameters keep their names (``checkpoint_wrapper`` prefixes them), and the
+    model deep-copies (an EMA or ``AveragedModel``'s copy recomputes its own blocks) and
+    pickles whole. A Hugging Face model checkpoints its own layers
+    (``gradient_checkpointing_enable``, non-reentrant). Returns how many blocks it wraps now (0
+    where they already are). Raises ``NotCheckpointable`` where nothing repeats, or where a
+    block holds a norm that keeps running statistics (BatchNorm), which the recompute would
+    update a second time each step."""
+    hugging_face = getattr(model, "supports_gradient_checkpointing", False)
+    blocks = _hugging_face_layers(model) if hugging_face else repeated_blocks(model)
+    if not blocks and not hugging_face:
         raise NotCheckpointable("the model has no repeated block to checkpoint")
-    normed = sorted(
-        {type(b).__name__ for b in blocks if any(isinstance(m, _BatchNorm) for m in b.modules())}
-    )
+    normed = {type(b).__name__: _norms(b) for b in blocks if _norms(b)}
     if normed:
+        norms = sorted({n for names in normed.values() for n in names})
         raise NotCheckpointable(
-            f"its repeated blocks ({', '.join(normed)}) hold BatchNorm, whose running statistics "
-            "a recomputed forward would update twice each step"
+            f"its repeated blocks ({', '.join(sorted(normed))}) hold {', '.join(norms)}, whose "
+            "running statistics a recomputed forward would update twice each step"
         )
+    if hugging_face:
+        return _hugging_face_checkpointing(model)
     wrapped = 0
     for block in blocks:
-        if getattr(block, _CHECKPOINTED, False):
+        if is_checkpointed(block):
             continue
-        forward = block.forward
-
-        def recomputed(*args: Any, _forward: Any = forward, **kwargs: Any) -> Any:
-            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
-
-        block.forward = recomputed
-        setattr(block, _CHECKPOINTED, True)
+        block.forward = _Recomputed(block)
         wrapped += 1
     return wrapped
+
+
+def is_checkpointed(block: Any) -> bool:
+    """Whether ``checkpoint_blocks`` wrapped ``block``'s forward."""
+    return isinstance(getattr(block, "__dict__", {}).get("forward"), _Recomputed)
+
+
+class _Recomputed:
+    """A block's forward under ``torch.utils.checkpoint``, non-reentrant: an object of its own
+    (not a closure), so that a deep copy of the block recomputes the copy and the block
+    pickles. Its class's forward, or the one the block was given before."""
+
+    def __init__(self, block: Any) -> None:
+        self.block = block
+        self.given = block.__dict__.get("forward")  # a forward set on the block itself
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        if self.given is not None:
+            return checkpoint(self.given, *args, use_reentrant=False, **kwargs)
+        forward = type(self.block).forward
+        return checkpoint(forward, self.block, *args, use_reentrant=False, **kwargs)
+
+
+def _norms(block: Any) -> set[str]:
+    """The kinds of norm in ``block`` that update running statistics in training (BatchNorm,
+    and InstanceNorm with ``track_running_stats``)."""
+    from torch.nn.modules.batchnorm import _NormBase
+
+    return {
+        type(m).__name__
+        for m in block.modules()
+        if isinstance(m, _NormBase) and m.track_running_stats
+    }
+
+
+def _hugging_face_layers(model: Any) -> list[Any]:
+    """The layers a Hugging Face model's own checkpointing recomputes (transformers'
+    ``GradientCheckpointingLayer``), or the model itself where it names none (older
+    transformers checkpoint layers of their own choosing)."""
+    layers = [
+        m
+        for m in model.modules()
+        if m is not model
+        and any(c.__name__ == "GradientCheckpointingLayer" for c in type(m).__mro__)
+    ]
+    return layers or [model]
 
 
 def _hugging_face_checkpointing(model: Any) -> int:

@@ -5,6 +5,7 @@ model's weights load into a plain one; rule L2 keeps it off unless measured."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 
@@ -25,7 +26,7 @@ from torch_autotune.probe.workloads.synthetic import SyntheticTokens
 from torch_autotune.rules.context import Measurements
 from torch_autotune.rules.memory import checkpointing
 from torch_autotune.settings import Source, torch_defaults
-from torch_autotune.wrapping import NotCheckpointable, checkpoint_blocks
+from torch_autotune.wrapping import NotCheckpointable, checkpoint_blocks, is_checkpointed
 
 CPU = StepSettings(torch_defaults("cpu"))
 
@@ -80,8 +81,72 @@ def test_dropout_draws_the_same_masks_in_the_recompute() -> None:
 
 
 def test_batchnorm_in_the_blocks_is_refused_with_why() -> None:
-    with pytest.raises(NotCheckpointable, match="BatchNorm, whose running statistics"):
+    with pytest.raises(NotCheckpointable, match="hold BatchNorm2d, whose running statistics"):
         checkpoint_blocks(models.ResNetLike(num_classes=10))
+
+
+def test_a_norm_that_tracks_running_statistics_is_refused_in_any_form() -> None:
+    tracked = nn.Sequential(
+        *(
+            nn.Sequential(nn.Conv2d(3, 3, 1), nn.InstanceNorm2d(3, track_running_stats=True))
+            for _ in range(2)
+        )
+    )
+    with pytest.raises(NotCheckpointable, match="hold InstanceNorm2d, whose running"):
+        checkpoint_blocks(tracked)
+    plain = nn.Sequential(
+        *(nn.Sequential(nn.Conv2d(3, 3, 1), nn.InstanceNorm2d(3)) for _ in range(2))
+    )
+    assert checkpoint_blocks(plain) == 2  # no statistics kept: nothing to update twice
+
+
+def test_a_hugging_face_model_with_batchnorm_in_its_layers_is_refused() -> None:
+    """Its own checkpointing recomputes its layers, BatchNorm and all: refused before it is
+    turned on, as a model of plain torch is."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MobileViTConfig(
+        image_size=32,
+        hidden_sizes=[16, 16, 16],
+        neck_hidden_sizes=[8, 8, 16, 16, 16, 16, 32],
+        num_labels=3,
+        patch_size=2,
+    )
+    model = transformers.MobileViTForImageClassification(config)
+    with pytest.raises(NotCheckpointable, match=r"MobileViTLayer.*hold BatchNorm2d"):
+        checkpoint_blocks(model)
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+def test_the_blocks_of_a_shallow_decoder_with_a_large_vocabulary_are_its_blocks() -> None:
+    """Its output layer, a Linear outside the blocks, outweighs them: the Linear layers are
+    still not the blocks where a kind that holds them repeats."""
+    model = models.GPT(vocab_size=32_000, max_len=16, d_model=64, nhead=4, num_layers=2)
+    assert checkpoint_blocks(model) == 2
+    assert all(is_checkpointed(b) for b in model.blocks)
+    assert not any(is_checkpointed(m) for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def test_a_copy_of_a_checkpointed_model_recomputes_its_own_blocks_and_it_pickles() -> None:
+    """An EMA or ``AveragedModel`` deep-copies the model: the copy trains its own weights
+    (a forward closed over the original's would train the original's), and the whole model
+    saves and loads with ``torch.save``."""
+    model = _tiny("gpt2").make_model()
+    checkpoint_blocks(model)
+    tokens = torch.randint(0, 64, (2, 32))
+    copied = copy.deepcopy(model)
+    copied(tokens).sum().backward()
+    assert all(p.grad is None for p in model.parameters())
+    assert all(p.grad is not None for p in copied.parameters())
+    assert all(is_checkpointed(b) for b in copied.blocks)
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=False)
+    assert all(is_checkpointed(b) for b in loaded.blocks)
+    torch.manual_seed(0)
+    expected = model(tokens).sum()
+    torch.manual_seed(0)
+    assert torch.equal(loaded(tokens).sum(), expected)
 
 
 def test_a_model_with_no_repeated_block_is_refused() -> None:
@@ -104,7 +169,7 @@ def test_the_parameters_keep_their_names_and_a_second_call_wraps_nothing() -> No
 def test_prepare_model_checkpoints_where_the_settings_say() -> None:
     settings = torch_defaults("cpu").model_copy(update={"activation_checkpointing": True})
     model = prepare_model(settings, _tiny("llama-1b").make_model())
-    assert all(getattr(b, "_torch_autotune_checkpointed", False) for b in model.blocks)
+    assert all(is_checkpointed(b) for b in model.blocks)
     tokens = torch.randint(0, 64, (2, 32))
     model(tokens).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
@@ -175,7 +240,7 @@ class _NeedsCheckpointing(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not all(getattr(b, "_torch_autotune_checkpointed", False) for b in self.blocks):
+        if not all(is_checkpointed(b) for b in self.blocks):
             raise MemoryError("out of memory: every block's activations kept (simulated)")
         return self.blocks(x)
 
