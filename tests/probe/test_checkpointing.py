@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -277,16 +278,42 @@ def test_the_exports_of_a_checkpointed_profile() -> None:
     accelerate, which have no argument for it, say where it is applied."""
     from tests.test_bench import measured
     from torch_autotune.integrations import hf_training_arguments, tool_notes
+    from torch_autotune.integrations.hf import checkpointing_argument
 
     profile = measured("h100-80gb-hbm3")
     settings = profile.settings.model_copy(update={"activation_checkpointing": True})
     on = profile.model_copy(update={"settings": settings})
-    assert hf_training_arguments(on)["gradient_checkpointing"] is True
-    assert hf_training_arguments(on)["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
-    assert "gradient_checkpointing" not in hf_training_arguments(profile)
+    name = checkpointing_argument()
+    assert hf_training_arguments(on)[name] is True
+    assert hf_training_arguments(on)[f"{name}_kwargs"] == {"use_reentrant": False}
+    assert not any("checkpointing" in key for key in hf_training_arguments(profile))
     for tool in ("lightning", "accelerate"):
         said = tool_notes(on, tool)
         assert any("activation checkpointing" in note and "prepare_model" in note for note in said)
+
+
+def test_the_trainings_arguments_take_the_export_without_a_warning(tmp_path: Path) -> None:
+    """The field is the one the installed transformers names (its old one warns that v6
+    removes it; warnings are errors here), and the Trainer's arguments turn it on."""
+    transformers = pytest.importorskip("transformers")
+    from tests.test_bench import measured
+    from torch_autotune.integrations import hf_training_arguments
+
+    profile = measured("h100-80gb-hbm3")
+    settings = profile.settings.model_copy(
+        update={"activation_checkpointing": True, "device": "cpu"}
+    )
+    exported = hf_training_arguments(profile.model_copy(update={"settings": settings}))
+    options = {k: v for k, v in exported.items() if "checkpointing" in k}
+    arguments = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **options)
+    fields = transformers.TrainingArguments.__dataclass_fields__
+    name = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in fields
+        else "gradient_checkpointing"
+    )
+    assert set(options) == {name, f"{name}_kwargs"}
+    assert getattr(arguments, name) is True
 
 
 # --- checkpointing against the run without it, where both fit ------------------------------------

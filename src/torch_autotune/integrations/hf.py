@@ -34,6 +34,31 @@ def hf_training_arguments(profile: Profile) -> dict[str, Any]:
     return {**arguments(profile, HF), "use_cpu": profile.settings.device == "cpu"}
 
 
+def checkpointing_argument() -> str:
+    """The ``TrainingArguments`` field that turns on activation checkpointing for the
+    transformers that trains: ``activation_checkpointing`` where it has one (transformers 5
+    renamed it; its ``gradient_checkpointing`` warns that v6 removes it), else
+    ``gradient_checkpointing``. Read from the class where transformers is imported already (the
+    training script's), else from its version without importing it: from 6, where the old name
+    is gone; before, the old name, which every transformers before 6 takes."""
+    import sys
+    from importlib import metadata
+
+    loaded = sys.modules.get("transformers")
+    if loaded is not None:
+        fields = getattr(getattr(loaded, "TrainingArguments", None), "__dataclass_fields__", {})
+        return "activation_checkpointing" if "activation_checkpointing" in fields else _OLD_NAME
+    try:
+        major = int(metadata.version("transformers").split(".")[0])
+    except (metadata.PackageNotFoundError, ValueError):
+        return _OLD_NAME
+    return "activation_checkpointing" if major >= 6 else _OLD_NAME
+
+
+_OLD_NAME = "gradient_checkpointing"
+"""The ``TrainingArguments`` field before transformers 5's ``activation_checkpointing``."""
+
+
 def _hf_precision(profile: Profile) -> dict[str, Any]:
     p = profile.settings.precision
     return {
@@ -187,8 +212,8 @@ HF: Mapping[str, Export] = {
     "activation_checkpointing": always(
         lambda s: (
             {
-                "gradient_checkpointing": True,
-                "gradient_checkpointing_kwargs": {"use_reentrant": False},
+                (name := checkpointing_argument()): True,
+                f"{name}_kwargs": {"use_reentrant": False},
             }
             if s.activation_checkpointing
             else {}
