@@ -362,6 +362,7 @@ def bench(
         progress=progress,
         measure=measure,
         clock=clock,
+        memory_limit_bytes=profile.provenance.preferences.memory_limit_bytes,
     )
     evidence = compose.bench_evidence(
         results,

@@ -3,6 +3,8 @@ confirmation run, and the real training loop on the CPU."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -150,6 +152,40 @@ def test_a_bench_measures_every_arm_records_the_verdict_and_restores_torch(
     assert evidence.tuned is not None
     assert evidence.tuned.rounds == 3
     assert evidence.tuned.verdict == "faster"
+
+
+def test_every_arm_trains_under_the_profiles_memory_limit(
+    a100: Profile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile tuned with --memory-limit is benched held to it, as it was probed: an arm
+    that would not fit the smaller GPU fails here as it would there."""
+    from contextlib import contextmanager
+
+    from torch_autotune.probe import memory
+
+    held: list[tuple[str, int | None]] = []
+
+    @contextmanager
+    def capped(device: str, cap: int | None) -> Iterator[None]:
+        held.append((device, cap))
+        yield
+        held.pop()
+
+    limit = 24 * 2**30
+    preferences = a100.provenance.preferences.model_copy(update={"memory_limit_bytes": limit})
+    provenance = a100.provenance.model_copy(update={"preferences": preferences})
+    profile = a100.model_copy(update={"provenance": provenance})
+    monkeypatch.setattr(memory, "memory_capped", capped)
+    during: list[list[tuple[str, int | None]]] = []
+
+    def measure(_config: TrainConfig, _seconds: float) -> float:
+        during.append(list(held))
+        return 1000.0
+
+    bench(profile, "conv", rounds=1, seconds=0.1, measure=measure)
+    assert during
+    assert all(h == [("cuda", limit)] for h in during)
+    assert not held  # the whole device given back after
 
 
 def test_a_rules_only_profile_is_refused_with_the_fix() -> None:

@@ -105,22 +105,28 @@ def run_arms(
     progress: Progress | None = None,
     measure: Measure | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    memory_limit_bytes: int | None = None,
 ) -> ArmResults:
     """Train every arm of ``plan`` once per round, ``rounds`` rounds, each measurement at least
     ``seconds`` long after its warm-up; judge each setting (``bench.judge``) and, when some
-    measured slower, run the profile without them against the baseline too.
+    measured slower, run the profile without them against the baseline too. Every arm trains
+    with the device held to ``memory_limit_bytes`` (the profile's ``--memory-limit``, as the
+    probe was: ``probe.memory.memory_capped``), so that an arm that would not fit the smaller
+    or shared GPU the profile is for fails here as it would there.
 
     ``measure`` is the seam: by default a real ``TrainingLoop`` over ``workload`` on the
     device of ``settings`` (the profile's), each arm trained with its config applied to them.
     The user's RNG and torch's global flags are as before when this returns.
     """
+    from torch_autotune.probe import memory
     from torch_autotune.probe.oom import long_lived_objects_frozen
     from torch_autotune.probe.state import preserved
     from torch_autotune.probe.workloads.copies import parked
 
     report = progress or (lambda _phase, _what: None)
     labels = [", ".join(names) for names in plan.names]
-    with preserved(), long_lived_objects_frozen(), parked(workload.make_model):
+    capped = memory.memory_capped(settings.device, memory_limit_bytes)
+    with preserved(), long_lived_objects_frozen(), parked(workload.make_model), capped:
         if measure is None:
             from torch_autotune.probe.loop import TrainingLoop
 
