@@ -136,7 +136,8 @@ class OptimizerMemoryRecord(StrictModel):
 
 class AllocatorRecord(StrictModel):
     """The caching allocator's setting against this process's, measured in a fresh process
-    where memory limited the search (``probe.allocator_phase``)."""
+    where memory limited the search (``probe.allocator_phase``), or why it was not
+    (``measured`` False: J1's setting, kept with the reason)."""
 
     value: Annotated[str, Field(max_length=256)] = Field(description="J1's value.")
     fresh_has_it: bool = Field(description="The fresh process ran with it (this one without).")
@@ -346,7 +347,7 @@ class Evidence(StrictModel):
     )
     allocator: AllocatorRecord | None = Field(
         default=None,
-        description="The allocator's setting measured in a fresh process (J1), where it was.",
+        description="The allocator's setting (J1) measured in a fresh process, or why not.",
     )
     optimizer_memory: OptimizerMemoryRecord | None = Field(
         default=None,

@@ -15,7 +15,8 @@ from torch_autotune.evidence import SearchTrialRecord
 from torch_autotune.probe.allocator_phase import ALLOC_CONF, _above
 from torch_autotune.probe.fresh import FreshOutcome, request_for, run_fresh
 from torch_autotune.probe.loop import FedRunner
-from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.presets import preset
+from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.profile import Profile, Source
@@ -38,6 +39,12 @@ def _tuned(machine: SimulatedMachine, **options: object) -> Profile:
     return tune_on(machine, _simulated_token_workload(), H100, **options)
 
 
+def _gpt2(machine: SimulatedMachine, **options: object) -> Profile:
+    """The GPT-2 preset in speed mode (compile measured), as its recorded run."""
+    workload = dataclasses.replace(resolve_workload("conv"), dataset=None, name="gpt2")
+    return tune_on(machine, workload, H100, mode="speed", **options)
+
+
 @pytest.fixture(autouse=True)
 def _process_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ALLOC_CONF, raising=False)  # as a user's shell starts autotune
@@ -57,7 +64,7 @@ def test_kept_where_it_raises_the_largest_batch() -> None:
     assert decision.source is Source.MEASURED
     assert (
         "measured, with it in a fresh process (it is read when CUDA starts; that process shares"
-        " the GPU with this one's context): the largest batch that trained was"
+        " the GPU with this one's context): the largest batch that trained eager was"
     ) in decision.reason
     assert "at least 132 (every size tried trained) with it and 120 without" in decision.reason
     assert profile.evidence is not None
@@ -76,7 +83,7 @@ def test_kept_where_it_changes_nothing() -> None:
 @pytest.mark.parametrize(
     ("allocator", "why"),
     [
-        ((110, 1.0), "the largest batch that trained was below 120 (120 ran out of memory) with"),
+        ((110, 1.0), "that trained eager was below 120 (120 ran out of memory) with"),
         ((120, 1.25), "was 120 (121 ran out of memory) with it and 120 without"),
     ],
 )
@@ -110,17 +117,135 @@ def test_a_process_that_started_with_it_measures_the_fresh_one_without_it(
     assert "measured, without it in a fresh process" in record.reason
 
 
+def _unmeasured(profile: Profile, why: str) -> None:
+    """J1's setting kept without a measurement, the record and the decision saying why."""
+    record = profile.evidence.allocator if profile.evidence is not None else None
+    assert record is not None
+    assert not record.measured
+    assert record.kept
+    assert record.reason.startswith(f"not measured: {why}")
+    assert profile.settings.environment.get(ALLOC_CONF) == EXPANDABLE_SEGMENTS
+    decision = profile.decision(SETTING)
+    assert decision is not None
+    assert decision.value == EXPANDABLE_SEGMENTS
+    assert decision.source is Source.INFERRED
+    assert decision.reason.startswith("Linux, NVIDIA, torch")  # J1's own, then why not measured
+    assert f"; not measured: {why}" in decision.reason
+
+
 def test_not_measured_without_the_time_or_where_memory_did_not_stop_the_search() -> None:
     short = _tuned(_decoder((132, 1.0)), budget_s=30)
+    _unmeasured(short, "a fresh process was predicted to take about")
     assert short.evidence is not None
-    assert short.evidence.allocator is None
-    decision = short.decision(SETTING)
-    assert decision is not None
-    assert decision.source is Source.INFERRED
+    assert "allocator" not in [p.name for p in short.evidence.phases]
     capped = _tuned(_decoder((132, 1.0)), max_batch_size=64)
     assert capped.evidence is not None
     assert capped.evidence.limited_by != "memory"
-    assert capped.evidence.allocator is None
+    _unmeasured(capped, f"the batch is not memory-bound (limited by {capped.evidence.limited_by})")
+
+
+def test_not_measured_for_objects_in_hand_says_so() -> None:
+    in_hand = dataclasses.replace(_simulated_token_workload(), rebuild=None)
+    profile = tune_on(_decoder((132, 1.0)), in_hand, H100, mode="balanced", budget_s=180)
+    _unmeasured(profile, "objects in hand cannot be rebuilt in a fresh process")
+
+
+def test_not_measured_where_the_runner_cannot_start_a_fresh_process_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch_autotune.probe.allocator_phase import RANKS
+
+    monkeypatch.setattr(SimulatedTrials, "fresh", lambda *_args, **_kwargs: None)  # a job's rank
+    _unmeasured(_tuned(_decoder((132, 1.0))), RANKS)
+
+
+def test_the_compiled_preset_says_why_it_is_not_measured_and_the_summary_says_it() -> None:
+    """GPT-2 on the H100 keeps compile, memory-bound: in the default budget, a fresh process
+    that compiles again does not fit what is left."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from torch_autotune.render import render_run
+
+    profile = _gpt2(preset("h100-gpt2", allocator=(165, 1.0)))
+    assert profile.settings.compile.enabled
+    why = "a fresh process was predicted to take about"
+    _unmeasured(profile, why)
+    record = profile.evidence.allocator if profile.evidence is not None else None
+    assert record is not None
+    assert "(its start, its compile, a point and 5 trials)" in record.reason
+    assert record.reason.endswith("give it more time with --budget")
+    out = io.StringIO()
+    render_run(profile, Console(file=out, width=400, color_system=None), saved=None)
+    row = re.search(r"^allocator\s+(.*)$", out.getvalue(), re.MULTILINE)
+    assert row is not None
+    assert row.group(1).startswith(
+        f"{EXPANDABLE_SEGMENTS} set as the rule recommends: not measured: {why}"
+    )
+
+
+def test_measured_compiled_where_compile_is_kept_at_its_own_search_sizes() -> None:
+    """Compiled, GPT-2 fits 140 (141 ran out in compile's own search; eager fits 155); with
+    the setting, 149: the fresh process compiles and tries compile's sizes, not eager's."""
+    machine = preset("h100-gpt2", compiled_limit=140, allocator=(165, 1.0))
+    profile = _gpt2(machine, budget_s=600)
+    assert profile.settings.compile.enabled
+    assert profile.evidence is not None
+    assert profile.evidence.max_batch_size == 155  # the eager search's
+    record = profile.evidence.allocator
+    assert record is not None
+    assert record.measured
+    assert record.kept
+    assert (record.largest_with, record.largest_without) == (147, 140)
+    assert record.batch_size == profile.evidence.batch_size  # the compiled point's
+    assert (
+        "the largest batch that trained compiled was 147 (154 ran out of memory) with it and 140"
+        " without"
+    ) in record.reason
+    decision = profile.decision(SETTING)
+    assert decision is not None
+    assert decision.source is Source.MEASURED
+
+
+def test_measured_checkpointed_at_the_checkpointed_limit() -> None:
+    """Not even batch 1 trains without checkpointing, 32 with it; the allocator changes
+    nothing, so the fresh process (checkpointed too) fits 32 and it is kept."""
+    machine = SimulatedMachine(limit=0, checkpointed_limit=32, allocator=None, leaves=1)
+    profile = _tuned(machine)
+    assert profile.settings.activation_checkpointing
+    record = profile.evidence.allocator if profile.evidence is not None else None
+    assert record is not None
+    assert record.measured
+    assert record.kept
+    assert (record.largest_with, record.largest_without) == (32, 32)
+    assert "trained checkpointed was 32 (33 ran out of memory) with it and 32 without" in (
+        record.reason
+    )
+    assert profile.settings.environment.get(ALLOC_CONF) == EXPANDABLE_SEGMENTS
+
+
+def test_a_variant_lets_go_of_the_base_model_it_wraps_before_a_fresh_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compiled variant's weights are its base's: both models go, or the fresh process
+    shares the device with them."""
+    from torch_autotune.probe import fresh
+    from torch_autotune.probe.variants import Variant
+
+    def ran(*_args: object, **_kwargs: object) -> FreshOutcome:
+        assert (base._model, wrapped._model) == (None, None)
+        return FreshOutcome({8: True}, 1.0)
+
+    monkeypatch.setattr(fresh, "run_fresh", ran)
+    base = FedRunner(resolve_workload("mlp"), StepSettings(torch_defaults("cpu")))
+    wrapped = base.variant(Variant("wrapped"))  # on the base's model, as compile is
+    assert wrapped.model is not None
+    assert base._model is not None
+    found = wrapped.fresh({ALLOC_CONF: "x"}, batch=8, above=[], seconds=1, timeout_s=60)
+    assert found == FreshOutcome({8: True}, 1.0)
+    assert base._model is None
 
 
 def test_the_sizes_above_are_the_first_that_ran_out_and_a_few_percent_beyond() -> None:

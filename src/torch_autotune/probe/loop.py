@@ -253,15 +253,18 @@ class FedRunner(TrialRunner):
         seconds: float,
         timeout_s: float,
     ) -> FreshOutcome | None:
-        """The seam's (``probe.fresh``): this runner's model let go first, so that the fresh
-        process has the device's memory but for this one's context; the fresh process trains
-        the step alone (``TrialRunner``), as the search and the points here do."""
+        """The seam's (``probe.fresh``): this runner's model let go first, and the base's it
+        wraps (a compiled variant's weights are the base's), so that the fresh process has the
+        device's memory but for this one's context; the fresh process trains the step alone
+        (``TrialRunner``), as the search and the points here do."""
         from torch_autotune.probe.fresh import request_for, run_fresh
 
         rebuild = self.workload.rebuild
         if rebuild is None:
             return None
         self.release_model()
+        if self._base is not None:  # built again when next needed, as this runner's is
+            self._base.release_model()
         request = request_for(
             self.settings,
             rebuild,

@@ -414,8 +414,8 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     best = run.throughput(sizes, after, searched.guard.model, step)
     best, final = run.variant(best, sizes, after, searched)
     best, final = run.recompute(best, final, sizes, searched)
-    base_best = best if final is run.runner else None  # a variant's point: not measured
-    run.allocator = measure_allocator(run, base_best, searched, after.workers_s + after.confirm_s)
+    kept = run.kept if final is not run.runner else None  # the variant the profile trains
+    run.allocator = measure_allocator(run, best, kept, searched, after.workers_s + after.confirm_s)
     variant = best.variant if best is not None and final is not run.runner else EAGER
     ran = [r.batch_size for r in run.records if r.variant == EAGER]
     candidate = best.batch_size if best is not None else max(ran, default=sizes[0])

@@ -26,6 +26,9 @@ effects a real accelerator showed (the H100 runs of ``benchmarks/results/h100-20
 - a batch fits up to a limit (eager, and compiled where it needs more memory); the peak a
   trial reads grows linearly with the batch;
 - some sizes can be noisy: their timed blocks alternate around the true rate;
+- a fresh process (``fresh``) trains the runner's own settings, at their limit; with J1's
+  allocator setting and ``allocator`` set, that limit moves as ``allocator`` moves the eager
+  one, and each step takes its factor longer;
 - with ``load_s`` set, loading costs that many seconds of one CPU a sample: the DataLoader
   alone (``load``) and training fed by it (``fed``) are simulated, and on a CPU machine
   (``shares_cpus``) the workers and the step share ``host_cpus`` cores. Without it, ``load``
@@ -90,7 +93,7 @@ class SimulatedMachine:
     budget_factor: float = 1.1  # a budgeted compiled step: the cheap ops recomputed
     foreach_bytes: int = 0  # what torch's foreach optimizer step holds beyond the fused one's
     recompute: Agreement | None = AGREES  # the checkpointed step's check (None: no room)
-    allocator: tuple[int, float] | None = None  # with J1's allocator setting: limit, step factor
+    allocator: tuple[int, float] | None = None  # with J1's setting: eager limit, step factor
     fixed_bytes: int = 2 * GIB
     per_sample_bytes: int = 44 * MIB
     memory_bytes: int | None = 80 * GIB  # what the trials may use (None: unknown, a CPU)
@@ -263,11 +266,18 @@ class SimulatedTrials:
         seconds: float,
         timeout_s: float,
     ) -> FreshOutcome | None:
-        """A fresh process with the allocator's setting (``environment`` sets it) where the
-        machine has one (``allocator``: its limit, its step's factor), else without."""
+        """A fresh process of this runner's settings, with the allocator's setting
+        (``environment`` sets it) where the machine has one, else without: the limit of this
+        runner's settings (compiled, checkpointed, budgeted), moved with the setting as the
+        machine's ``allocator`` moves the eager one, and its step times the ``allocator``'s
+        factor; a compiled runner compiles again there."""
         m = self.machine
-        m.advance(min(timeout_s, 30.0 + seconds))  # its start, its point and its trials
-        limit, factor = m.allocator if any(environment.values()) and m.allocator else (m.limit, 1.0)
+        compile_s = m.compile_s if self.is_compiled else 0.0
+        m.advance(min(timeout_s, 30.0 + compile_s + seconds))  # its start, point and trials
+        limit, factor = m._limit(**self._how), 1.0
+        if any(environment.values()) and m.allocator:
+            moved, factor = m.allocator
+            limit = limit * moved // m.limit if m.limit else limit  # no eager limit to scale
         fits = {size: size <= limit for size in [batch, *above]}
         rate = batch / (m.step_s(batch, **self._how) * factor) if fits[batch] else None
         return FreshOutcome(fits, rate, next(iter(environment.values()), None))

@@ -79,12 +79,13 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
 
 
 def _memory_facts(evidence: Evidence) -> list[tuple[str, str]]:
-    """The memory phases' rows, where they measured: the allocator's setting, the optimizer's
-    step (the decisions give the same numbers)."""
+    """The memory phases' rows: the allocator's setting (measured, or why not), the
+    optimizer's step where it was measured (the decisions give the same numbers)."""
     facts = []
     if evidence.allocator is not None:
         record = evidence.allocator
         verdict = "kept" if record.kept else "not set"
+        verdict = verdict if record.measured else "set as the rule recommends"
         facts.append(("allocator", f"{record.value} {verdict}: {record.reason}"))
     if evidence.optimizer_memory is not None:
         facts.append(("optimizer memory", optimizer_memory_text(evidence.optimizer_memory)))

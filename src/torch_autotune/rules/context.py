@@ -42,7 +42,7 @@ class Measurements(BaseModel):
     memory_budget: float | None = None  # compile's activation memory budget, where kept
     memory_budget_reason: str | None = None  # why kept, or why not measured or not kept
     optimizer_memory: OptimizerMemoryRecord | None = None  # fused against foreach, where measured
-    allocator: AllocatorRecord | None = None  # J1's setting in a fresh process, where measured
+    allocator: AllocatorRecord | None = None  # J1's setting in a fresh process, or why not
 
 
 @dataclass(frozen=True)

@@ -225,7 +225,7 @@ def _expandable_segments(ctx: Context) -> Finding:
     measured = ctx.measurements.allocator if ctx.measurements is not None else None
     if measured is None or measured.value != EXPANDABLE_SEGMENTS:
         return Finding(setting, EXPANDABLE_SEGMENTS, rule, why)
-    if not measured.measured:  # the fresh process failed: the rule's, with what happened
+    if not measured.measured:  # the rule's, with why it was not measured (probe's record)
         return Finding(setting, EXPANDABLE_SEGMENTS, rule, f"{why}; {measured.reason}")
     if measured.kept:
         return Finding(
