@@ -9,14 +9,15 @@ one training loop (``probe.loop.TrainingLoop``, data on the device) measures:
   or ``--profile NAME@LIMIT=FILE``) at its batch; where not even batch 1 fits, the tuner's
   ``DoesNotFitError`` (the plan it gives) is the result;
 - a grid at the profile's precision and optimizer: activation checkpointing off/on x eager,
-  compiled (default mode), compiled under an activation memory budget of ``--memory-budget``
-  (the profile's ``compile.memory_budget``, as the tuner would keep it) x the allocator
+  compiled (default mode), compiled under each activation memory budget of
+  ``--memory-budgets`` (default 0.8 and 0.5: the plain compiled arm is torch's 1.0; the
+  profile's ``compile.memory_budget``, as the tuner would keep it) x the allocator
   (``PYTORCH_CUDA_ALLOC_CONF`` unset or ``expandable_segments:True``, read when CUDA starts:
   an arm whose value is not this process's runs in a fresh child, this script with ``--arm
   JSON``, which prints one JSON line back).
   Each arm finds its largest batch (doubling from 1 to out-of-memory, then bisecting, each
   trial a short training run), measured there and at half. ``--quick``: no allocator axis, no
-  memory-budget arm. Each measurement is also appended, as it finishes, to
+  memory-budget arms. Each measurement is also appended, as it finishes, to
   ``memory_regime.progress.jsonl`` in ``--out``: a run cut short still leaves what it measured.
 
 The oracle is the fastest measurement of the grid. Targets: tuned/oracle at least 0.95; tuned
@@ -28,7 +29,7 @@ is a smoke run for the tests: the limits recorded, not applied).
 
     python benchmarks/memory_regime.py [--workloads gpt2-large llama-1b] [--limits 24 16]
         [--profile gpt2-large@24=p.yaml] [--seconds 3] [--mode speed] [--budget 300]
-        [--quick] [--max-batch 1024] [--memory-budget 0.5]
+        [--quick] [--max-batch 1024] [--memory-budgets 0.8 0.5]
 """
 
 from __future__ import annotations
@@ -226,10 +227,11 @@ def run(spec: Spec) -> dict[str, Any]:
 
 
 def grid(template: Spec, args: argparse.Namespace) -> list[Spec]:
-    """Checkpointing x compile (x the memory budget) x the allocator, each its own batches."""
+    """Checkpointing x compile (x its memory budgets) x the allocator, each its own batches."""
     compiles: list[tuple[str | None, float | None]] = [(None, None)]
     if not args.eager_only:
-        compiles += [("default", None)] + ([] if args.quick else [("default", args.memory_budget)])
+        budgets = [] if args.quick else [("default", b) for b in args.memory_budgets]
+        compiles += [("default", None), *budgets]
     allocators = args.allocators or (["default"] if args.quick else ["default", EXPANDABLE])
     specs = []
     for checkpointing, (mode, budget), allocator in product((False, True), compiles, allocators):
@@ -418,8 +420,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mode", default="speed", choices=[m.value for m in Mode])
     parser.add_argument("--budget", type=float, default=None, help="tune()'s; default its own")
     parser.add_argument("--max-batch", type=int, default=1024)
-    parser.add_argument("--memory-budget", type=float, default=0.5)
-    parser.add_argument("--quick", action="store_true", help="no allocator axis, no budget arm")
+    parser.add_argument("--memory-budgets", nargs="+", type=float, default=[0.8, 0.5])
+    parser.add_argument("--quick", action="store_true", help="no allocator axis, no budget arms")
     parser.add_argument("--eager-only", action="store_true", help="no compiled arm (smoke runs)")
     parser.add_argument("--allocators", nargs="+", help="'default' or PYTORCH_CUDA_ALLOC_CONF")
     parser.add_argument("--out", type=Path, default=RESULTS)

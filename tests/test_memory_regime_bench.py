@@ -94,6 +94,23 @@ def test_summary_where_the_tuner_finds_no_fit(bench: ModuleType) -> None:
     assert not bench.summarize(missed)["targets_held"]  # the grid found a fit the tuner did not
 
 
+def test_the_full_grid_compiles_under_each_memory_budget(
+    bench: ModuleType, detected_as: Callable[[str], HardwareSnapshot]
+) -> None:
+    """Without --quick: checkpointing x (eager, compiled, compiled under each budget) x the
+    allocator; each budget arm holds the profile's own setting, under compile."""
+    detected_as("cpu-laptop-linux")
+    args = bench._parse([*SMOKE[:-2], "--memory-budgets", "0.8", "0.3"])
+    specs = bench.grid(bench._template("transformer", 2.0, None, args), args)
+    assert len(specs) == 2 * 4 * 2
+    budgeted = [s for s in specs if s.memory_budget is not None]
+    assert sorted({s.memory_budget for s in budgeted}) == [0.3, 0.8]
+    for spec in budgeted:
+        assert spec.config["compile_mode"] == "default"
+        assert spec.config["settings"]["compile.memory_budget"] == spec.memory_budget
+    assert bench._parse(SMOKE[:-2]).memory_budgets == [0.8, 0.5]
+
+
 def test_the_grid_trains_checkpointed_arms_checkpointed(
     bench: ModuleType, detected_as: Callable[[str], HardwareSnapshot]
 ) -> None:
