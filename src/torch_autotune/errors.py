@@ -213,3 +213,17 @@ def blame_user_code(error: BaseException) -> None:
 def raised_by_user_code(error: BaseException) -> bool:
     """Whether ``blame_user_code`` marked ``error``."""
     return getattr(error, _USER_CODE, False) is True
+
+
+def said_in_one_line(error: BaseException) -> str:
+    """What ``error`` says, in one line for a note where a variant's failure is kept instead
+    of raised: its type and its message's first line (at most 200 characters, a closing full
+    stop dropped: the line goes on inside a sentence), or its type alone where the message is
+    empty."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__
+    line = text.splitlines()[0][:200]
+    if line.endswith(".") and not line.endswith(".."):
+        line = line[:-1]
+    return f"{type(error).__name__}: {line}"

@@ -19,7 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.errors import DoesNotFitError, LaunchError, WorldSizeWarning
+from torch_autotune.errors import (
+    AutotuneError,
+    DoesNotFitError,
+    LaunchError,
+    WorldSizeWarning,
+    said_in_one_line,
+)
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.invariants import device_accelerators
 from torch_autotune.launch import Ranks, ranks_from_environment
@@ -356,8 +362,10 @@ def _with_checkpointing(
 ) -> tuple[ProbeResult, str] | DoesNotFitError:
     """Where not even the smallest batch trains, the probe again with activation checkpointing
     (rule L2): (what it measured, why it is kept); else ``error``, saying what became of
-    checkpointing (the model cannot be checkpointed: ``wrapping.NotCheckpointable``, or it does
-    not fit either)."""
+    checkpointing (the model cannot be checkpointed: ``wrapping.NotCheckpointable``; it does
+    not fit either; or the checkpointed run raised, where the plain one ran out of memory and
+    raised nothing: an error of the model checkpointed, said in one line). Errors of ours
+    (``AutotuneError``) and Ctrl-C go on."""
     from torch_autotune.wrapping import NotCheckpointable
 
     if rules_only.settings.activation_checkpointing:
@@ -375,6 +383,14 @@ def _with_checkpointing(
             f"{error.fact}; with activation checkpointing, not even batch {again.batch_size}"
             " trained",
             batch_size=again.batch_size,
+        )
+    except AutotuneError:
+        raise  # ours (a rank that failed, an interrupt): the run's to handle
+    except Exception as failed:  # only checkpointed: the plain step ran out of memory instead
+        return DoesNotFitError(
+            f"{error.fact}; activation checkpointing was tried, and the checkpointed step raised"
+            f" {said_in_one_line(failed)}",
+            batch_size=error.batch_size,
         )
     reason = (
         f"not even batch {error.batch_size} trained without it (out of memory); with each "

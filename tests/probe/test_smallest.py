@@ -1,7 +1,7 @@
 """Where the search starts (``probe.smallest``): a model that cannot train on one sample
 (BatchNorm in training mode) is searched from the smallest size it trains at, never below it;
-an error at every size is the user's. On simulated models behind a real ``SearchGuard``, and
-end to end with real torch on this CPU."""
+an error at every size is the user's; an error below and out of memory above does not fit. On
+simulated models behind a real ``SearchGuard``, and end to end with real torch on this CPU."""
 
 from __future__ import annotations
 
@@ -23,7 +23,14 @@ from tests.probe.fake_trials import Ticks, mlp_machine, recorded, tune_on, tune_
 from torch_autotune import api
 from torch_autotune.api import tune
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_USAGE, EXIT_WORKLOAD, WorkloadError, blame_user_code
+from torch_autotune.errors import (
+    EXIT_DOES_NOT_FIT,
+    EXIT_USAGE,
+    EXIT_WORKLOAD,
+    DoesNotFitError,
+    WorkloadError,
+    blame_user_code,
+)
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import SearchGuard, search_with_guard
@@ -80,7 +87,7 @@ def test_the_start_is_exactly_the_smallest_size_that_trains(
 ) -> None:
     trains_from = min(start + above, 8 * start)
     model = Simulated(trains_from, trains_from + room)
-    found = smallest_batch(guard(model), start, cap)
+    found = smallest_batch(guard(model), start, cap, name="simulated")
     assert found.size == trains_from
     assert (found.reason is None) == (trains_from == start)
     assert min(model.ran) == start
@@ -89,7 +96,7 @@ def test_the_start_is_exactly_the_smallest_size_that_trains(
 
 def test_the_reason_names_the_error_and_the_size_that_trained() -> None:
     guarded = guard(Simulated(2, 1000))
-    found = smallest_batch(guarded, 1, 512)
+    found = smallest_batch(guarded, 1, 512, name="simulated")
     assert found.reason == (
         f"batch 1 raised ValueError: {BATCHNORM}, got input size [1, 16]; batch 2 trained, so"
         " the search started at 2 (--min-batch-size sets the start)"
@@ -103,21 +110,63 @@ def test_the_reason_names_the_error_and_the_size_that_trained() -> None:
 def test_a_model_that_raises_at_every_size_raises_the_users_first_error() -> None:
     model = Simulated(10**6, 10**6)
     with pytest.raises(ValueError, match=BATCHNORM) as raised:
-        smallest_batch(guard(model), 3, 512)
+        smallest_batch(guard(model), 3, 512, name="simulated")
     assert raised.value is model.errors[0]
     assert model.ran == [3, *(3 * factor for factor in GROWTH)]
+
+
+def test_batchnorms_error_at_one_and_out_of_memory_at_two_does_not_fit() -> None:
+    """Not the user's error (exit 5): the model does not fit (exit 7), for the size out of
+    memory, so that the plan and the retry with checkpointing follow."""
+    model = Simulated(trains_from=2, fits_up_to=1)
+    guarded = guard(model)
+    with pytest.raises(DoesNotFitError) as raised:
+        smallest_batch(guarded, 1, 512, name="simulated")
+    error = raised.value
+    assert (error.batch_size, error.exit_code) == (2, EXIT_DOES_NOT_FIT)
+    assert error.fact == (
+        "the simulated workload does not train even at batch size 2 on cpu: it runs out of"
+        f" memory, and batch 1 cannot train BatchNorm (ValueError: {BATCHNORM}, got input size"
+        " [1, 16])"
+    )
+    assert str(error) == f"{error.fact}; use a smaller model or a larger device"
+    assert model.ran == [1, 2]
+    assert [(r.batch_size, r.fits, r.error is None) for r in guarded.records] == [
+        (1, False, False),
+        (2, False, True),
+    ]
+
+
+def test_an_error_at_every_size_that_fits_is_the_users_even_with_out_of_memory_above() -> None:
+    """Only BatchNorm's error is known to go away at a larger batch: any other error at every
+    size below one out of memory is the user's bug, raised as it was (their traceback, exit
+    5), not a model too large for the device."""
+    model = Simulated(trains_from=4, fits_up_to=3, error="the mask has the wrong shape")
+    with pytest.raises(ValueError, match="the mask has the wrong shape") as raised:
+        smallest_batch(guard(model), 1, 512, name="simulated")
+    assert model.ran == [1, 2, 4, 3]  # 3, between the last that raised and 4, raised too
+    assert raised.value is model.errors[0]
+
+
+def test_batchnorm_at_one_and_two_below_out_of_memory_does_not_fit() -> None:
+    model = Simulated(trains_from=4, fits_up_to=3)
+    with pytest.raises(DoesNotFitError) as raised:
+        smallest_batch(guard(model), 1, 512, name="simulated")
+    assert model.ran == [1, 2, 4, 3]
+    assert raised.value.batch_size == 4
+    assert raised.value.fact.endswith("and batch 3 raised an error too")
 
 
 def test_the_larger_sizes_tried_stop_at_the_cap() -> None:
     model = Simulated(10**6, 10**6)
     with pytest.raises(ValueError, match=BATCHNORM):
-        smallest_batch(guard(model), 1, 5)
+        smallest_batch(guard(model), 1, 5, name="simulated")
     assert model.ran == [1, 2, 4, 5]
 
 
 def test_out_of_memory_at_the_start_is_left_to_the_search() -> None:
     model = Simulated(1, 0)
-    found = smallest_batch(guard(model), 4, 512)
+    found = smallest_batch(guard(model), 4, 512, name="simulated")
     assert (found.size, found.reason) == (4, None)
     assert model.ran == [4]
 
@@ -130,13 +179,13 @@ def test_an_error_that_is_not_the_users_is_not_retried() -> None:
 
     model = Ours(2, 100)
     with pytest.raises(WorkloadError, match="no loss for the step"):
-        smallest_batch(guard(model), 1, 512)
+        smallest_batch(guard(model), 1, 512, name="simulated")
     assert model.ran == [1]
 
 
 def test_a_long_error_is_recorded_as_its_first_line_cut_short() -> None:
     guarded = guard(Simulated(2, 100, error="x" * 300 + "\nsecond line"))
-    smallest_batch(guarded, 1, 512)
+    smallest_batch(guarded, 1, 512, name="simulated")
     error = guarded.records[0].error
     assert error is not None
     assert error.startswith("ValueError: xxx")
@@ -181,7 +230,7 @@ def test_after_the_start_is_found_no_size_below_it_runs_again(
 ) -> None:
     model = Simulated(trains_from, trains_from + room)
     guarded = guard(model)
-    found = smallest_batch(guarded, 1, cap)
+    found = smallest_batch(guarded, 1, cap, name="simulated")
     tried = len(model.ran)
     guarded.start = found.size
     result = search_with_guard(guarded, cap, None, "the cap")
@@ -280,6 +329,95 @@ def test_a_batchnorm_model_is_tuned_from_two(
         f"batch 1 raised ValueError: {BATCHNORM}, got input size torch.Size({shape}); batch 2"
         " trained, so the search started at 2 (--min-batch-size sets the start)"
     )
+
+
+class BatchNormOverBlocks(nn.Module):
+    """BatchNorm1d in its head, over repeated blocks whose activations 'do not fit' from
+    batch 2 (a MemoryError, as the CPU's allocator raises) unless the blocks are checkpointed
+    (checkpointing gives each block a forward of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(
+            *(nn.Sequential(nn.Linear(192, 192), nn.GELU()) for _ in range(3))
+        )
+        self.head = nn.Sequential(nn.Linear(192, 16), nn.BatchNorm1d(16), nn.Linear(16, 10))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        checkpointed = all("forward" in vars(block) for block in self.blocks)
+        if len(images) > 1 and not checkpointed:
+            raise MemoryError("out of memory: every block's activations kept (simulated)")
+        return self.head(self.blocks(images.flatten(1)))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_batchnorm_at_one_and_out_of_memory_at_two_is_retried_with_checkpointing() -> None:
+    """The model does not fit without checkpointing (batch 1 cannot train BatchNorm, 2 runs
+    out of memory); with it, batch 2 trains: the profile checkpoints, from batch 2."""
+    profile = tune_real(BatchNormOverBlocks(), images(8), LAPTOP)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.details is not None
+    assert profile.settings.activation_checkpointing
+    assert evidence.details.min_batch_size == 2
+    assert profile.settings.batch.batch_size == evidence.batch_size >= 2
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert decision.reason.startswith(
+        "on: not even batch 2 trained without it (out of memory); with each repeated block's"
+        " forward recomputed in backward, the largest batch that trained was "
+    )
+
+
+def test_batchnorm_at_one_and_out_of_memory_above_does_not_fit_through_the_command(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    detected_as("cpu-laptop-linux")
+    (tmp_path / "batchnorm_oom.py").write_text(
+        textwrap.dedent(
+            """
+            import functools
+
+            import torch
+            from torch import nn
+
+
+            class Head(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.norm = nn.BatchNorm1d(4)
+
+                def forward(self, x):
+                    if len(x) > 1:
+                        raise MemoryError("out of memory (simulated)")
+                    return self.norm(x)
+
+
+            def make_workload():
+                return {
+                    "model": Head(),
+                    "optimizer": functools.partial(torch.optim.SGD, lr=0.1),
+                    "example_batch": (torch.randn(4, 4), torch.randn(4, 4)),
+                }
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(
+        cli, ["--model", "batchnorm_oom:make_workload", "--budget", "20", "--no-save"]
+    )
+    assert result.exit_code == EXIT_DOES_NOT_FIT, result.output
+    assert "Traceback" not in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("autotune: error: the ")
+    assert (
+        " workload does not train even at batch size 2 on cpu: it runs out of memory, and batch 1"
+        f" cannot train BatchNorm (ValueError: {BATCHNORM}, got input size torch.Size([1, 4]));"
+        " activation checkpointing was not tried: the model has no repeated block to checkpoint;"
+        " use a smaller model or a larger device"
+    ) in last
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -11,7 +11,11 @@ search stopped for memory and its fastest point is its top candidate (throughput
 with the batch: elsewhere a larger batch cannot fit, or does not help), where compile was not
 kept (checkpointing a compiled model costs a compile of its own), and where the plan leaves it
 the time. A model it cannot checkpoint (BatchNorm in its blocks, no repeated
-block: ``wrapping.NotCheckpointable``) is said so.
+block: ``wrapping.NotCheckpointable``) is said so, and so is a step that raises only
+checkpointed (a block whose recompute differs from its forward: torch's ``CheckpointError``),
+in the check or in the checkpointed model's own trials: the plain model trained, so the error
+is checkpointing's, and the profile keeps it off. Errors of ours (``AutotuneError``) and
+Ctrl-C go on.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from torch_autotune.errors import AutotuneError, said_in_one_line
 from torch_autotune.probe.budget import Budget
-from torch_autotune.probe.judge import NOISE
+from torch_autotune.probe.judge import NOISE, Judgement
 from torch_autotune.probe.plan import plan
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import RTOL, Agreement
@@ -38,6 +43,7 @@ __all__ = [
     "disagrees",
     "measure_checkpointing",
     "measure_recomputing",
+    "raised_checkpointed",
     "why_not_measured",
 ]
 
@@ -99,7 +105,10 @@ def measure_checkpointing(
 
     def check() -> str | None:  # the recompute against the plain step, before measuring
         checked.append(_checked(base, bounds.floor, progress))
-        return disagrees(checked[0]) if checked[0] and not checked[0].agrees else None
+        found = checked[0]
+        if found is None or found.agrees:
+            return None
+        return raised_checkpointed(found.raised) if found.raised else disagrees(found)
 
     try:
         measured = measure_recomputing(
@@ -116,17 +125,32 @@ def measure_checkpointing(
         )
     except NotCheckpointable as refused:
         return RecomputeOutcome(note=f"not measured: {refused}")
+    except AutotuneError:
+        raise  # ours (a rank that failed, an interrupt): the run's to handle
+    except Exception as error:  # after the check, only the checkpointed model trains
+        if not checked:  # before the check's finding: the plain step's own error, or ours
+            raise
+        base.apply_flags()  # as the base's points trained (the checkpointed search turned some off)
+        return RecomputeOutcome(note=raised_checkpointed(said_in_one_line(error)))
     judged = measured.outcome.judgement if measured.outcome is not None else None
     if measured.note is not None or measured.outcome is None or judged is None:
         return measured
     reason = (
-        f"{checked_text(checked[0], bounds.floor)}; measured faster: "
-        f"{judged.samples_per_s / judged.base_samples_per_s:.2f}x ({judged.samples_per_s:,.0f}"
-        f" samples/s at batch {judged.batch_size} with it against "
-        f"{judged.base_samples_per_s:,.0f} at batch {best.batch_size} without it); the largest "
+        f"{_measured_faster(checked[0], bounds.floor, judged, best.batch_size)}; the largest "
         f"batch was {measured.outcome.largest} with it and {largest} without"
     )
     return replace(measured, reason=reason)
+
+
+def _measured_faster(checked: Agreement | None, floor: int, judged: Judgement, best: int) -> str:
+    """L2's reason where checkpointing is kept, less the largest batches: what the check at
+    ``floor`` found, and the rate with it against the rate without it at batch ``best``."""
+    return (
+        f"{checked_text(checked, floor)}; measured faster: "
+        f"{judged.samples_per_s / judged.base_samples_per_s:.2f}x ({judged.samples_per_s:,.0f}"
+        f" samples/s at batch {judged.batch_size} with it against "
+        f"{judged.base_samples_per_s:,.0f} at batch {best} without it)"
+    )
 
 
 def measure_recomputing(
@@ -186,6 +210,12 @@ def _checked(base: Trials, batch: int, progress: Progress) -> Agreement | None:
     """The recomputed step against the plain one at ``batch`` (the seam's ``recompute_check``)."""
     progress("checkpointing", f"batch {batch}, recomputed against the plain step")
     return base.recompute_check(batch)
+
+
+def raised_checkpointed(said: str) -> str:
+    """Why checkpointing is not kept where its step raised ``said`` (the error's type and
+    first line) and the plain step trained: an error of the model checkpointed."""
+    return f"not kept: the checkpointed step raised {said}"
 
 
 def disagrees(checked: Agreement) -> str:

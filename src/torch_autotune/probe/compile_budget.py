@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from torch_autotune.errors import AutotuneError
+from torch_autotune.errors import AutotuneError, said_in_one_line
 from torch_autotune.evidence import BUDGETED
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.checkpoint_phase import (
@@ -129,9 +129,7 @@ def _unfit(settings: Settings, release: tuple[int, int] | None) -> str | None:
 def _failed_compile(error: Exception) -> str:
     """Why the budget is not kept where compiling under it raised: the model compiled without
     it, so the failure is the partitioner's (a prototype in torch), not the user's code."""
-    text = str(error).strip()
-    said = type(error).__name__ + (f": {text.splitlines()[0][:200]}" if text else "")
     return (
-        f"compiling under it failed ({said}); the model compiles without it, as the profile"
-        " keeps it"
+        f"compiling under it failed ({said_in_one_line(error)}); the model compiles without it,"
+        " as the profile keeps it"
     )

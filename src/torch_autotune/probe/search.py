@@ -43,11 +43,14 @@ class Agreement:
     """What one check found (the seam's ``recompute_check``): how a step with activation
     checkpointing compared with the plain one from the same weights and batch
     (``probe.recompute``): ``agrees`` within ``RTOL``, and the largest relative difference of
-    the loss and of any gradient."""
+    the loss and of any gradient; or, where the checkpointed step raised though the plain one
+    trained, what it raised (``raised``: its type and first line; nothing compared, so it does
+    not agree and differs without bound)."""
 
     agrees: bool
     largest_difference: float
     blocks: int  # blocks checkpointed (1: a Hugging Face model's own)
+    raised: str | None = None
 
 
 RTOL = 1e-3

@@ -74,7 +74,7 @@ def search(
         runner.apply_flags(cudnn_benchmark=False)
         limit = runner.memory_limit() or guarded.ram_budget_bytes
         try:
-            smallest = smallest_batch(guarded, start, cap)
+            smallest = smallest_batch(guarded, start, cap, name=name)
         except OutOfTime:
             found = Found(None, "budget", "the budget was spent before the first trial")
         else:
