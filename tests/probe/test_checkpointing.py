@@ -18,6 +18,7 @@ from tests.probe.fake_trials import recorded, tune_on
 from tests.rules.helpers import context_with, run
 from torch_autotune.apply import prepare_model
 from torch_autotune.errors import DoesNotFitError
+from torch_autotune.probe.checkpoint_phase import ALREADY
 from torch_autotune.probe.recompute import checkpointed_step_agrees
 from torch_autotune.probe.search import RTOL
 from torch_autotune.probe.simulated import SimulatedMachine
@@ -432,6 +433,23 @@ def test_a_recompute_that_is_not_the_step_is_not_used() -> None:
         "off: not used: a step with it differs from the plain step from the same weights by"
         " 2.5e-01 (loss or a gradient, relative), more than 0.001"
     )
+
+
+def test_a_model_that_came_checkpointed_is_not_measured_against_itself() -> None:
+    """The check wrapped no block (a Hugging Face model's own checkpointing on, or blocks
+    wrapped before tune()): the "checkpointed" runs would be the plain ones again, so nothing
+    is measured or kept on noise, and the decision says why."""
+    from torch_autotune.probe.search import Agreement
+
+    machine = _growing(1.05)  # what a checkpointed model would gain, were it not one already
+    machine.recompute = Agreement(agrees=True, largest_difference=0.0, blocks=0)
+    profile = _balanced(machine)
+    assert not profile.settings.activation_checkpointing
+    assert profile.evidence is not None
+    assert not any(r.variant == "checkpointed" for r in profile.evidence.throughput)
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert decision.reason == f"off: {ALREADY}"
 
 
 def test_a_recompute_that_could_not_be_checked_says_so() -> None:

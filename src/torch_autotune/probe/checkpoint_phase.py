@@ -36,6 +36,7 @@ from torch_autotune.probe.variants import Variant
 from torch_autotune.profile import ThroughputRecord
 
 __all__ = [
+    "ALREADY",
     "CHECKPOINTED",
     "RecomputeOutcome",
     "checked_text",
@@ -106,6 +107,8 @@ def measure_checkpointing(
     def check() -> str | None:  # the recompute against the plain step, before measuring
         checked.append(_checked(base, bounds.floor, progress))
         found = checked[0]
+        if found is not None and found.blocks == 0 and found.raised is None:
+            return ALREADY  # the same step twice: nothing to measure against
         if found is None or found.agrees:
             return None
         return raised_checkpointed(found.raised) if found.raised else disagrees(found)
@@ -210,6 +213,14 @@ def _checked(base: Trials, batch: int, progress: Progress) -> Agreement | None:
     """The recomputed step against the plain one at ``batch`` (the seam's ``recompute_check``)."""
     progress("checkpointing", f"batch {batch}, recomputed against the plain step")
     return base.recompute_check(batch)
+
+
+ALREADY = (
+    "not measured: the model's blocks are checkpointed already (a Hugging Face model's"
+    " gradient_checkpointing_enable(), or blocks wrapped before tune()), so every point ran with"
+    " it; the profile leaves the model as it is"
+)
+"""Why checkpointing is not measured where the check wrapped no block: the model came so."""
 
 
 def raised_checkpointed(said: str) -> str:
