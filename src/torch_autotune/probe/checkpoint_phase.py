@@ -106,12 +106,7 @@ def measure_checkpointing(
 
     def check() -> str | None:  # the recompute against the plain step, before measuring
         checked.append(_checked(base, bounds.floor, progress))
-        found = checked[0]
-        if found is not None and found.blocks == 0 and found.raised is None:
-            return ALREADY  # the same step twice: nothing to measure against
-        if found is None or found.agrees:
-            return None
-        return raised_checkpointed(found.raised) if found.raised else disagrees(found)
+        return _refusal(checked[0])
 
     try:
         measured = measure_recomputing(
@@ -143,6 +138,15 @@ def measure_checkpointing(
         f"batch was {measured.outcome.largest} with it and {largest} without"
     )
     return replace(measured, reason=reason)
+
+
+def _refusal(found: Agreement | None) -> str | None:
+    """Why checkpointing is not measured after the check found ``found``; None where it is."""
+    if found is not None and found.blocks == 0 and found.raised is None:
+        return ALREADY  # the same step twice: nothing to measure against
+    if found is None or found.agrees:
+        return None
+    return raised_checkpointed(found.raised) if found.raised else disagrees(found)
 
 
 def _measured_faster(checked: Agreement | None, floor: int, judged: Judgement, best: int) -> str:
