@@ -145,3 +145,39 @@ class TooBigForDdp(nn.Module):
 
 def too_big_for_ddp() -> dict[str, Any]:
     return {"model": TooBigForDdp, "optimizer": _adamw, "example_batch": _mlp_data(8)}
+
+
+def alone_after_a_model_of_its_own(rank: int, port: int, answers: Any) -> None:
+    """Two ranks over gloo in this test's own processes (``torch.multiprocessing.spawn``):
+    rank 0 trains a trial, makes a variant with a model of its own (checkpointing's), which
+    lets go of the base's model on every rank, then measures the base alone, as a job does for
+    its scaling. ``answers[rank]``: what the rank ended with (the point's rate, or the error)."""
+    from torch_autotune.launch import Ranks
+    from torch_autotune.probe.checkpoint_phase import checkpointed
+    from torch_autotune.probe.ddp import DdpRunner
+    from torch_autotune.probe.ranks import Follower, Leader, joined
+    from torch_autotune.probe.trials import StepSettings
+    from torch_autotune.probe.workloads import as_workload
+    from torch_autotune.settings import torch_defaults
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    workload = as_workload(_failing("none"), name="mlp")
+    settings = StepSettings(torch_defaults("cpu"))
+    try:
+        with joined(Ranks(rank, rank, 2, 2, 0), "cpu", timeout_s=15.0) as group:
+
+            def runner(given: StepSettings) -> DdpRunner:
+                return DdpRunner(workload, given, group=group)
+
+            if rank:
+                answers[rank] = Follower(group, runner).follow()
+                return
+            leader = Leader.first(group, runner(settings))
+            leader(8)  # the base's model built, on every rank together
+            leader.variant(checkpointed())  # a model of its own: the base's let go everywhere
+            point = leader.alone(8, seconds=0.5)
+            leader.done("done")
+            answers[rank] = point.samples_per_s if point is not None else None
+    except Exception as error:  # what the test reports: a rank that hung ends in a timeout
+        answers[rank] = f"{type(error).__name__}: {error}"

@@ -1,7 +1,8 @@
 """Several ranks on this CPU over gloo: ``torchrun -m torch_autotune`` and ``autotune
 --nproc-per-node 2`` tune a built-in and a user's model (dict batches, two inputs, BatchNorm, a
 parameter no step uses) as one job; a rank that runs out of memory at a size the other fits,
-one that is killed and one whose model raises end the job within bounds, with one message.
+one that is killed and one whose model raises end the job within bounds, with one message;
+rank 0's point alone after checkpointing was measured does not hang the ranks.
 
 System tier: the installed package in subprocesses, as a user runs it. Each job has a short
 budget; together these take about a minute on 2 cores.
@@ -106,6 +107,32 @@ def test_a_rank_out_of_memory_at_a_size_the_other_fits_sets_the_largest(tmp_path
     assert batch is not None
     assert batch <= OOM_ABOVE
     assert re.search(rf"^largest batch\s+{OOM_ABOVE} \(limited by memory", done.stdout, re.M)
+
+
+def test_rank_0_alone_after_a_variant_with_a_model_of_its_own_does_not_hang() -> None:
+    """Measuring checkpointing lets go of the base's model on every rank; rank 0 alone then
+    builds it again, and wrapping it in DDP is a collective: every rank builds it together
+    first (the job hung here, now and then, until its bound, where checkpointing was measured
+    before the scaling point)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from tests.ranks_workloads import alone_after_a_model_of_its_own
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with mp.Manager() as manager:
+        answers = manager.dict()
+        began = time.monotonic()
+        mp.spawn(alone_after_a_model_of_its_own, args=(port, answers), nprocs=2)
+        took = time.monotonic() - began
+        found = dict(answers)
+    assert found[1] == "done", found
+    assert isinstance(found[0], float), found
+    assert found[0] > 0
+    assert took < 60.0
 
 
 @pytest.mark.parametrize("torchrun", [False, True], ids=["--nproc-per-node", "torchrun"])

@@ -258,6 +258,9 @@ class Leader:
         alone)."""
         if self.runner.sharded:
             return None
+        # every rank builds the model first, together: wrapping it in DDP is a collective, and
+        # a variant with a model of its own (checkpointing) let go of this runner's
+        self.leaf_modules()
         with self.runner.alone():
             point: PointOutcome = self.runner.point(batch_size, until=self.runner.clock() + seconds)
         return point
