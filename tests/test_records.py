@@ -178,6 +178,7 @@ def _every_setting_changed() -> Profile:
             ),
             "batch": s.batch.model_copy(update={"batch_size": 256, "grad_accum_steps": 4}),
             "compile": s.compile.model_copy(update={"memory_budget": 0.5}),
+            "blocks": "mypackage.model.DecoderLayer",
         }
     )
     for record in RECORDS:  # a switch added since: flipped, so no test lists them by hand

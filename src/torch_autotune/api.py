@@ -168,6 +168,7 @@ def tune(
     loss_fn: Callable[..., Any] | None = None,
     train_step: Callable[[Any, Any], Any] | None = None,
     datamodule: Any = None,
+    blocks: Any = None,
     name: str | None = None,
     min_batch_size: int | None = None,
     snapshot: HardwareSnapshot | None = None,
@@ -195,8 +196,10 @@ def tune(
     ``example_batch``, and optionally ``collate_fn``, ``loss_fn`` or ``train_step(model,
     batch) -> loss``; ``datamodule``: a ``LightningDataModule`` whose ``train_dataloader()``
     is the data (``tune(module, datamodule=dm)`` trains a ``LightningModule`` through its own
-    ``training_step`` and ``configure_optimizers``); ``name`` names them in the store (default:
-    the model's class).
+    ``training_step`` and ``configure_optimizers``); ``blocks``: the classes of the model's
+    repeated blocks (a module class or a list of them), what activation checkpointing
+    recomputes and FSDP2 shards, where the ones found in its module tree are not (the profile
+    keeps their names); ``name`` names them in the store (default: the model's class).
     ``min_batch_size`` is where the search starts. ``snapshot`` describes the machine instead
     of detecting it. ``budget_s`` bounds the whole run, detection included (default 120 s,
     180 s where torch.compile is measured). ``processes_per_node``: the training processes
@@ -242,9 +245,8 @@ def tune(
     report("detect", "this machine")
     machine = snapshot or detect()
     host = machine_id()
-    chosen = _workload(
-        workload, machine, host, objects=objects, name=name, min_batch_size=min_batch_size
-    )
+    options = {"name": name, "min_batch_size": min_batch_size, "blocks": blocks}
+    chosen = _workload(workload, machine, host, objects, **options)
     ranks = None if trials is not None else ranks_from_environment(os.environ)
     preferences = together.job_preferences(
         ranks,
@@ -285,26 +287,19 @@ def tune(
 
 
 def _workload(
-    workload: Any,
-    machine: HardwareSnapshot,
-    host: str,
-    *,
-    objects: dict[str, Any] | None = None,
-    name: str | None = None,
-    min_batch_size: int | None = None,
+    workload: Any, machine: HardwareSnapshot, host: str, objects: dict[str, Any], **options: Any
 ) -> Workload:
-    """The workload asked for, in any of its forms (``resolve_workload``); by default the
-    built-in sized for the device the rules choose. ``min_batch_size`` replaces its own."""
+    """The workload asked for, in any of its forms (``resolve_workload``, with ``options``:
+    its name, smallest batch and blocks); by default the built-in sized for the device the
+    rules choose."""
     from torch_autotune.probe.workloads import resolve_workload
     from torch_autotune.rules.engine import build_profile
 
-    given = {key: value for key, value in (objects or {}).items() if value is not None}
+    given = {key: value for key, value in objects.items() if value is not None}
     device = None
     if workload is None and not given:
         device = build_profile(machine, host_id=host).settings.device
-    return resolve_workload(
-        workload, device=device, objects=given, name=name, min_batch_size=min_batch_size
-    )
+    return resolve_workload(workload, device=device, objects=given, **options)
 
 
 def bench(

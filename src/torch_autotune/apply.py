@@ -225,7 +225,8 @@ def optimizer_kwargs(settings: Settings) -> dict[str, Any]:
 
 
 def prepare_model(settings: Settings, model: Any) -> Any:
-    """Memory format, activation checkpointing of the repeated blocks (``wrapping``) and
+    """Memory format, activation checkpointing of the blocks (``wrapping``: the settings'
+    classes, else the repeated blocks) and
     torch.compile; returns the model to train (compiled or not)."""
     import torch
 
@@ -234,7 +235,7 @@ def prepare_model(settings: Settings, model: Any) -> Any:
     if settings.memory_format == "channels_last":
         model = model.to(memory_format=torch.channels_last)
     if settings.activation_checkpointing:
-        checkpoint_blocks(model)
+        checkpoint_blocks(model, settings.blocks)
     return compile_model(settings, model)
 
 

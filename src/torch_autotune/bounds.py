@@ -105,5 +105,16 @@ again when it is put into ``Settings``."""
 SettingFloat = Annotated[float, Field(ge=0, le=1, strict=True)]
 """A setting's fraction held apart from ``Settings`` (compile's memory budget, in a bench arm):
 its own bound is checked again when it is put into ``Settings``."""
+BlockNames = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z_<][\w.<>]*(,[A-Za-z_<][\w.<>]*)*$",
+    ),
+]
+"""The classes of a model's blocks, each by its module and name (``pkg.model.Block``), joined
+by commas (a class made in a function has ``<locals>`` in its name): a workload's ``blocks``,
+held in a profile as text."""
 SmallCount = Annotated[int, Field(ge=0, le=1_000_000)]
 """Bookkeeping counts (timed blocks, MIG instance ids, compute-capability digits)."""

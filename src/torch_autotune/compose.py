@@ -92,7 +92,8 @@ def preferences(
 ) -> Preferences:
     """What the rules are told about ``workload`` and what the user asked for: its kind, its
     optimizer, whether its shapes are fixed (asked by the user, and seen in its data), the
-    workers, the global batch, the training processes per node and the device memory to use."""
+    workers, the global batch, the training processes per node, the device memory to use and
+    the classes of its blocks, where it names them."""
     limit = None if memory_limit_gib is None else max(1, int(memory_limit_gib * 2**30))
     return Preferences(
         memory_limit_bytes=limit,
@@ -103,6 +104,7 @@ def preferences(
         num_workers=num_workers,
         target_global_batch=target_global_batch,
         processes_per_node=processes_per_node,
+        blocks=",".join(workload.blocks) or None,
     )
 
 

@@ -22,7 +22,14 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from torch_autotune.bounds import CpuCount, GlobalBatch, PositiveBytes, Seed, WorkerCount
+from torch_autotune.bounds import (
+    BlockNames,
+    CpuCount,
+    GlobalBatch,
+    PositiveBytes,
+    Seed,
+    WorkerCount,
+)
 from torch_autotune.evidence import (
     COMPILED,
     EAGER,
@@ -122,6 +129,7 @@ class Preferences(StrictModel):
     allow_p100_fp16: bool = False  # catalog A5: fp16 on P100 only as an opt-in
     num_workers: WorkerCount | None = None  # the user's own DataLoader worker count
     target_global_batch: GlobalBatch | None = None  # the global batch accumulation keeps
+    blocks: BlockNames | None = None  # the workload's blocks (its classes), where it names them
 
 
 class Decision(StrictModel):

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from torch_autotune.bounds import (
+    BlockNames,
     CpuCount,
     Seed,
 )
@@ -113,6 +114,12 @@ class Settings(StrictModel):
     batch: BatchSettings = BatchSettings()
     ddp: DdpSettings = DdpSettings()
     fsdp: FsdpSettings = FsdpSettings()
+    blocks: BlockNames | None = Field(
+        default=None,
+        description="The classes of the model's repeated blocks, as its workload names them "
+        "(pkg.model.Block, comma-separated): what activation checkpointing recomputes and FSDP2 "
+        "shards. None: the repeated blocks found in its module tree.",
+    )
     activation_checkpointing: bool = Field(
         default=False,
         description="Recompute each repeated block's forward in backward instead of keeping "
@@ -320,6 +327,16 @@ RECORDS: tuple[SettingRecord, ...] = (
         memory=True,
         not_ablated="FSDP2: one process trains in the bench, so there is nothing to shard",
         changed=lambda s: s.fsdp.enabled,
+    ),
+    SettingRecord(
+        "blocks",
+        ("blocks",),
+        "blocks",
+        lambda s: s.blocks or "found in the model",
+        applied_by="prepare_model",
+        summary=False,  # the checkpointing row's reason names them, where it is on
+        not_ablated="the model's blocks: what the workload names, not a speed setting",
+        changed=lambda s: s.blocks is not None,
     ),
     SettingRecord(
         "activation_checkpointing",

@@ -13,8 +13,10 @@ from torch_autotune.settings import Settings
 
 __all__ = [
     "NotCheckpointable",
+    "block_names",
     "checkpoint_blocks",
     "is_checkpointed",
+    "model_blocks",
     "parallelize",
     "repeated_blocks",
     "shard",
@@ -57,7 +59,8 @@ def parallelize(
 
 def shard(settings: Settings, model: Any, process_group: Any = None, *, mesh: Any = None) -> Any:
     """FSDP2 over the ranks of ``process_group`` (or ``mesh``, a device mesh made already):
-    ``fully_shard`` on each instance of the model's repeated block (``repeated_blocks``),
+    ``fully_shard`` on each of the model's blocks (``model_blocks``: the settings' classes,
+    else its repeated blocks),
     innermost first, then on the model itself, as torchtitan shards a decoder's blocks and then
     its root. A model already sharded is left as it is."""
     import torch.distributed as dist
@@ -73,7 +76,7 @@ def shard(settings: Settings, model: Any, process_group: Any = None, *, mesh: An
     if mesh is None:
         group = process_group if process_group is not None else dist.group.WORLD
         mesh = DeviceMesh.from_group(group, settings.device)
-    for block in repeated_blocks(model):
+    for block in model_blocks(model, settings.blocks):
         fully_shard(block, mesh=mesh)
     return fully_shard(model, mesh=mesh)
 
@@ -113,27 +116,62 @@ def repeated_blocks(model: Any) -> list[Any]:
     return list(reversed(found[best]))
 
 
+def block_names(classes: Any) -> tuple[str, ...]:
+    """The names a profile holds for ``classes`` (a module class, or several): each by its
+    module and qualified name, ``pkg.model.Block``. Raises ``TypeError`` for anything else."""
+    from torch import nn
+
+    given = [classes] if isinstance(classes, type) else list(classes)
+    if not given or not all(isinstance(c, type) and issubclass(c, nn.Module) for c in given):
+        raise TypeError("blocks are module classes")
+    return tuple(dict.fromkeys(f"{c.__module__}.{c.__qualname__}" for c in given))
+
+
+def model_blocks(model: Any, names: str | None) -> list[Any]:
+    """The blocks of ``model``: the modules whose class, or a class it derives from, is one of
+    ``names`` (``Settings.blocks``: comma-separated), the outermost where they nest, deepest
+    first; where ``names`` is None, its repeated blocks (``repeated_blocks``)."""
+    if names is None:
+        return repeated_blocks(model)
+    wanted = set(names.split(","))
+    found: list[Any] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if module is model or id(module) in inside:
+            continue
+        if any(f"{c.__module__}.{c.__qualname__}" in wanted for c in type(module).__mro__):
+            found.append(module)
+            inside.update(id(m) for m in module.modules())
+    return list(reversed(found))
+
+
 class NotCheckpointable(ValueError):
     """The model has no block activation checkpointing can recompute safely; the message says
     why (no repeated block, or BatchNorm in them)."""
 
 
-def checkpoint_blocks(model: Any) -> int:
-    """Activation checkpointing of ``model``'s repeated blocks (``repeated_blocks``): each
+def checkpoint_blocks(model: Any, names: str | None = None) -> int:
+    """Activation checkpointing of ``model``'s blocks (``model_blocks``: the classes ``names``
+    gives, else its repeated blocks): each
     block's forward runs under ``torch.utils.checkpoint`` (non-reentrant, as torch recommends
     and DDP needs; the RNG state kept, so dropout draws the same in the recompute), its
     activations freed after forward and recomputed in backward. The block stays the same
     module, so its parameters keep their names (``checkpoint_wrapper`` prefixes them), and the
     model deep-copies (an EMA or ``AveragedModel``'s copy recomputes its own blocks) and
     pickles whole. A Hugging Face model checkpoints its own layers
-    (``gradient_checkpointing_enable``, non-reentrant). Returns how many blocks it wraps now (0
-    where they already are). Raises ``NotCheckpointable`` where nothing repeats, or where a
+    (``gradient_checkpointing_enable``, non-reentrant), unless ``names`` says which. Returns
+    how many blocks it wraps now (0 where they already are). Raises ``NotCheckpointable`` where
+    there is no block, or where a
     block holds a norm that keeps running statistics (BatchNorm), which the recompute would
     update a second time each step."""
-    hugging_face = getattr(model, "supports_gradient_checkpointing", False)
-    blocks = _hugging_face_layers(model) if hugging_face else repeated_blocks(model)
+    hugging_face = names is None and getattr(model, "supports_gradient_checkpointing", False)
+    blocks = _hugging_face_layers(model) if hugging_face else model_blocks(model, names)
     if not blocks and not hugging_face:
-        raise NotCheckpointable("the model has no repeated block to checkpoint")
+        raise NotCheckpointable(
+            "the model has no repeated block to checkpoint"
+            if names is None
+            else f"the model has no module of the classes given as its blocks ({names})"
+        )
     normed = {type(b).__name__: _norms(b) for b in blocks if _norms(b)}
     if normed:
         norms = sorted({n for names in normed.values() for n in names})

@@ -209,15 +209,22 @@ HF: Mapping[str, Export] = {
     "determinism": always(lambda s: {"full_determinism": s.backends.deterministic_algorithms}),
     "seed": always(lambda s: {} if s.seed is None else {"seed": s.seed}),
     "ddp": Export(args=_hf_ddp, note=_hf_ddp_note),
-    "activation_checkpointing": always(
-        lambda s: (
+    "activation_checkpointing": Export(
+        args=lambda p: (
             {
                 (name := checkpointing_argument()): True,
                 f"{name}_kwargs": {"use_reentrant": False},
             }
-            if s.activation_checkpointing
+            if p.settings.activation_checkpointing and p.settings.blocks is None
             else {}
-        )
+        ),
+        note=lambda p: (
+            "activation checkpointing: on, of the blocks the workload named (see blocks): the"
+            " Trainer's own would recompute its model's layers instead, so it is not turned on"
+            " here; call profile.prepare_model(model) before the Trainer takes the model"
+            if p.settings.activation_checkpointing and p.settings.blocks is not None
+            else None
+        ),
     ),
 }
 """What ``TrainingArguments`` writes for each setting, by record name (``Export``)."""

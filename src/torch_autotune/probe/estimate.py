@@ -86,7 +86,7 @@ def step_breakdown(
             peak = tracker.get_tracker_snapshot("peak")
     except Exception:  # an estimate never fails the run: its absence is said
         return None
-    return _breakdown(peak, _largest_block(model))
+    return _breakdown(peak, _largest_block(model, settings.settings.blocks))
 
 
 def _breakdown(peak: dict[Any, dict[Any, int]], largest_block: int) -> Breakdown:
@@ -106,13 +106,14 @@ def _breakdown(peak: dict[Any, dict[Any, int]], largest_block: int) -> Breakdown
     )
 
 
-def _largest_block(model: Any) -> int:
-    """Bytes of the parameters of the largest repeated block, 0 where none repeats."""
-    from torch_autotune.wrapping import repeated_blocks
+def _largest_block(model: Any, names: str | None) -> int:
+    """Bytes of the parameters of the largest block (``wrapping.model_blocks``: the classes
+    ``names`` gives, else the repeated blocks), 0 where there is none."""
+    from torch_autotune.wrapping import model_blocks
 
+    blocks = model_blocks(model, names)
     return max(
-        (sum(p.numel() * p.element_size() for p in b.parameters()) for b in repeated_blocks(model)),
-        default=0,
+        (sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks), default=0
     )
 
 

@@ -40,7 +40,7 @@ def checkpointed_step_agrees(
     batch = batch_to_device(settings.settings, _users(workload.make_batch, batch_size))
     loss, grads = _step(workload, model, batch, settings)
     model.zero_grad(set_to_none=True)
-    blocks = checkpoint_blocks(model)
+    blocks = checkpoint_blocks(model, settings.settings.blocks)
     raised: str | None = None
     try:
         loss_cp, grads_cp = _step(workload, model, batch, settings)

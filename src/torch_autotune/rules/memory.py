@@ -270,7 +270,20 @@ def allocator(ctx: Context) -> Iterator[Finding]:
 
 def checkpointing(ctx: Context) -> Iterator[Finding]:
     """L2: activation checkpointing, only where the probe measured that it is needed (not even
-    the smallest batch trains without it) or faster (it trains a larger batch faster)."""
+    the smallest batch trains without it) or faster (it trains a larger batch faster); the
+    classes of the blocks it recomputes, where the workload names them."""
+    yield Finding(
+        "blocks",
+        ctx.preferences.blocks,
+        "L2",
+        "given: the classes the workload names as its blocks, what activation checkpointing"
+        " recomputes and FSDP2 shards in place of the repeated blocks found in the model"
+        if ctx.preferences.blocks is not None
+        else "found in the model: the outermost kind of module that repeats and holds most of"
+        " its weights (a decoder's layers), what activation checkpointing recomputes and FSDP2"
+        " shards; a workload's blocks name them where that is not right",
+        Source.USER if ctx.preferences.blocks is not None else Source.INFERRED,
+    )
     measured = ctx.measurements.checkpointing_reason if ctx.measurements is not None else None
     if measured is not None:
         yield Finding("activation_checkpointing", True, "L2", f"on: {measured}", Source.MEASURED)

@@ -62,6 +62,9 @@ object with these attributes):
                     LightningModule as model, optimizer and loss come from the module itself
                     (its configure_optimizers and training_step)
     max_batch_size  optional cap on the batch sizes tried; default len(dataset), else none
+    blocks          optional: the classes of the model's repeated blocks (a module class or a
+                    list of them), what activation checkpointing recomputes and FSDP2 shards;
+                    default: the outermost kind of module that repeats and holds most weight
 
 ``make_batch(n)`` repeats the example batch (or the dataset's first samples, collated) along
 dim 0 to ``n`` samples. Anything unusable raises ``WorkloadError`` (exit code 5) with one

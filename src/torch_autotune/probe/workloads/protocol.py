@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from torch_autotune.evidence import WorkloadDetails
 
-__all__ = ["FIELDS", "as_workload", "default_name"]
+__all__ = ["FIELDS", "as_workload", "checked_blocks", "default_name"]
 
 _README = (
     "give model, optimizer and a dataset, a loader or an example_batch (see the README's"
@@ -59,6 +59,7 @@ FIELDS = (
     "max_batch_size",
     "min_batch_size",
     "datamodule",
+    "blocks",
 )
 """The keys a factory's mapping may hold, and ``tune()``'s keyword arguments for objects."""
 
@@ -190,6 +191,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
         optimizer=probe_kind(builder, template),  # type: ignore[arg-type]
         variable_shapes=isinstance(batches, DatasetBatches) and batches.variable,
         details=details,
+        blocks=checked_blocks(fields.get("blocks"), template, name),
     )
 
 
@@ -270,6 +272,28 @@ def _inferred_kind(template: Module | None) -> Kind:
     if leaves and all(issubclass(c, plain) or c.__module__ == activation for c in leaves):
         return "mlp"
     return "other"
+
+
+def checked_blocks(given: Any, template: Module | None, name: str) -> tuple[str, ...]:
+    """The names of the block classes ``given`` (a module class, or several), found in the
+    model where it is given as a module (``wrapping.block_names``, ``model_blocks``)."""
+    from torch_autotune.wrapping import block_names, model_blocks
+
+    if given is None:
+        return ()
+    try:
+        names = block_names(given)
+    except TypeError:
+        raise WorkloadError(
+            f"'{name}': 'blocks' is {_article(given)}; give the classes of the model's repeated"
+            " blocks, a module class or a list of them (blocks=[DecoderLayer])"
+        ) from None
+    if template is not None and not model_blocks(template, ",".join(names)):
+        raise WorkloadError(
+            f"'{name}': the model has no module of the classes given as its blocks"
+            f" ({', '.join(names)})"
+        )
+    return names
 
 
 def _checked_callable(fields: Mapping[str, Any], key: str, name: str) -> Any:

@@ -18,7 +18,12 @@ from torch_autotune.probe.workloads.builtins import (
 )
 from torch_autotune.probe.workloads.factory import call_factory, load_workload
 from torch_autotune.probe.workloads.messages import _article, _listed, _perhaps
-from torch_autotune.probe.workloads.protocol import _is_module, as_workload, default_name
+from torch_autotune.probe.workloads.protocol import (
+    _is_module,
+    as_workload,
+    checked_blocks,
+    default_name,
+)
 from torch_autotune.probe.workloads.workload import Workload
 
 if TYPE_CHECKING:
@@ -34,6 +39,7 @@ def resolve_workload(
     objects: Mapping[str, Any] | None = None,
     name: str | None = None,
     min_batch_size: int | None = None,
+    blocks: Any = None,
 ) -> Workload:
     """The workload to probe, from any form the user gives it in.
 
@@ -46,11 +52,17 @@ def resolve_workload(
     default built-in for ``device`` (``default_workload``), or ``DEFAULT_WORKLOAD`` when no
     device is named. The user's code that runs here (their factory, the copy of their model,
     their dataset's first samples) may draw from the RNG: every RNG is put back, so ``tune()``
-    leaves the script's random stream as it was. ``min_batch_size`` replaces the workload's own.
+    leaves the script's random stream as it was. ``min_batch_size`` replaces the workload's own,
+    and ``blocks`` (the classes of the model's blocks) its own, checked against the model where
+    it is given as a module.
     """
     chosen = _resolved(choice, device=device, objects=objects, name=name)
     if min_batch_size is not None:
         chosen = dataclasses.replace(chosen, min_batch_size=min_batch_size)
+    if blocks is not None:
+        model = (objects or {}).get("model", choice)
+        template = model if _is_module(model) else None
+        chosen = dataclasses.replace(chosen, blocks=checked_blocks(blocks, template, chosen.name))
     return chosen
 
 

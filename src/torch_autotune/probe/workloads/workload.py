@@ -58,6 +58,9 @@ class Workload:
     probe made of the user's objects (how a batch is fed to the model, what was adapted), for
     the evidence. ``rebuild`` is how another process builds it again (a built-in's name,
     ``module:factory``); None for objects in hand, which a fresh process cannot have.
+    ``blocks`` names the classes of the model's repeated blocks (``pkg.model.Block``), where the
+    user gives them: what activation checkpointing recomputes and FSDP2 shards, in place of
+    the repeated blocks found in the module tree (``wrapping.repeated_blocks``).
     """
 
     name: str
@@ -76,6 +79,7 @@ class Workload:
     variable_shapes: bool = False
     details: Callable[[], WorkloadDetails] | None = None
     rebuild: str | None = None
+    blocks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"workload '{self.name}'"
