@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from tests.probe.fake_trials import recorded
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.judge import judge
-from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
 from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.trials import StepSettings, TrialRunner
 from torch_autotune.probe.variant_phase import Bounds, VariantOutcome, measure_variant
@@ -122,6 +122,21 @@ def test_a_variant_that_keeps_the_memory_curve_is_measured_at_the_bases_sizes() 
     assert outcome.largest is None
     assert [r.batch_size for r in outcome.points] == [1664, 832, 416]
     assert not [line for line in machine.log if line.startswith("trial")]
+
+
+def test_a_variant_not_kept_lets_go_of_its_model_and_one_kept_does_not() -> None:
+    """What follows (a fresh process for the allocator shares the GPU) must not find the model
+    of a variant the profile does not train still on the device."""
+    slower = _measured(SimulatedMachine(compiled_speedup=0.8), compiled("default"))
+    assert slower.judgement is not None
+    assert not slower.judgement.kept
+    assert isinstance(slower.runner, SimulatedTrials)
+    assert slower.runner.released == 1
+    faster = _measured(SimulatedMachine(compiled_speedup=1.5), compiled("default"))
+    assert faster.judgement is not None
+    assert faster.judgement.kept
+    assert isinstance(faster.runner, SimulatedTrials)
+    assert faster.runner.released == 0
 
 
 def test_a_variant_that_fits_nothing_says_so() -> None:

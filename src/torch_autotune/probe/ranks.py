@@ -276,6 +276,9 @@ class Leader:
         found = self._all(_Call(self.ident, "leaf_modules"), self.runner.leaf_modules)
         return int(found[0])
 
+    def release_model(self) -> None:
+        self._all(_Call(self.ident, "release_model"), self.runner.release_model)
+
     def recompute_check(self, batch_size: int) -> Agreement | None:
         """Rank 0's alone: a model of its own beside its DDP model, which it keeps (the other
         ranks keep theirs, and wait for the next call: no collective, nothing out of step)."""

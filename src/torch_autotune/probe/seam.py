@@ -43,6 +43,10 @@ class Trials(Protocol):
 
     def leaf_modules(self) -> int: ...
 
+    def release_model(self) -> None:
+        """Let go of this runner's model (built again when next needed) and its memory."""
+        ...
+
     def memory_limit(self) -> int | None: ...
 
     def recompute_check(self, batch_size: int) -> Agreement | None:

@@ -224,6 +224,7 @@ class SimulatedTrials:
         self.budget = settings.settings.compile.memory_budget if compiled else None
         budgeted = self.budget is not None
         self._how = {"compiled": compiled, "checkpointed": checkpointed, "budgeted": budgeted}
+        self.released = 0  # times the probe let go of this runner's model
 
     # --- the seam ---
 
@@ -256,6 +257,9 @@ class SimulatedTrials:
 
     def leaf_modules(self) -> int:
         return self.machine.leaves
+
+    def release_model(self) -> None:
+        self.released += 1
 
     def fresh(
         self,

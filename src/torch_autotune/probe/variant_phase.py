@@ -120,6 +120,8 @@ def measure_variant(
         return outcome
     outcome.point = best
     outcome.judgement = judge(variant, base_best, best, outcome.paid_s or 0.0)
+    if not outcome.judgement.kept:  # never trained again: off the device for what follows
+        runner.release_model()  # (a fresh process's trials share this GPU)
     return outcome
 
 
