@@ -128,6 +128,19 @@ def test_the_blocks_of_a_shallow_decoder_with_a_large_vocabulary_are_its_blocks(
     assert not any(is_checkpointed(m) for m in model.modules() if isinstance(m, nn.Linear))
 
 
+def test_two_light_heads_are_not_the_blocks_of_a_stack_of_layers() -> None:
+    """Kinds that hold modules come first only where they hold a share of the weight: a stack
+    of Linear layers with two small Sequential heads keeps its layers as the blocks."""
+    from torch_autotune.wrapping import repeated_blocks
+
+    model = nn.Module()
+    model.layers = nn.ModuleList(nn.Linear(256, 256) for _ in range(8))
+    model.heads = nn.ModuleList(nn.Sequential(nn.Linear(256, 2), nn.Tanh()) for _ in range(2))
+    blocks = repeated_blocks(model)
+    assert set(map(id, model.layers)) <= set(map(id, blocks))
+    assert not any(isinstance(b, nn.Sequential) for b in blocks)
+
+
 def test_a_copy_of_a_checkpointed_model_recomputes_its_own_blocks_and_it_pickles() -> None:
     """An EMA or ``AveragedModel`` deep-copies the model: the copy trains its own weights
     (a forward closed over the original's would train the original's), and the whole model
@@ -315,6 +328,31 @@ def test_the_trainings_arguments_take_the_export_without_a_warning(tmp_path: Pat
     )
     assert set(options) == {name, f"{name}_kwargs"}
     assert getattr(arguments, name) is True
+
+
+def test_the_field_is_the_installed_transformers_one_where_nothing_imported_it() -> None:
+    """``autotune export --format hf`` runs where no one imported transformers: the field is
+    still the installed one's, not a guess from its version."""
+    import subprocess
+    import sys
+
+    transformers = pytest.importorskip("transformers")
+    fields = transformers.TrainingArguments.__dataclass_fields__
+    expected = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in fields
+        else "gradient_checkpointing"
+    )
+    code = (
+        "import sys\n"
+        "from torch_autotune.integrations.hf import checkpointing_argument\n"
+        "assert 'transformers' not in sys.modules\n"
+        "print(checkpointing_argument())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == expected
 
 
 # --- checkpointing against the run without it, where both fit ------------------------------------

@@ -35,24 +35,17 @@ def hf_training_arguments(profile: Profile) -> dict[str, Any]:
 
 
 def checkpointing_argument() -> str:
-    """The ``TrainingArguments`` field that turns on activation checkpointing for the
-    transformers that trains: ``activation_checkpointing`` where it has one (transformers 5
-    renamed it; its ``gradient_checkpointing`` warns that v6 removes it), else
-    ``gradient_checkpointing``. Read from the class where transformers is imported already (the
-    training script's), else from its version without importing it: from 6, where the old name
-    is gone; before, the old name, which every transformers before 6 takes."""
-    import sys
-    from importlib import metadata
-
-    loaded = sys.modules.get("transformers")
-    if loaded is not None:
-        fields = getattr(getattr(loaded, "TrainingArguments", None), "__dataclass_fields__", {})
-        return "activation_checkpointing" if "activation_checkpointing" in fields else _OLD_NAME
+    """The ``TrainingArguments`` field that turns on activation checkpointing for the installed
+    transformers: ``activation_checkpointing`` where it has one (transformers 5 renamed it; its
+    ``gradient_checkpointing`` warns that v6 removes it), else ``gradient_checkpointing``, also
+    where transformers is not installed. Read from the class itself (transformers imported
+    here, a second or two, only for a profile that checkpoints)."""
     try:
-        major = int(metadata.version("transformers").split(".")[0])
-    except (metadata.PackageNotFoundError, ValueError):
+        from transformers import TrainingArguments
+    except ImportError:
         return _OLD_NAME
-    return "activation_checkpointing" if major >= 6 else _OLD_NAME
+    fields = getattr(TrainingArguments, "__dataclass_fields__", {})
+    return "activation_checkpointing" if "activation_checkpointing" in fields else _OLD_NAME
 
 
 _OLD_NAME = "gradient_checkpointing"
@@ -221,7 +214,8 @@ HF: Mapping[str, Export] = {
         note=lambda p: (
             "activation checkpointing: on, of the blocks the workload named (see blocks): the"
             " Trainer's own would recompute its model's layers instead, so it is not turned on"
-            " here; call profile.prepare_model(model) before the Trainer takes the model"
+            " here (leave it off); call profile.prepare_model(model) before the Trainer takes"
+            " the model"
             if p.settings.activation_checkpointing and p.settings.blocks is not None
             else None
         ),
