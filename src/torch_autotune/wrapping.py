@@ -76,7 +76,13 @@ def shard(settings: Settings, model: Any, process_group: Any = None, *, mesh: An
     if mesh is None:
         group = process_group if process_group is not None else dist.group.WORLD
         mesh = DeviceMesh.from_group(group, settings.device)
-    for block in model_blocks(model, settings.blocks):
+    blocks = model_blocks(model, settings.blocks)
+    if settings.blocks is not None and not blocks:
+        raise ValueError(
+            f"the model has no module of the classes the profile names as its blocks"
+            f" ({settings.blocks}): FSDP2 would shard it whole, not as it was measured"
+        )
+    for block in blocks:
         fully_shard(block, mesh=mesh)
     return fully_shard(model, mesh=mesh)
 
@@ -88,9 +94,11 @@ def repeated_blocks(model: Any) -> list[Any]:
     repeats. A block is a module of its class; a container (``nn.Sequential``, ``ModuleList``,
     ``ModuleDict``) is a block of the kinds of its children, so ``Sequential(Linear, LayerNorm,
     GELU)`` repeated is a block, and the ``Sequential`` that holds them all is not. Kinds that
-    hold other modules come first: only where none of them repeats are layers (``Linear``)
-    the blocks, so a shallow decoder's large output layer, a ``Linear`` outside the blocks that
-    can outweigh them all, does not make its linear layers the blocks."""
+    hold other modules come first, where the heaviest of them holds at least half as much as
+    any kind of layer (``Linear``) less that kind's largest instance: a shallow decoder's large
+    output layer, a ``Linear`` outside the blocks that can outweigh them all, does not make its
+    linear layers the blocks, and two light heads do not make the blocks of a stack of
+    ``Linear`` layers."""
     from torch import nn
 
     containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -108,7 +116,15 @@ def repeated_blocks(model: Any) -> list[Any]:
 
     repeated = [kind for kind, instances in found.items() if len(instances) > 1 and weight(kind)]
     composite = [k for k in repeated if any(True for _ in found[k][0].children())]
-    repeated = composite or repeated
+    layers = [k for k in repeated if k not in composite]
+
+    def but_largest(kind: object) -> int:  # a large output layer is one instance of its kind
+        largest = max(sum(p.numel() for p in m.parameters()) for m in found[kind])
+        return weight(kind) - int(largest)
+
+    heaviest = max((weight(k) for k in composite), default=0)
+    if composite and 2 * heaviest >= max((but_largest(k) for k in layers), default=0):
+        repeated = composite
     if not repeated:
         return []
     most = max(weight(kind) for kind in repeated)
@@ -130,16 +146,27 @@ def block_names(classes: Any) -> tuple[str, ...]:
 def model_blocks(model: Any, names: str | None) -> list[Any]:
     """The blocks of ``model``: the modules whose class, or a class it derives from, is one of
     ``names`` (``Settings.blocks``: comma-separated), the outermost where they nest, deepest
-    first; where ``names`` is None, its repeated blocks (``repeated_blocks``)."""
+    first; where ``names`` is None, its repeated blocks (``repeated_blocks``). Where no class
+    matches by module and name, by name alone: a class the tuning script defined is
+    ``__main__.Block`` in the profile and ``train.Block`` where a training script imports it."""
     if names is None:
         return repeated_blocks(model)
-    wanted = set(names.split(","))
+    wanted = names.split(",")
+    found = _outermost(model, set(wanted), lambda c: f"{c.__module__}.{c.__qualname__}")
+    if not found:
+        found = _outermost(model, {w.rsplit(".", 1)[-1] for w in wanted}, lambda c: c.__qualname__)
+    return found
+
+
+def _outermost(model: Any, wanted: set[str], name: Any) -> list[Any]:
+    """The outermost modules below ``model`` whose class, or a class it derives from, has a
+    ``name`` in ``wanted``, deepest first."""
     found: list[Any] = []
     inside: set[int] = set()
     for module in model.modules():
         if module is model or id(module) in inside:
             continue
-        if any(f"{c.__module__}.{c.__qualname__}" in wanted for c in type(module).__mro__):
+        if any(name(c) in wanted for c in type(module).__mro__):
             found.append(module)
             inside.update(id(m) for m in module.modules())
     return list(reversed(found))
@@ -164,6 +191,12 @@ def checkpoint_blocks(model: Any, names: str | None = None) -> int:
     there is no block, or where a
     block holds a norm that keeps running statistics (BatchNorm), which the recompute would
     update a second time each step."""
+    if names is not None and _checkpoints_itself(model):
+        raise NotCheckpointable(
+            "the model checkpoints its own layers already (a Hugging Face model's"
+            " gradient_checkpointing_enable()): the blocks named would recompute inside what it"
+            " recomputes; turn its own off to measure them"
+        )
     hugging_face = names is None and getattr(model, "supports_gradient_checkpointing", False)
     blocks = _hugging_face_layers(model) if hugging_face else model_blocks(model, names)
     if not blocks and not hugging_face:
@@ -223,6 +256,15 @@ def _norms(block: Any) -> set[str]:
         for m in block.modules()
         if isinstance(m, _NormBase) and m.track_running_stats
     }
+
+
+def _checkpoints_itself(model: Any) -> bool:
+    """Whether ``model`` is a Hugging Face model with its own checkpointing on."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        return False
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5: the old name warns
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
 def _hugging_face_layers(model: Any) -> list[Any]:

@@ -160,3 +160,34 @@ def test_the_trainers_arguments_leave_named_blocks_to_prepare_model() -> None:
     said = tool_notes(named, "hf")
     assert any("prepare_model" in note and "blocks the workload named" in note for note in said)
     assert any(note.startswith(f"blocks: {NAME}") for note in said)
+
+
+def test_a_name_from_another_script_matches_by_the_class_name_alone() -> None:
+    """A class the tuning script defined is ``__main__.Layer`` in its profile; the training
+    script imports it from its module."""
+    model = TwoHeads()
+    assert model_blocks(model, "__main__.Layer") == list(reversed(list(model.layers)))
+    assert model_blocks(model, "__main__.Missing") == []
+
+
+def test_fsdp2_refuses_a_model_without_the_named_blocks_rather_than_shard_it_whole() -> None:
+    from torch_autotune.settings import torch_defaults
+    from torch_autotune.wrapping import shard
+
+    settings = torch_defaults("cpu").model_copy(update={"blocks": "pkg.model.Missing"})
+    with pytest.raises(ValueError, match=r"no module of the classes the profile names"):
+        shard(settings, TwoHeads(), mesh=object())
+
+
+def test_named_blocks_of_a_model_that_checkpoints_itself_are_refused() -> None:
+    """Its own checkpointing on, blocks named inside it would be recomputed twice over."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    model = transformers.GPT2LMHeadModel(config)
+    layer = type(model.transformer.h[0])
+    names = ",".join(block_names(layer))
+    assert checkpoint_blocks(model, names) == 2  # its own checkpointing off: they are wrapped
+    model = transformers.GPT2LMHeadModel(config)
+    checkpoint_blocks(model)  # its own, as gradient_checkpointing_enable() turns it on
+    with pytest.raises(NotCheckpointable, match=r"checkpoints its own layers already"):
+        checkpoint_blocks(model, names)
