@@ -95,6 +95,28 @@ def test_a_step_breakdown_counts_parameters_their_moments_and_activations() -> N
     )
 
 
+def test_checkpointing_in_the_estimate_frees_the_activations_of_its_blocks() -> None:
+    """The estimate wraps the blocks as prepare_model does, under fake tensors: the step's
+    activations fall, its parameters and optimizer state do not."""
+    from torch_autotune.probe.checkpoint_phase import checkpointed
+
+    settings = StepSettings(torch_defaults("cpu"))
+    plain = step_breakdown(_tower(), settings, batch_size=4096)
+    recomputed = step_breakdown(_tower(), settings.with_variant(checkpointed()), batch_size=4096)
+    assert plain is not None
+    assert recomputed is not None
+    assert recomputed.parameters == plain.parameters
+    assert recomputed.optimizer == plain.optimizer
+    assert recomputed.activations < plain.activations / 2
+    sharded = estimate.fsdp_peak_bytes(_tower(), settings, world_size=4, batch_size=4096)
+    both = estimate.fsdp_peak_bytes(
+        _tower(), settings.with_variant(checkpointed()), world_size=4, batch_size=4096
+    )
+    assert sharded is not None
+    assert both is not None
+    assert both < sharded / 2  # checkpointed, then sharded, as prepare_model does: 676 -> 230 MiB
+
+
 def test_a_model_that_cannot_be_faked_has_no_breakdown() -> None:
     def make_batch(n: int) -> object:
         raise RuntimeError("the user's data needs a file that is not there")
@@ -201,9 +223,59 @@ def test_under_8_gib_nothing_fits_alone(monkeypatch: pytest.MonkeyPatch) -> None
         " fit; the model sees less context a sample",
     ]
     shard = {2: int(12.1 * GIB), 4: int(8.2 * GIB), 8: int(7.0 * GIB)}
-    _recorded_estimates(monkeypatch, LLAMA_1B, shard, quarter)
+    _recorded_estimates(monkeypatch, LLAMA_1B, shard, quarter)  # checkpointing saves nothing
+    lines = _lines(with_plan(_error(), resolve_workload("llama-1b"), _rules_only(8)))
+    assert lines[-1] == "None fits with it either: more GPUs, or a larger one."
+    cannot = estimate.step_breakdown
+
+    def not_checkpointable(workload: object, settings: StepSettings, **kwargs: object) -> object:
+        return (
+            None
+            if settings.settings.activation_checkpointing
+            else cannot(workload, settings, **kwargs)
+        )
+
+    monkeypatch.setattr(estimate, "step_breakdown", not_checkpointable)
     lines = _lines(with_plan(_error(), resolve_workload("llama-1b"), _rules_only(8)))
     assert lines[-1] == "None fits alone: take two together, or a larger GPU."
+    assert not any("activation checkpointing and" in line for line in lines)
+
+
+def test_where_nothing_fits_alone_each_way_is_estimated_with_checkpointing_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The combinations a user would try next, each estimated: checkpointing frees most of the
+    activations, and with it sharding over 4 GPUs or an 8-bit optimizer fits 8 GiB."""
+    recomputed = dataclasses.replace(LLAMA_1B, activations=int(0.6 * GIB))
+
+    def breakdown(_workload: object, settings: StepSettings, **_kwargs: object) -> Breakdown:
+        return recomputed if settings.settings.activation_checkpointing else LLAMA_1B
+
+    def sharded(_workload: object, settings: StepSettings, *, world_size: int, **_k: object) -> int:
+        plain = {2: int(12.1 * GIB), 4: int(8.2 * GIB), 8: int(7.0 * GIB)}[world_size]
+        return plain - int(5.5 * GIB) if settings.settings.activation_checkpointing else plain
+
+    monkeypatch.setattr(estimate, "step_breakdown", breakdown)
+    monkeypatch.setattr(estimate, "fsdp_peak_bytes", sharded)
+    heard: list[str] = []
+    told = with_plan(
+        _error(), resolve_workload("llama-1b"), _rules_only(8), lambda _p, w: heard.append(w)
+    )
+    lines = _lines(told)
+    assert "with activation checkpointing (an estimate)" in heard
+    assert "sharded over 4 GPUs, with activation checkpointing (an estimate)" in heard
+    at = lines.index(
+        "None fits alone. With activation checkpointing as well, each one step at batch 1:"
+    )
+    pairs = lines[at + 1 :]
+    assert all(line.startswith("  - activation checkpointing and ") for line in pairs)
+    assert "about 6.6 GiB a GPU (estimated), fits" in _way(
+        pairs, "activation checkpointing and sharded with FSDP2 over 2 GPUs"
+    )
+    assert "about 6.8 GiB a GPU (estimated), fits" in _way(
+        pairs, "activation checkpointing and an 8-bit optimizer"
+    )
+    assert not any(line.startswith("None fits with it") for line in lines)
 
 
 def test_a_shorter_sequence_that_saves_nothing_is_said_once(
@@ -256,7 +328,7 @@ def test_a_way_said_to_fit_needs_less_than_the_step_that_ran_out(
     for line in fitting:
         need = float(re.findall(r"about ([\d.]+) GiB a GPU", line)[0]) * GIB
         assert need <= SHARD_FIT * min(memory, step.total) + 0.05 * GIB, line
-    assert (lines[-1] == "None fits alone: take two together, or a larger GPU.") == (not fitting)
+    assert lines[-1].startswith("None fits") == (not fitting)  # alone, or with checkpointing
 
 
 # --- the command line -----------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch_autotune.probe.trials import StepSettings, make_optimizer
 from torch_autotune.settings import FsdpSettings
-from torch_autotune.wrapping import shard
+from torch_autotune.wrapping import checkpoint_blocks, shard
 
 if TYPE_CHECKING:
     from torch_autotune.probe.workloads import Workload
@@ -70,6 +70,8 @@ def step_breakdown(
         with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's own, about fake tensors: not the user's
             model = workload.make_model()
+            if on_cpu.activation_checkpointing:  # its blocks, as prepare_model wraps them
+                checkpoint_blocks(model, on_cpu.blocks)
             optimizer = make_optimizer(workload, model, {})
             batch = workload.make_batch(batch_size)
             tracker = MemTracker()
@@ -188,7 +190,10 @@ def fsdp_peak_bytes(
 
 def _peak(workload: Workload, settings: Any, batch_size: int, mesh: Any, tracker_class: Any) -> int:
     """Two fake steps of the sharded model under the tracker; its peak 'Total' in bytes."""
-    model = shard(settings, workload.make_model(), mesh=mesh)
+    model = workload.make_model()
+    if settings.activation_checkpointing:  # checkpointed, then sharded, as prepare_model does
+        checkpoint_blocks(model, settings.blocks)
+    model = shard(settings, model, mesh=mesh)
     optimizer = make_optimizer(workload, model, {})
     batch = workload.make_batch(batch_size)
     tracker = tracker_class(model, optimizer)

@@ -10,7 +10,10 @@ of each way that is left, each a GPU's share of one step:
 - an 8-bit optimizer (bitsandbytes): its state in a byte a value where Adam's is four;
 - the optimizer's state in host memory (DeepSpeed's ZeRO-Offload; FSDP2's ``CPUOffloadPolicy``
   moves the parameters too), where the host has the room;
-- a shorter sequence, for a batch of token sequences: half, then a quarter, of its length.
+- a shorter sequence, for a batch of token sequences: half, then a quarter, of its length;
+- where none of these fits alone: sharding and the optimizer's ways again, each with
+  activation checkpointing as well (the estimates wrap the blocks as ``prepare_model`` does),
+  unless the model cannot be checkpointed.
 
 An estimate counts tensors only (no CUDA context, no allocator rounding or fragmentation), and
 the step it counts did not fit: a way is said to fit where it needs at most ``SHARD_FIT`` of the
@@ -23,7 +26,7 @@ estimates are ``probe.estimate``'s.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.errors import DoesNotFitError
@@ -88,6 +91,7 @@ def with_plan(
     settings = StepSettings.from_profile(rules_only)
     memory, said_memory = _memory(rules_only, min(a.memory_total_bytes or 0 for a in targets))
     batch = error.batch_size
+    host_free = snapshot.host.memory_available_bytes
     say = progress or (lambda _phase, _what: None)
     say("plan", f"what a step of batch {batch} needs (an estimate)")
     with preserved():  # the user's model and data draw from the RNG: put back
@@ -95,9 +99,15 @@ def with_plan(
         bound = _bound(memory, needed)
         ways = [
             *_sharded(workload, settings, batch, len(targets), bound, say=say),
-            *_optimizer_ways(needed, bound, snapshot.host.memory_available_bytes),
+            *_optimizer_ways(needed, bound, host_free),
             *_shorter(workload, settings, batch, bound, needed, say=say),
         ]
+        pairs: list[Way] = []
+        if bound is not None and not any(way.fits for way in ways):  # each with checkpointing
+            gpus = len(targets)
+            pairs = _recomputing(
+                workload, settings, batch, gpus, bound=bound, host_free=host_free, say=say
+            )
     if needed is None and not any(w.need_bytes is not None for w in ways):
         return error
     lines = [_needed_line(needed, batch, said_memory, memory)]
@@ -105,7 +115,7 @@ def with_plan(
         lines.append(f"What is left, each one step at batch {batch}:")
         lines.extend(way.line() for way in ways)
     if bound is not None and not any(way.fits for way in ways):
-        lines.append("None fits alone: take two together, or a larger GPU.")
+        lines.extend(_together(pairs, batch))
     return DoesNotFitError(error.fact, batch_size=batch, plan="\n".join(lines))
 
 
@@ -151,14 +161,16 @@ def _sharded(
     bound: int | None,
     *,
     say: Progress,
+    also: str = "",
 ) -> list[Way]:
-    """FSDP2 over this node's GPUs (or 2, 4 and 8 where it has one), each world's estimate."""
+    """FSDP2 over this node's GPUs (or 2, 4 and 8 where it has one), each world's estimate
+    (``also``: what the settings add, in the progress lines)."""
     from torch_autotune.probe.estimate import fsdp_peak_bytes
 
     worlds = [gpus, 2 * gpus, 4 * gpus] if gpus > 1 else [2, 4, 8]
     ways = []
     for world in worlds:
-        say("plan", f"sharded over {world} GPUs (an estimate)")
+        say("plan", f"sharded over {world} GPUs{also} (an estimate)")
         need = fsdp_peak_bytes(workload, settings, world_size=world, batch_size=batch)
         fits = _fits(need, bound)
         how = f"autotune --nproc-per-node {world} measures it" if fits and world <= gpus else ""
@@ -166,6 +178,48 @@ def _sharded(
             how = f"on {world} GPUs like this one, autotune --nproc-per-node {world} measures it"
         ways.append(Way(f"sharded with FSDP2 over {world} GPUs", need, fits, how))
     return ways
+
+
+def _recomputing(
+    workload: Workload,
+    settings: StepSettings,
+    batch: int,
+    gpus: int,
+    *,
+    bound: int,
+    host_free: int | None,
+    say: Progress,
+) -> list[Way]:
+    """Where no way fits alone: each of sharding and the optimizer's ways with activation
+    checkpointing as well, from estimates of the checkpointed step; none where the model cannot
+    be checkpointed (its estimate is None)."""
+    from torch_autotune.probe.checkpoint_phase import checkpointed
+    from torch_autotune.probe.estimate import step_breakdown
+
+    recompute = settings.with_variant(checkpointed())
+    say("plan", "with activation checkpointing (an estimate)")
+    needed = step_breakdown(workload, recompute, batch_size=batch)
+    if needed is None:
+        return []
+    also = ", with activation checkpointing"
+    ways = [
+        *_sharded(workload, recompute, batch, gpus, bound, say=say, also=also),
+        *_optimizer_ways(needed, bound, host_free),
+    ]
+    return [replace(way, what=f"activation checkpointing and {way.what}") for way in ways]
+
+
+def _together(pairs: list[Way], batch: int) -> list[str]:
+    """What the plan says where no way fits alone: the ways with checkpointing as well."""
+    if not pairs:
+        return ["None fits alone: take two together, or a larger GPU."]
+    lines = [
+        f"None fits alone. With activation checkpointing as well, each one step at batch {batch}:"
+    ]
+    lines.extend(way.line() for way in pairs)
+    if not any(way.fits for way in pairs):
+        lines.append("None fits with it either: more GPUs, or a larger one.")
+    return lines
 
 
 def _optimizer_ways(
