@@ -12,24 +12,24 @@ detection, before them, counts against it too):
    the CPU, a size past which CPU throughput no longer grows. A size is skipped for time only
    when the time model (``timemodel``) predicts that it, plus measuring it afterwards, takes
    longer than what is left of the whole budget;
-2. **throughput**: steady samples/s at the top candidate sizes (the largest with the memory
-   margin of catalog K2, rounded to a multiple of 8 on Tensor-Core GPUs, and halvings of it),
-   with the cuDNN autotuner as the profile sets it; a point runs until its timed blocks agree
-   within 5% or its share of the time is spent, and a point that stays noisy is not used to
-   pick the fastest batch;
+2. **throughput**: steady samples/s at the top candidate sizes (the largest, less catalog K2's
+   margin where memory or host RAM limited it, rounded to a multiple of 8 on Tensor-Core GPUs,
+   and halvings of it), with the cuDNN autotuner as the profile sets it; a point runs until its
+   timed blocks agree within 5% or its share of the time is spent, and a point that stays noisy
+   is not used to pick the fastest batch;
 3. **compile** (speed mode, where the rules allow torch.compile): one compiled module, the
-   batch dimension marked dynamic so it compiles once, measured at the fastest eager size;
-   compile stays in the profile only when it is faster beyond noise there, and its one-off
-   cost is reported with the training time after which it pays off. When the predicted
-   compile time does not fit, compile is decided by the rules and marked as not measured;
-   **recompute** (``probe.recompute_phase``), where memory limited the search: compile's
-   activation memory budget where compile was kept, else activation checkpointing, each with
-   a search of its own, kept only where its fastest point beats the fastest without it (L2);
-4. **confirm**: the recommended size runs once more with the final settings;
-5. **workers**: DataLoader worker counts over the workload's dataset (Windows keeps 0): the
-   loader alone, then, where it cannot decide (loading limits training, or workers on a CPU),
-   training fed by it at the recommended batch; where loading limits training, the batch is
-   chosen from those passes too (``probe.fed``).
+   batch dimension marked dynamic so it compiles once, with a search and candidates of its own
+   (``probe.variant_phase``); kept only when faster beyond noise, its one-off cost reported
+   with the training time after which it pays off; where the predicted compile time does not
+   fit, decided by the rules and marked as not measured. **recompute**
+   (``probe.recompute_phase``), where memory limited the search: compile's activation memory
+   budget where compile was kept, else activation checkpointing, each with a search of its
+   own, kept only where its fastest point beats the fastest without it (L2); then the
+   allocator's setting in a fresh process (``probe.allocator_phase``);
+4. **confirm**: the recommended size's steady point is the confirmation (not run again);
+5. **workers**: DataLoader worker counts over the dataset (Windows keeps 0): the loader alone,
+   then, where it cannot decide (loading limits training, or workers on a CPU), training fed by
+   it at the recommended batch, whose passes also choose the batch where loading limits it.
 
 Progress is reported through a callback, so the library never prints.
 """
