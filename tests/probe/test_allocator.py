@@ -209,6 +209,18 @@ def test_measured_compiled_where_compile_is_kept_at_its_own_search_sizes() -> No
     assert decision.source is Source.MEASURED
 
 
+def test_not_measured_where_the_profile_compiles_without_compile_measured() -> None:
+    """Compile too long for the budget stays on, unmeasured: no point of the profile's own
+    settings ran, so an eager fresh process would be compared with eager, not what trains."""
+    machine = preset("h100-gpt2", allocator=(165, 1.0))
+    profile = _gpt2(machine, budget_s=60)  # too short for compile's predicted 46 s
+    assert profile.settings.compile.enabled
+    assert profile.evidence is not None
+    assert profile.evidence.compile is not None
+    assert not profile.evidence.compile.measured
+    _unmeasured(profile, "the profile compiles without compile measured here")
+
+
 def test_measured_checkpointed_at_the_checkpointed_limit() -> None:
     """Not even batch 1 trains without checkpointing, 32 with it; the allocator changes
     nothing, so the fresh process (checkpointed too) fits 32 and it is kept."""

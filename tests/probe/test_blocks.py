@@ -104,8 +104,8 @@ def test_a_model_that_fits_only_with_its_named_blocks_checkpointed_is_tuned_with
     """Without ``blocks`` the heads are checkpointed and the layers still 'do not fit'; with
     ``blocks=Layer`` it trains, and the profile holds the name that wraps them again."""
     with pytest.raises(DoesNotFitError):
-        tune(_objects(), snapshot=LAPTOP, budget_s=15, max_batch_size=16)
-    profile = tune(**_objects(), blocks=Layer, snapshot=LAPTOP, budget_s=15, max_batch_size=16)
+        tune(_objects(), snapshot=LAPTOP, budget_s=8, max_batch_size=16)
+    profile = tune(**_objects(), blocks=Layer, snapshot=LAPTOP, budget_s=8, max_batch_size=16)
     assert profile.settings.activation_checkpointing
     assert profile.settings.blocks == NAME
     decision = profile.decision("blocks")

@@ -174,6 +174,12 @@ def _plan(run: RunState, at: _Point, reserve_s: float) -> _Plan | str:
         return f"the batch is not memory-bound (limited by {at.limited_by})"
     if at.best is None:
         return "no throughput point was steady, to be compared with one in a fresh process"
+    compiled = run.compile
+    if compiled is not None and compiled.kept and not compiled.measured and at.variant == EAGER:
+        return (
+            "the profile compiles without compile measured here (it did not fit the time), so"
+            " no point of the profile's settings ran to be compared with a fresh process's"
+        )
     if run.workload.rebuild is None:
         return (
             "objects in hand cannot be rebuilt in a fresh process (a workload given by name or "
