@@ -20,7 +20,7 @@ from torch_autotune.apply import prepare_model
 from torch_autotune.errors import DoesNotFitError
 from torch_autotune.probe.checkpoint_phase import ALREADY
 from torch_autotune.probe.recompute import checkpointed_step_agrees
-from torch_autotune.probe.search import RTOL
+from torch_autotune.probe.search import RTOL, Agreement
 from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, llama, models, resolve_workload
@@ -456,18 +456,24 @@ def test_the_summary_gives_both_numbers_and_names_each_points_series() -> None:
         assert re.search(line, text, re.MULTILINE), (record, text)
 
 
-def test_a_recompute_that_is_not_the_step_is_not_used() -> None:
-    from torch_autotune.probe.search import Agreement
-
-    machine = _growing(1.05)  # faster with it: but its recomputed step differs
-    machine.recompute = Agreement(agrees=False, largest_difference=0.25, blocks=4)
+def _off_unmeasured(checked: Agreement) -> str:
+    """L2's reason where the check found ``checked`` on a machine where checkpointing would be
+    kept: it is off, and no checkpointed point ran."""
+    machine = _growing(1.05)
+    machine.recompute = checked
     profile = _balanced(machine)
     assert not profile.settings.activation_checkpointing
     assert profile.evidence is not None
     assert not any(r.variant == "checkpointed" for r in profile.evidence.throughput)
     decision = profile.decision("activation_checkpointing")
     assert decision is not None
-    assert decision.reason.startswith(
+    return decision.reason
+
+
+def test_a_recompute_that_is_not_the_step_is_not_used() -> None:
+    # faster with it: but its recomputed step differs
+    reason = _off_unmeasured(Agreement(agrees=False, largest_difference=0.25, blocks=4))
+    assert reason.startswith(
         "off: not used: a step with it differs from the plain step from the same weights by"
         " 2.5e-01 (loss or a gradient, relative), more than 0.001"
     )
@@ -477,17 +483,10 @@ def test_a_model_that_came_checkpointed_is_not_measured_against_itself() -> None
     """The check wrapped no block (a Hugging Face model's own checkpointing on, or blocks
     wrapped before tune()): the "checkpointed" runs would be the plain ones again, so nothing
     is measured or kept on noise, and the decision says why."""
-    from torch_autotune.probe.search import Agreement
-
-    machine = _growing(1.05)  # what a checkpointed model would gain, were it not one already
-    machine.recompute = Agreement(agrees=True, largest_difference=0.0, blocks=0)
-    profile = _balanced(machine)
-    assert not profile.settings.activation_checkpointing
-    assert profile.evidence is not None
-    assert not any(r.variant == "checkpointed" for r in profile.evidence.throughput)
-    decision = profile.decision("activation_checkpointing")
-    assert decision is not None
-    assert decision.reason == f"off: {ALREADY}"
+    # what a checkpointed model would gain, were it not one already
+    assert _off_unmeasured(Agreement(agrees=True, largest_difference=0.0, blocks=0)) == (
+        f"off: {ALREADY}"
+    )
 
 
 def test_a_recompute_that_could_not_be_checked_says_so() -> None:

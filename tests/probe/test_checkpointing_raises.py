@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from tests.probe.fake_trials import recorded, tune_on, tune_ticking
+from tests.probe.test_checkpointing import _growing  # fits 480 checkpointed: it would be kept
 from torch_autotune.errors import (
     EXIT_DOES_NOT_FIT,
     DoesNotFitError,
@@ -172,24 +173,6 @@ def test_on_real_torch_a_model_that_does_not_fit_says_what_checkpointing_raised(
 # --- through the simulated seam -----------------------------------------------------------------
 
 
-def _growing() -> SimulatedMachine:
-    """A decoder on the H100 whose throughput still grows at its memory limit (120), where
-    checkpointing fits 480 at 1.05 times the step: it would be kept."""
-    return SimulatedMachine(
-        limit=120,
-        checkpointed_limit=480,
-        recompute_factor=1.05,
-        fixed_s=0.05,
-        per_sample_s=0.0005,
-        first_s=1.0,
-        new_shape_s=0.05,
-        autotune_s=0.0,
-        per_sample_bytes=600 << 20,
-        memory_bytes=(2 << 30) + (600 << 20) * 121,
-        leaves=1,
-    )
-
-
 def _decoder() -> Workload:
     """A tiny decoder as the simulated machine's workload (no DataLoader)."""
     from torch_autotune.probe.workloads import models
@@ -223,7 +206,7 @@ def _theirs(error: BaseException) -> BaseException:
 
 
 def test_a_check_that_found_the_checkpointed_step_raising_keeps_it_off() -> None:
-    machine = _growing()
+    machine = _growing(1.05)
     machine.recompute = Agreement(False, math.inf, 3, raised=RECOMPUTED)
     profile = tune_on(machine, _decoder(), H100, mode="balanced", budget_s=120)
     assert not profile.settings.activation_checkpointing
@@ -236,7 +219,7 @@ def test_checkpointed_trials_that_raise_keep_it_off_and_the_tune_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _checkpointed_steps_raise(monkeypatch, _theirs(RuntimeError("recompute differs\nmore")))
-    profile = tune_on(_growing(), _decoder(), H100, mode="balanced", budget_s=120)
+    profile = tune_on(_growing(1.05), _decoder(), H100, mode="balanced", budget_s=120)
     assert not profile.settings.activation_checkpointing
     assert profile.evidence is not None
     assert profile.evidence.batch_choice is not None
@@ -293,7 +276,7 @@ def test_ctrl_c_and_our_errors_in_a_checkpointed_step_go_on(
     monkeypatch: pytest.MonkeyPatch, error: BaseException, limit: int
 ) -> None:
     _checkpointed_steps_raise(monkeypatch, error)
-    machine = _growing()
+    machine = _growing(1.05)
     machine.limit = limit
     with pytest.raises(type(error)) as raised:
         tune_on(machine, _decoder(), LAPTOP if limit == 0 else H100, mode="balanced", budget_s=120)
@@ -309,7 +292,7 @@ def test_the_checks_plain_step_error_goes_on_as_the_users(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(SimulatedTrials, "recompute_check", check)
     with pytest.raises(ValueError, match="the plain step raised") as raised:
-        tune_on(_growing(), _decoder(), H100, mode="balanced", budget_s=120)
+        tune_on(_growing(1.05), _decoder(), H100, mode="balanced", budget_s=120)
     assert raised.value is theirs
 
 
