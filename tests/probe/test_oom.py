@@ -455,20 +455,53 @@ def test_importing_oom_imports_no_torch() -> None:
     assert done.stdout.strip() == "False"
 
 
-def test_objects_alive_when_a_probe_starts_are_frozen_for_it_and_thawed_after() -> None:
+def test_objects_alive_when_a_probe_starts_are_frozen_for_it_and_thawed_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import gc
 
-    from torch_autotune.probe.oom import long_lived_objects_frozen
+    from torch_autotune.probe import oom
 
     gc.unfreeze()  # the suite freezes its own long-lived objects (conftest): not for this test
+    monkeypatch.setattr(oom._Seen, "frozen", False)  # as in a process that never froze any
     try:
         alive = [object() for _ in range(3)]
-        with long_lived_objects_frozen():
+        with oom.long_lived_objects_frozen():
             assert gc.get_freeze_count() > 0  # collections after each trial skip them
+            with oom.long_lived_objects_frozen():  # the bench's probe, inside the bench's
+                assert gc.get_freeze_count() > 0
+            assert gc.get_freeze_count() > 0  # the inner one thawed nothing
         assert gc.get_freeze_count() == 0
         assert alive
+        assert not oom._Seen.frozen  # ours were not taken for the process's own
     finally:
         gc.freeze()
+
+
+def test_frozen_objects_are_counted_until_some_are_found_then_never_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Counting walks every frozen object (0.8 s a probe for the 5.5 million a long test
+    session froze): a process seen to have frozen some is not walked again."""
+    from torch_autotune.probe import oom
+
+    counts = iter([0, 0, 5_500_000])
+    walks: list[int] = []
+
+    def count() -> int:
+        walks.append(1)
+        return next(counts)
+
+    monkeypatch.setattr(oom._Seen, "frozen", False)
+    monkeypatch.setattr(oom.gc, "get_freeze_count", count)
+    monkeypatch.setattr(oom.gc, "freeze", lambda: None)
+    monkeypatch.setattr(oom.gc, "unfreeze", lambda: None)
+    monkeypatch.setattr(oom.gc, "collect", lambda: 0)
+    for _ in range(5):
+        with oom.long_lived_objects_frozen():
+            pass
+    assert len(walks) == 3  # none frozen, none, then some: the last two probes walk nothing
+    assert oom._Seen.frozen
 
 
 def test_a_process_that_froze_objects_of_its_own_is_left_as_it_is(
@@ -481,6 +514,7 @@ def test_a_process_that_froze_objects_of_its_own_is_left_as_it_is(
     from torch_autotune.probe import oom
 
     gc.freeze()
+    monkeypatch.setattr(oom._Seen, "frozen", False)  # found by counting them, not remembered
     calls: list[str] = []
     monkeypatch.setattr(oom.gc, "freeze", lambda: calls.append("freeze"))
     monkeypatch.setattr(oom.gc, "unfreeze", lambda: calls.append("unfreeze"))
