@@ -162,6 +162,13 @@ class ProbeError(AutotuneError):
     exit_code = EXIT_PROBE
 
 
+class RecomputeDiffersError(ProbeError):
+    """Activation checkpointing is on from the start (the probe again, where not even the
+    smallest batch trained without it), and its recompute is not the step it replaces: the
+    check found it differs, or raised. The probe turns it into ``DoesNotFitError``, with the
+    plan."""
+
+
 class LaunchError(AutotuneError):
     """The training processes cannot be started or joined as asked: more processes on a node
     than it has GPUs, torchrun's variables set but not as torchrun sets them, a launch option

@@ -23,6 +23,7 @@ from torch_autotune.errors import (
     AutotuneError,
     DoesNotFitError,
     LaunchError,
+    RecomputeDiffersError,
     WorldSizeWarning,
     said_in_one_line,
 )
@@ -364,8 +365,10 @@ def _with_checkpointing(
     (rule L2): (what it measured, why it is kept); else ``error``, saying what became of
     checkpointing (the model cannot be checkpointed: ``wrapping.NotCheckpointable``; it does
     not fit either; or the checkpointed run raised, where the plain one ran out of memory and
-    raised nothing: an error of the model checkpointed, said in one line). Errors of ours
+    raised nothing: an error of the model checkpointed, said in one line; or its recompute,
+    checked first, is not the plain step: ``RecomputeDiffersError``). Errors of ours
     (``AutotuneError``) and Ctrl-C go on."""
+    from torch_autotune.probe.checkpoint_phase import checked_text
     from torch_autotune.wrapping import NotCheckpointable
 
     if rules_only.settings.activation_checkpointing:
@@ -376,6 +379,11 @@ def _with_checkpointing(
     except NotCheckpointable as refused:
         return DoesNotFitError(
             f"{error.fact}; activation checkpointing was not tried: {refused}",
+            batch_size=error.batch_size,
+        )
+    except RecomputeDiffersError as wrong:
+        return DoesNotFitError(
+            f"{error.fact}; activation checkpointing was tried, and {wrong}",
             batch_size=error.batch_size,
         )
     except DoesNotFitError as again:
@@ -392,10 +400,10 @@ def _with_checkpointing(
             f" {said_in_one_line(failed)}",
             batch_size=error.batch_size,
         )
+    checked = checked_text(*(result.recompute_checked or (None, error.batch_size)))
     reason = (
         f"not even batch {error.batch_size} trained without it (out of memory); with each "
         "repeated block's forward recomputed in backward, the largest batch that trained was "
-        f"{result.evidence.max_batch_size} (its recomputed step could not be checked against"
-        " the plain one, which does not fit)"
+        f"{result.evidence.max_batch_size}; {checked}"
     )
     return result, reason

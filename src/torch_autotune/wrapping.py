@@ -18,6 +18,7 @@ __all__ = [
     "is_checkpointed",
     "model_blocks",
     "parallelize",
+    "recompute_calls",
     "repeated_blocks",
     "shard",
 ]
@@ -228,6 +229,36 @@ def is_checkpointed(block: Any) -> bool:
     return isinstance(getattr(block, "__dict__", {}).get("forward"), _Recomputed)
 
 
+def recompute_calls(model: Any) -> list[tuple[Any, Any, Any]]:
+    """Each block of ``model`` that activation checkpointing recomputes, with its forward as
+    two calls: plain and recomputed (``checkpoint_blocks`` made either kind). A Hugging Face
+    layer is called with its own checkpointing switched off, then on (its ``__call__`` reads
+    its ``gradient_checkpointing`` flag). A Hugging Face model that checkpoints layers of its
+    own choosing (older transformers), or none, has no block to call alone: none."""
+    calls: list[tuple[Any, Any, Any]] = []
+    for block in model.modules():
+        recomputed = getattr(block, "__dict__", {}).get("forward")
+        if isinstance(recomputed, _Recomputed):
+            plain = recomputed.given or type(block).forward.__get__(block)
+            calls.append((block, plain, recomputed))
+        elif _layer_of_its_own(block) and block.gradient_checkpointing is True:
+            calls.append((block, _switched(block, on=False), _switched(block, on=True)))
+    return calls
+
+
+def _switched(layer: Any, *, on: bool) -> Any:
+    """A Hugging Face layer's call with its own checkpointing ``on`` or off for the while."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        layer.gradient_checkpointing = on
+        try:
+            return layer(*args, **kwargs)
+        finally:
+            layer.gradient_checkpointing = True
+
+    return call
+
+
 class _Recomputed:
     """A block's forward under ``torch.utils.checkpoint``, non-reentrant: an object of its own
     (not a closure), so that a deep copy of the block recomputes the copy and the block
@@ -271,13 +302,14 @@ def _hugging_face_layers(model: Any) -> list[Any]:
     """The layers a Hugging Face model's own checkpointing recomputes (transformers'
     ``GradientCheckpointingLayer``), or the model itself where it names none (older
     transformers checkpoint layers of their own choosing)."""
-    layers = [
-        m
-        for m in model.modules()
-        if m is not model
-        and any(c.__name__ == "GradientCheckpointingLayer" for c in type(m).__mro__)
-    ]
+    layers = [m for m in model.modules() if m is not model and _layer_of_its_own(m)]
     return layers or [model]
+
+
+def _layer_of_its_own(module: Any) -> bool:
+    """Whether ``module`` is a layer a Hugging Face model checkpoints itself (transformers'
+    ``GradientCheckpointingLayer``)."""
+    return any(c.__name__ == "GradientCheckpointingLayer" for c in type(module).__mro__)
 
 
 def _hugging_face_checkpointing(model: Any) -> int:

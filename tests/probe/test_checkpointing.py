@@ -226,8 +226,10 @@ def test_a_model_that_fits_only_with_checkpointing_gets_it_with_the_numbers() ->
     assert (decision.rule, decision.source) == ("L2", Source.MEASURED)
     assert decision.reason == (
         "on: not even batch 1 trained without it (out of memory); with each repeated block's "
-        "forward recomputed in backward, the largest batch that trained was 12 (its recomputed"
-        " step could not be checked against the plain one, which does not fit)"
+        "forward recomputed in backward, the largest batch that trained was 12; its recomputed"
+        " blocks matched their plain forward and backward (one block trained alone on the inputs"
+        " it got in a step at batch 1: outputs and gradients within 0.0e+00, relative; the plain"
+        " step does not fit)"
     )
     memory = {v.settings.get("activation_checkpointing") for v in evidence.variants}
     assert memory == {"on"}  # every size the profile's batch came from ran checkpointed
@@ -275,6 +277,12 @@ def test_on_real_torch_a_model_that_needs_checkpointing_trains_with_it() -> None
     profile = tune(_needs(normed=False), snapshot=LAPTOP, budget_s=15, max_batch_size=16)
     assert profile.settings.activation_checkpointing
     assert profile.settings.batch.batch_size is not None
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    # the plain step cannot run: its one kind of block was checked alone, plain and recomputed
+    assert "; its recomputed blocks matched their plain forward and backward (one block" in (
+        decision.reason
+    )
 
 
 @pytest.mark.slow  # real tune() on the CPU: seconds
@@ -497,7 +505,8 @@ def test_a_recompute_that_could_not_be_checked_says_so() -> None:
     decision = profile.decision("activation_checkpointing")
     assert decision is not None
     assert decision.reason.startswith(
-        "on: its recomputed step was not checked (the plain step at batch 1 ran out of memory)"
+        "on: its recomputed step was not checked (the plain step at batch 1 ran out of memory,"
+        " and no block could be trained alone)"
     )
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "ALREADY",
     "CHECKPOINTED",
     "RecomputeOutcome",
+    "checked_on",
     "checked_text",
     "checkpointed",
     "disagrees",
@@ -146,6 +147,8 @@ def _refusal(found: Agreement | None) -> str | None:
         return ALREADY  # the same step twice: nothing to measure against
     if found is None or found.agrees:
         return None
+    if found.raised and found.kinds:
+        return f"not kept: a checkpointed block, trained alone, raised {found.raised}"
     return raised_checkpointed(found.raised) if found.raised else disagrees(found)
 
 
@@ -235,11 +238,17 @@ def raised_checkpointed(said: str) -> str:
 
 def disagrees(checked: Agreement) -> str:
     """Why checkpointing is not used where its recomputed step is not the plain one."""
+    what = (
+        f"a block recomputed differs from its plain forward and backward (trained alone:"
+        f" {_one_of(checked.kinds)}) by {checked.largest_difference:.1e} (an output or"
+        if checked.kinds
+        else "a step with it differs from the plain step from the same weights by "
+        f"{checked.largest_difference:.1e} (loss or"
+    )
     return (
-        f"not used: a step with it differs from the plain step from the same weights by "
-        f"{checked.largest_difference:.1e} (loss or a gradient, relative), more than {RTOL:g}:"
-        " a checkpointed block's forward depends on more than its inputs (state it changes,"
-        " randomness not from torch's generators)"
+        f"not used: {what} a gradient, relative), more than {RTOL:g}: a checkpointed block's"
+        " forward depends on more than its inputs (state it changes, randomness not from"
+        " torch's generators)"
     )
 
 
@@ -248,12 +257,38 @@ def checked_text(checked: Agreement | None, batch: int) -> str:
     if checked is None:
         return (
             f"its recomputed step was not checked (the plain step at batch {batch} ran out of"
-            " memory)"
+            " memory, and no block could be trained alone)"
+        )
+    if checked.kinds:
+        alone = f"{_one_of(checked.kinds)} trained alone on the inputs it got in a step"
+        return (
+            f"its recomputed blocks matched their plain forward and backward ({alone} at batch"
+            f" {batch}: outputs and gradients within {checked.largest_difference:.1e}, relative;"
+            " the plain step does not fit)"
         )
     return (
         f"its recomputed step matched the plain one at batch {batch} (loss and gradients "
         f"within {checked.largest_difference:.1e}, relative)"
     )
+
+
+def _one_of(kinds: int) -> str:
+    """The blocks the check trained alone: one of each kind."""
+    return "one block" if kinds == 1 else f"one block of each of its {kinds} kinds"
+
+
+def checked_on(base: Trials, floor: int, progress: Progress) -> Agreement | None:
+    """Where ``base`` checkpoints from the start (the probe again, where not even the smallest
+    batch trained without it), the recompute checked at ``floor`` before any point is kept
+    (one block of each kind alone where the plain step does not fit); None where it could not
+    be checked. Raises ``RecomputeDiffersError`` where the recompute differs or raised."""
+    from torch_autotune.errors import RecomputeDiffersError
+
+    found = _checked(base, floor, progress)
+    refused = _refusal(found)
+    if refused is not None and refused != ALREADY:
+        raise RecomputeDiffersError(refused.partition(": ")[2])
+    return found
 
 
 def why_not_measured(

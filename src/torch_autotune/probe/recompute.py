@@ -5,24 +5,30 @@ depends on more than its inputs is found before it trains wrong. A block whose r
 not even run as its forward did (torch's ``CheckpointError``: the recomputed tensors differ in
 shape) raises in the checkpointed step alone: the check says so, as its finding, since the
 plain step from the same weights trained.
+
+Where the plain step does not fit (the model trains only checkpointed), one block of each kind
+is checked instead, alone (``checkpointed_blocks_agree``): its forward and backward, plain then
+recomputed, on the inputs it was given in a forward of the model, which needs the memory of
+one block's activations, not the whole model's.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.apply import autocast, batch_to_device
 from torch_autotune.errors import AutotuneError, blame_user_code, said_in_one_line
 from torch_autotune.probe.oom import is_out_of_memory, release_memory
 from torch_autotune.probe.search import RTOL, Agreement
-from torch_autotune.wrapping import checkpoint_blocks
+from torch_autotune.wrapping import checkpoint_blocks, recompute_calls
 
 if TYPE_CHECKING:
     from torch_autotune.probe.trials import StepSettings
     from torch_autotune.probe.workloads import Workload
 
-__all__ = ["Agreement", "checkpointed_step_agrees"]
+__all__ = ["Agreement", "checkpointed_blocks_agree", "checkpointed_step_agrees"]
 
 
 def checkpointed_step_agrees(
@@ -58,6 +64,115 @@ def checkpointed_step_agrees(
     del model, batch
     release_memory(settings.device)
     return Agreement(largest <= RTOL, largest, blocks)
+
+
+def checkpointed_blocks_agree(
+    workload: Workload, settings: StepSettings, batch_size: int
+) -> Agreement | None:
+    """Where the plain step does not fit: a new model of the workload with its blocks
+    checkpointed in place, its training step's forward at ``batch_size`` (the inputs of the
+    first block of each kind kept; no backward), then each of those blocks alone: a forward and a
+    backward of a fixed random projection of its outputs, plain, then recomputed, the RNG
+    seeded alike. Compared: its outputs, its parameters' gradients and its inputs'. None where
+    no block can be trained alone (a Hugging Face model that checkpoints layers of its own
+    choosing) or none ran in the forward. Raises as ``checkpointed_step_agrees`` does; where
+    only a recomputed block raises, the agreement says what it raised."""
+    model = workload.make_model().to(settings.device)
+    batch = batch_to_device(settings.settings, _users(workload.make_batch, batch_size))
+    wrapped = checkpoint_blocks(model, settings.settings.blocks)
+    kinds: dict[type, tuple[Any, Any, Any]] = {}
+    for block, plain, recomputed in recompute_calls(model):
+        kinds.setdefault(type(block), (block, plain, recomputed))
+    given = _inputs(workload, model, batch, settings, [found[0] for found in kinds.values()])
+    del batch
+    largest = 0.0
+    for block, plain, recomputed in kinds.values():
+        if block not in given:
+            continue
+        expected = _block_step(block, plain, given[block], settings)
+        try:
+            found = _block_step(block, recomputed, given[block], settings)
+        except Exception as error:  # the plain block trained: the block recomputed raised
+            if isinstance(error, AutotuneError) or is_out_of_memory(error):
+                raise
+            return Agreement(False, math.inf, wrapped, raised=said_in_one_line(error), kinds=1)
+        same = len(found) == len(expected)
+        pairs = zip(expected, found, strict=False)
+        largest = max([largest, *(_relative(a, b) for a, b in pairs)]) if same else math.inf
+    if not given:
+        return None
+    return Agreement(largest <= RTOL, largest, wrapped, kinds=len(given))
+
+
+def _inputs(
+    workload: Workload, model: Any, batch: Any, settings: StepSettings, blocks: list[Any]
+) -> dict[Any, tuple[Any, Any]]:
+    """The positional and keyword arguments each of ``blocks`` got first in the training
+    step's forward of ``model`` on ``batch`` (copies, on the device): the model checkpointed,
+    so no more memory than a checkpointed step's; its loss is dropped unused."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    given: dict[Any, tuple[Any, Any]] = {}
+
+    def keep(block: Any, _module: Any, args: Any, kwargs: Any) -> None:
+        if block not in given:
+            given[block] = tree_map(_copied, (args, kwargs))
+
+    hooks = [b.register_forward_pre_hook(partial(keep, b), with_kwargs=True) for b in blocks]
+    model.train()
+    step = workload.train_step
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            with autocast(settings.settings):
+                if getattr(step, "marks_user_code", False):
+                    step(model, batch)
+                else:
+                    _users(step, model, batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return given
+
+
+def _copied(value: Any) -> Any:
+    import torch
+
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _block_step(block: Any, call: Any, given: tuple[Any, Any], settings: StepSettings) -> list[Any]:
+    """``call`` (``block``'s forward, plain or recomputed) on fresh copies of ``given``, its
+    floating inputs needing gradients, and a backward of a fixed random projection of its
+    outputs; (its outputs, its inputs' gradients, its parameters' gradients), on the host."""
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    def leaf(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        return value.detach().clone().requires_grad_(value.is_floating_point())
+
+    args, kwargs = tree_map(leaf, given)
+    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        with autocast(settings.settings):
+            out = _users(lambda: call(*args, **kwargs))
+    outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not outputs:
+        return []
+    draws = torch.Generator().manual_seed(1)
+    projected = [
+        (o.float() * torch.randn(o.shape, generator=draws).to(o.device)).sum() for o in outputs
+    ]
+    _users(torch.stack(projected).sum().backward)
+    found = [o.detach().float().cpu() for o in outputs]
+    found += [t.grad.float().cpu() for t in inputs if t.grad is not None]
+    found += [p.grad.float().cpu() for p in block.parameters() if p.grad is not None]
+    block.zero_grad(set_to_none=True)
+    return found
 
 
 def _step(

@@ -62,7 +62,7 @@ from torch_autotune.probe.points import (
 )
 from torch_autotune.probe.recompute_phase import Recomputed, measure_recompute
 from torch_autotune.probe.seam import Progress, Trials
-from torch_autotune.probe.search import confirm
+from torch_autotune.probe.search import Agreement, confirm
 from torch_autotune.probe.search_phase import Searched, search
 from torch_autotune.probe.smallest import Smallest
 from torch_autotune.probe.state import preserved
@@ -122,6 +122,7 @@ class ProbeResult:
     checkpointing_note: str | None = None  # why it was not measured or not kept
     memory_budget: float | None = None  # compile's activation memory budget, where kept
     memory_budget_reason: str | None = None  # L2's: why kept, or why not measured or not kept
+    recompute_checked: tuple[Agreement | None, int] | None = None  # the search's ``checked``
 
 
 def measure(
@@ -251,9 +252,8 @@ class _Run:
         too_big = [r for r in measured if isinstance(r, int)]
         if too_big:
             self.warnings.append(
-                f"batch {', '.join(map(str, too_big))} ran in the search but not with the "
-                "cuDNN autotuner on (its workspaces need more memory); smaller sizes were "
-                "measured"
+                f"batch {', '.join(map(str, too_big))} ran in the search but not with the cuDNN"
+                " autotuner on (its workspaces need more memory); smaller sizes were measured"
             )
         best = fastest(self.records)
         if best is None and self.records:
@@ -447,4 +447,4 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     update["fed_reason"] = workers.batch_reason
     made = evidence.model_copy(update=update)
     l2 = (run.recomputed or Recomputed(best, final)).decisions()
-    return ProbeResult(made, workers.num_workers, **l2)
+    return ProbeResult(made, workers.num_workers, recompute_checked=searched.checked, **l2)

@@ -45,12 +45,15 @@ class Agreement:
     (``probe.recompute``): ``agrees`` within ``RTOL``, and the largest relative difference of
     the loss and of any gradient; or, where the checkpointed step raised though the plain one
     trained, what it raised (``raised``: its type and first line; nothing compared, so it does
-    not agree and differs without bound)."""
+    not agree and differs without bound). ``kinds``: where the plain step did not fit, the check
+    trained one block of each kind alone instead, plain against recomputed, and this many kinds
+    were compared (0: the whole step was)."""
 
     agrees: bool
     largest_difference: float
     blocks: int  # blocks checkpointed (1: a Hugging Face model's own)
     raised: str | None = None
+    kinds: int = 0
 
 
 RTOL = 1e-3

@@ -5,7 +5,10 @@ eager mode with the profile's other settings and without the cuDNN autotuner (it
 The search is bounded by the dataset, the user's maximum and, on the CPU, a size past which
 CPU throughput no longer grows (``plan.CPU_CAP``), and by host RAM there; it starts at the
 smallest batch the model trains at (``probe.smallest``). The bounds it found are the bounds of
-every later search (``variant_phase.Bounds``).
+every later search (``variant_phase.Bounds``). Where the settings checkpoint from the start
+(the probe again, where not even the smallest batch trained without it), the recompute is
+checked at the smallest batch before anything is measured with it
+(``checkpoint_phase.checked_on``).
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from dataclasses import dataclass
 from torch_autotune.errors import DoesNotFitError, ProbeError, WorkloadError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.checkpoint_phase import checked_on
 from torch_autotune.probe.guard import Found, OutOfTime, SearchGuard, search_with_guard
 from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, cap_reason, ram_budget
 from torch_autotune.probe.seam import Progress, Trials
+from torch_autotune.probe.search import Agreement
 from torch_autotune.probe.smallest import Smallest, smallest_batch
 from torch_autotune.probe.variant_phase import Bounds
 from torch_autotune.probe.variants import BASE, search_name
@@ -33,6 +38,8 @@ class Searched:
     found: Found
     bounds: Bounds
     smallest: Smallest
+    # where checkpointing is on from the start: the recompute's check, and the batch it ran at
+    checked: tuple[Agreement | None, int] | None = None
 
     @property
     def largest(self) -> int:
@@ -59,8 +66,7 @@ def search(
     guarded = SearchGuard(runner, budget, report, reserve_s=reserve_s, variant=variant)
     device = settings.device
     cap, why = _cap(device, max_batch_size, workload.max_batch_size)
-    name = workload.name
-    start = workload.min_batch_size
+    name, start = workload.name, workload.min_batch_size
     if start > cap:
         raise WorkloadError(
             f"the {name} workload's smallest batch ({start}) is above the largest it may try: {why}"
@@ -100,7 +106,9 @@ def search(
         multiple=multiple,
         fixed_shapes=fixed_shapes,
     )
-    return Searched(guarded, found, bounds, smallest)
+    on = settings.activation_checkpointing  # its recompute checked before it is measured
+    checked = (checked_on(runner, smallest.size, report), smallest.size) if on else None
+    return Searched(guarded, found, bounds, smallest, checked)
 
 
 def _cap(device: str, asked: int | None, dataset: int | None) -> tuple[int, str]:

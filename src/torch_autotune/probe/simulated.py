@@ -64,6 +64,7 @@ __all__ = ["SimulatedMachine", "SimulatedTrials"]
 MIB = 1 << 20
 GIB = 1 << 30
 AGREES = Agreement(agrees=True, largest_difference=0.0, blocks=1)
+BLOCKS_AGREE = Agreement(agrees=True, largest_difference=0.0, blocks=1, kinds=1)
 
 
 @dataclass
@@ -93,6 +94,7 @@ class SimulatedMachine:
     budget_factor: float = 1.1  # a budgeted compiled step: the cheap ops recomputed
     foreach_bytes: int = 0  # what torch's foreach optimizer step holds beyond the fused one's
     recompute: Agreement | None = AGREES  # the checkpointed step's check (None: no room)
+    recompute_blocks: Agreement | None = BLOCKS_AGREE  # where the plain step does not fit
     allocator: tuple[int, float] | None = None  # with J1's setting: eager limit, step factor
     fixed_bytes: int = 2 * GIB
     per_sample_bytes: int = 44 * MIB
@@ -287,8 +289,11 @@ class SimulatedTrials:
         return FreshOutcome(fits, rate, next(iter(environment.values()), None))
 
     def recompute_check(self, batch_size: int) -> Agreement | None:
-        del batch_size  # the machine's check holds at every size
-        return self.machine.recompute
+        """The machine's check of the step (``recompute``) at every size where the plain step
+        fits, else its check of the blocks alone (``recompute_blocks``)."""
+        if self.machine.fits(batch_size, compiled=False):
+            return self.machine.recompute
+        return self.machine.recompute_blocks
 
     def variant(self, variant: Variant) -> SimulatedTrials:
         settings = self.settings.with_variant(variant)

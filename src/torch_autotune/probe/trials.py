@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.apply import (
@@ -201,16 +202,21 @@ class TrialRunner:
     def recompute_check(self, batch_size: int, *, keep_model: bool = False) -> Agreement | None:
         """The seam's (``probe.recompute``), on a model of its own: this runner's is let go
         first, so that a model that barely fits is not on the device twice (``keep_model``:
-        not, where other processes hold theirs in step with it: a job's ranks)."""
-        from torch_autotune.probe.recompute import checkpointed_step_agrees
+        not, where other processes hold theirs in step with it: a job's ranks). Where the
+        plain step runs out of memory, one block of each kind alone."""
+        from torch_autotune.probe.recompute import (
+            checkpointed_blocks_agree,
+            checkpointed_step_agrees,
+        )
 
         if not keep_model:
             self.release_model()
-        checked, oom = run_guarded(
-            lambda: checkpointed_step_agrees(self.workload, self.settings, batch_size)
-        )
-        release_memory(self.settings.device)
-        return None if oom is not None else checked
+        for check in (checkpointed_step_agrees, checkpointed_blocks_agree):
+            checked, oom = run_guarded(partial(check, self.workload, self.settings, batch_size))
+            release_memory(self.settings.device)
+            if oom is None:
+                return checked
+        return None
 
     def release_model(self) -> None:
         """Let go of the model (it is built again when next needed) and the memory it held."""

@@ -1,0 +1,248 @@
+"""Where the plain step does not fit (the model trains only checkpointed), the recompute is still
+checked before it is kept: one block of each kind alone, plain then recomputed, on the inputs it
+got in a step (``probe.recompute.checkpointed_blocks_agree``). A block that is not its recompute
+(randomness of its own, a second call that differs) ends the tune as a model that does not fit,
+saying so, rather than training with it. On real torch on the CPU (built-ins, users' models, a
+Hugging Face model's own layers) and through the simulated seam."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from tests.probe.fake_trials import recorded, tune_on
+from tests.probe.test_checkpointing import _simulated_token_workload, _tiny
+from tests.probe.test_checkpointing_raises import _workload  # the mlp's step on 16 -> 4
+from torch_autotune.errors import EXIT_DOES_NOT_FIT, DoesNotFitError
+from torch_autotune.probe.recompute import checkpointed_blocks_agree
+from torch_autotune.probe.search import RTOL, Agreement
+from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.trials import StepSettings, TrialRunner
+from torch_autotune.probe.workloads import resolve_workload
+from torch_autotune.settings import torch_defaults
+from torch_autotune.wrapping import (
+    block_names,
+    checkpoint_blocks,
+    is_checkpointed,
+    recompute_calls,
+)
+
+CPU = StepSettings(torch_defaults("cpu"))
+LAPTOP = recorded("cpu-laptop-linux")
+
+
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.nn.functional.gelu(self.norm(self.linear(x)))
+
+
+class Jittery(Layer):
+    """Noise from Python's own generator, which checkpointing does not replay."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * (1 + random.gauss(0, 0.1))
+
+
+class Alternating(Layer):
+    """Every second call doubles its input along the batch: the recompute, a second call of a
+    checkpointed forward, saves tensors of another shape (torch's ``CheckpointError``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(torch.cat([x, x]) if self.calls % 2 == 0 else x)
+
+
+class Tower(nn.Module):
+    """Three blocks of ``kind`` and a head; with ``fits_checkpointed_only``, every block's
+    activations kept at once 'do not fit' (a MemoryError, as the CPU's allocator raises), and
+    with ``never_fits``, not even checkpointed."""
+
+    def __init__(
+        self,
+        kind: type[nn.Module] = Layer,
+        *,
+        fits_checkpointed_only: bool = True,
+        never_fits: bool = False,
+    ) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(kind() for _ in range(3))
+        self.head = nn.Linear(16, 4)
+        self.fits_checkpointed_only = fits_checkpointed_only
+        self.never_fits = never_fits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        checkpointed = all(is_checkpointed(b) for b in self.blocks)
+        if self.never_fits or (self.fits_checkpointed_only and not checkpointed):
+            raise MemoryError("out of memory: every block's activations kept (simulated)")
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class _Decoder(Layer):
+    pass
+
+
+class TwoKinds(nn.Module):
+    """An encoder's layers, then a decoder's: two kinds of block, both named."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.ModuleList(Layer() for _ in range(2))
+        self.decoder = nn.ModuleList(_Decoder() for _ in range(2))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in [*self.encoder, *self.decoder]:
+            x = block(x)
+        return self.head(x)
+
+
+# --- the check on real torch ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["gpt2", "llama-1b"])
+def test_the_built_ins_blocks_recompute_as_they_train(key: str) -> None:
+    found = checkpointed_blocks_agree(_tiny(key), CPU, 4)
+    assert found is not None
+    assert found.agrees
+    assert found.largest_difference <= RTOL
+    assert (found.blocks, found.kinds) == (3, 1)  # three layers wrapped, one of them checked
+
+
+def test_each_kind_of_block_named_is_checked() -> None:
+    named = torch_defaults("cpu").model_copy(
+        update={"blocks": ",".join(block_names([Layer, _Decoder]))}
+    )
+    found = checkpointed_blocks_agree(_workload(TwoKinds), StepSettings(named), 4)
+    assert found is not None
+    assert found.agrees
+    assert (found.blocks, found.kinds) == (4, 2)
+
+
+def test_a_block_with_randomness_of_its_own_differs() -> None:
+    found = checkpointed_blocks_agree(_workload(lambda: Tower(Jittery)), CPU, 4)
+    assert found is not None
+    assert not found.agrees
+    assert found.largest_difference > RTOL
+    assert found.raised is None
+
+
+def test_a_block_whose_recompute_raises_says_what_it_raised() -> None:
+    found = checkpointed_blocks_agree(_workload(lambda: Tower(Alternating)), CPU, 4)
+    assert found is not None
+    assert not found.agrees
+    assert found.raised is not None
+    assert found.raised.startswith("CheckpointError: torch.utils.checkpoint: Recomputed values")
+
+
+def test_where_the_plain_step_runs_out_of_memory_the_runner_checks_the_blocks() -> None:
+    runner = TrialRunner(_workload(Tower), CPU)
+    found = runner.recompute_check(4)
+    assert found == Agreement(True, 0.0, 3, kinds=1)
+    never = TrialRunner(_workload(lambda: Tower(never_fits=True)), CPU)
+    assert never.recompute_check(4) is None  # out of memory either way: not checked
+
+
+def test_a_hugging_face_models_own_layers_are_checked_with_its_switch_restored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # transformers asks
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    from tests.probe.test_huggingface import gpt2, token_rows
+
+    workload = resolve_workload(None, objects={"model": gpt2(), "dataset": token_rows()})
+    found = checkpointed_blocks_agree(workload, CPU, 4)
+    assert found is not None
+    assert found.agrees
+    assert (found.blocks, found.kinds) == (1, 1)  # its own switch, one kind of layer
+    model = workload.make_model()
+    checkpoint_blocks(model)
+    layers = recompute_calls(model)
+    assert layers
+    block, plain, _ = layers[0]
+    plain(torch.randn(2, 8, model.config.n_embd))
+    assert block.gradient_checkpointing is True  # switched off for the plain call only
+
+
+# --- what the tune does with it ------------------------------------------------------------------
+
+
+def _fits_only_checkpointed(recompute_blocks: Agreement | None) -> SimulatedMachine:
+    machine = SimulatedMachine(limit=0, checkpointed_limit=12, leaves=1)
+    machine.recompute_blocks = recompute_blocks
+    return machine
+
+
+def test_a_model_that_fits_only_checkpointed_whose_blocks_differ_does_not_fit() -> None:
+    machine = _fits_only_checkpointed(Agreement(False, 0.25, 3, kinds=2))
+    with pytest.raises(DoesNotFitError) as raised:
+        tune_on(machine, _simulated_token_workload(), LAPTOP, mode="balanced", budget_s=60)
+    error = raised.value
+    assert (error.batch_size, error.exit_code) == (1, EXIT_DOES_NOT_FIT)
+    assert error.fact == (
+        "the decoder workload does not train even at batch size 1 on cpu: it runs out of memory;"
+        " activation checkpointing was tried, and a block recomputed differs from its plain"
+        " forward and backward (trained alone: one block of each of its 2 kinds) by 2.5e-01 (an"
+        " output or a gradient, relative), more than 0.001: a checkpointed block's forward"
+        " depends on more than its inputs (state it changes, randomness not from torch's"
+        " generators)"
+    )
+
+
+def test_a_model_that_fits_only_checkpointed_whose_block_raises_does_not_fit() -> None:
+    raised_text = "CheckpointError: recomputed values differ"
+    machine = _fits_only_checkpointed(Agreement(False, math.inf, 3, raised=raised_text, kinds=1))
+    with pytest.raises(DoesNotFitError) as raised:
+        tune_on(machine, _simulated_token_workload(), LAPTOP, mode="balanced", budget_s=60)
+    assert raised.value.fact.endswith(
+        "; activation checkpointing was tried, and a checkpointed block, trained alone, raised"
+        " CheckpointError: recomputed values differ"
+    )
+
+
+def test_a_model_that_fits_only_checkpointed_and_cannot_be_checked_says_so() -> None:
+    profile = tune_on(
+        _fits_only_checkpointed(None),
+        _simulated_token_workload(),
+        LAPTOP,
+        mode="balanced",
+        budget_s=60,
+    )
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert profile.settings.activation_checkpointing
+    assert decision.reason.endswith(
+        "; its recomputed step was not checked (the plain step at batch 1 ran out of memory, and"
+        " no block could be trained alone)"
+    )
+
+
+@pytest.mark.slow  # real tune() on the CPU: seconds
+def test_on_real_torch_a_model_that_needs_checkpointing_with_a_jittery_block_does_not_fit() -> None:
+    from torch_autotune.api import tune
+
+    model = {
+        "model": lambda: Tower(Jittery),
+        "optimizer": lambda params: torch.optim.AdamW(params, lr=1e-3),
+        "example_batch": (torch.randn(4, 16), torch.randn(4, 4)),
+    }
+    with pytest.raises(DoesNotFitError) as raised:
+        tune(model, snapshot=LAPTOP, budget_s=15, max_batch_size=16)
+    assert "activation checkpointing was tried, and a block recomputed differs" in (
+        raised.value.fact
+    )
