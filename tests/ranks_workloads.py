@@ -147,25 +147,26 @@ def too_big_for_ddp() -> dict[str, Any]:
     return {"model": TooBigForDdp, "optimizer": _adamw, "example_batch": _mlp_data(8)}
 
 
-def alone_after_a_model_of_its_own(rank: int, port: int, answers: Any) -> None:
-    """Two ranks over gloo in this test's own processes (``torch.multiprocessing.spawn``):
-    rank 0 trains a trial, makes a variant with a model of its own (checkpointing's), which
-    lets go of the base's model on every rank, then measures the base alone, as a job does for
-    its scaling. ``answers[rank]``: what the rank ended with (the point's rate, or the error)."""
+def _two_ranks(
+    rank: int, port: int, answers: Any, made: dict[str, Any], lead: Any, *, timeout_s: float
+) -> None:
+    """Two ranks over gloo in a test's own processes (``torch.multiprocessing.spawn``), training
+    the model ``made`` describes: rank 1 follows, rank 0 leads with ``lead(leader)`` and tells
+    it it is done. ``answers[rank]``: what the rank ended with (what ``lead`` returned on rank
+    0, what rank 1 was handed at the end), or its error (a rank that hung ends in a timeout)."""
     from torch_autotune.launch import Ranks
-    from torch_autotune.probe.checkpoint_phase import checkpointed
     from torch_autotune.probe.ddp import DdpRunner
-    from torch_autotune.probe.ranks import Follower, Leader, joined
+    from torch_autotune.probe.group import joined
+    from torch_autotune.probe.ranks import Follower, Leader
     from torch_autotune.probe.trials import StepSettings
     from torch_autotune.probe.workloads import as_workload
     from torch_autotune.settings import torch_defaults
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
-    workload = as_workload(_failing("none"), name="mlp")
-    settings = StepSettings(torch_defaults("cpu"))
+    workload = as_workload(made, name="mlp")
     try:
-        with joined(Ranks(rank, rank, 2, 2, 0), "cpu", timeout_s=15.0) as group:
+        with joined(Ranks(rank, rank, 2, 2, 0), "cpu", timeout_s=timeout_s) as group:
 
             def runner(given: StepSettings) -> DdpRunner:
                 return DdpRunner(workload, given, group=group)
@@ -173,11 +174,97 @@ def alone_after_a_model_of_its_own(rank: int, port: int, answers: Any) -> None:
             if rank:
                 answers[rank] = Follower(group, runner).follow()
                 return
-            leader = Leader.first(group, runner(settings))
-            leader(8)  # the base's model built, on every rank together
-            leader.variant(checkpointed())  # a model of its own: the base's let go everywhere
-            point = leader.alone(8, seconds=0.5)
+            leader = Leader.first(group, runner(StepSettings(torch_defaults("cpu"))))
+            answer = lead(leader)
             leader.done("done")
-            answers[rank] = point.samples_per_s if point is not None else None
-    except Exception as error:  # what the test reports: a rank that hung ends in a timeout
+            answers[rank] = answer
+    except Exception as error:
         answers[rank] = f"{type(error).__name__}: {error}"
+
+
+def alone_after_a_model_of_its_own(rank: int, port: int, answers: Any) -> None:
+    """Rank 0 trains a trial, makes a variant with a model of its own (checkpointing's), which
+    lets go of the base's model on every rank, then measures the base alone, as a job does for
+    its scaling; its answer: the point's rate."""
+    from torch_autotune.probe.checkpoint_phase import checkpointed
+
+    def lead(leader: Any) -> float | None:
+        leader(8)  # the base's model built, on every rank together
+        leader.variant(checkpointed())  # a model of its own: the base's let go everywhere
+        point = leader.alone(8, seconds=0.5)
+        return point.samples_per_s if point is not None else None
+
+    _two_ranks(rank, port, answers, _failing("none"), lead, timeout_s=15.0)
+
+
+class _NormedHead(nn.Module):
+    """An MLP with BatchNorm1d after its first layer: at batch 1 its training forward raises
+    on every rank ("Expected more than 1 value per channel"); it trains from batch 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def batchnorm_head() -> dict[str, Any]:
+    return {"model": _NormedHead, "optimizer": _adamw, "example_batch": _mlp_data(8)}
+
+
+class _Recomputes(nn.Module):
+    """A block that, called a second time in a step (checkpointing's recompute) on a batch of
+    ``RECOMPUTE_RAISES_FROM`` or more, doubles its input: the recompute saves tensors of
+    another shape, and torch's checkpoint raises ``CheckpointError`` in backward, on every
+    rank. Called once a step, it is a plain layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > 1 and x.shape[0] >= RECOMPUTE_RAISES_FROM:
+            x = torch.cat([x, x])
+        return torch.relu(self.linear(x))
+
+
+RECOMPUTE_RAISES_FROM = 8
+"""``_RecomputeTower``'s checkpointed step raises from this batch on."""
+
+
+class _RecomputeTower(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Recomputes() for _ in range(3))
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:  # a new step
+            block.calls = 0
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def checkpointed_raises_on_every_rank(rank: int, port: int, answers: Any) -> None:
+    """The base trains, then the checkpointed variant at a size where its step raises on every
+    rank, then the base again; rank 0's answer: (what it caught, whether the base fit after)."""
+    from torch_autotune.errors import said_in_one_line
+    from torch_autotune.probe.checkpoint_phase import checkpointed
+
+    def lead(leader: Any) -> tuple[str | None, bool]:
+        leader(4)
+        caught = None
+        try:
+            leader.variant(checkpointed())(RECOMPUTE_RAISES_FROM)
+        except Exception as error:  # as the checkpointing phase catches it
+            caught = said_in_one_line(error)
+        return caught, leader(4).fits
+
+    made = {"model": _RecomputeTower, "optimizer": _adamw, "example_batch": _mlp_data(8)}
+    _two_ranks(rank, port, answers, made, lead, timeout_s=60.0)

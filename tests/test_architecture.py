@@ -290,6 +290,7 @@ _CUDA_HOMES = (
     "probe.state",
     "probe.ddp",
     "probe.ranks",
+    "probe.group",
     "probe.estimate",
     "probe.memory",
     "probe.recompute",

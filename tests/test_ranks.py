@@ -2,7 +2,9 @@
 --nproc-per-node 2`` tune a built-in and a user's model (dict batches, two inputs, BatchNorm, a
 parameter no step uses) as one job; a rank that runs out of memory at a size the other fits,
 one that is killed and one whose model raises end the job within bounds, with one message;
-rank 0's point alone after checkpointing was measured does not hang the ranks.
+an error every rank raises (BatchNorm at batch 1, checkpointing whose recompute differs) is
+rank 0's to handle, as in one process; rank 0's point alone after checkpointing was measured
+does not hang the ranks.
 
 System tier: the installed package in subprocesses, as a user runs it. Each job has a short
 budget; together these take about a minute on 2 cores.
@@ -92,6 +94,53 @@ def test_two_ranks_tune_as_one_job(workload: str, torchrun: bool, tmp_path: Path
     batch = profile.settings.batch.batch_size
     assert batch is not None
     assert f"batch {batch} a rank, {2 * batch} a step together" in ranks_row
+
+
+def test_a_model_whose_batchnorm_cannot_train_batch_1_tunes_from_2_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    """At batch 1 the model raises on every rank (BatchNorm1d: one value per channel), as in
+    one process, where the search goes on to 2: rank 0 handles its own error, and rank 1, told
+    that it raised there too, answers so and goes on (it ended the job before)."""
+    done = _job(
+        "-m",
+        "tests.ranks_workloads:batchnorm_head",
+        "--budget",
+        "10",
+        store=tmp_path,
+        torchrun=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    (profile,) = _saved(tmp_path)
+    assert profile.evidence is not None
+    details = profile.evidence.details
+    assert details is not None
+    assert details.min_batch_size == 2
+    assert details.min_batch_reason is not None
+    assert "Expected more than 1 value per channel when training" in details.min_batch_reason
+
+
+def test_checkpointing_that_raises_on_every_rank_is_the_leaders_to_handle() -> None:
+    """The checkpointed step raises on both ranks (torch's CheckpointError): rank 0 catches
+    it as the checkpointing phase does, and both ranks train the base again, in step."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from tests.ranks_workloads import checkpointed_raises_on_every_rank
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with mp.Manager() as manager:
+        answers = manager.dict()
+        mp.spawn(checkpointed_raises_on_every_rank, args=(port, answers), nprocs=2)
+        found = dict(answers)
+    assert found[1] == "done", found
+    caught, fits = found[0]
+    assert caught.startswith("CheckpointError: torch.utils.checkpoint: Recomputed values"), found
+    assert fits
 
 
 def test_a_rank_out_of_memory_at_a_size_the_other_fits_sets_the_largest(tmp_path: Path) -> None:

@@ -82,8 +82,9 @@ def tune_together(
     the memory cap, which the closures here keep in one place.
     """
     from torch_autotune.probe.ddp import DdpRunner
+    from torch_autotune.probe.group import joined
     from torch_autotune.probe.memory import memory_capped
-    from torch_autotune.probe.ranks import Follower, Leader, joined
+    from torch_autotune.probe.ranks import Follower, Leader
     from torch_autotune.probe.run import measure
     from torch_autotune.probe.state import preserved
     from torch_autotune.probe.workloads.copies import parked

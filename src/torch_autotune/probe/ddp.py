@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from torch_autotune.apply import autocast, batch_to_device
 from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.fed import FedTrial
+from torch_autotune.probe.group import Group
 from torch_autotune.probe.loop import FedRunner
-from torch_autotune.probe.ranks import Group
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import BLOCK_S, MAX_SPREAD, PointOutcome, StepSettings
 from torch_autotune.wrapping import parallelize
@@ -70,7 +70,7 @@ class DdpRunner(FedRunner):
         super().__init__(workload, settings, clock=clock, base=base)
         self.group = group
         self._ddp: Any = None
-        self._first: int | None = None  # the first trial's size, for the unused-parameter pass
+        self._first: int | None = None  # the size it was built at: the unused-parameter pass
         self._alone = False
         self.unused_parameters: int | None = None if base is None else base.unused_parameters
 
@@ -99,8 +99,8 @@ class DdpRunner(FedRunner):
         return self._ddp
 
     def _stepper(self, batch_size: int, *, typical: bool = False) -> Callable[[], None]:
-        if self._first is None:
-            self._first = batch_size
+        if self._model is None:  # built for this size: where it raised at a smaller one (a
+            self._first = batch_size  # BatchNorm at batch 1), the next size builds it again
         return super()._stepper(batch_size, typical=typical)
 
     def synced(self, on: bool) -> AbstractContextManager[object]:

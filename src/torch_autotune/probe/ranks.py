@@ -15,23 +15,27 @@ and DDP communicates over a group of its own (``Group.data``) with the same boun
 stops leaves none waiting longer than that (a rank killed outright closes its connections, and
 the others' next message fails at once). A rank that fails posts what it said to the job's
 store before it exits, where rank 0 reads it (``RankFailedError``).
+
+An error is not always the end, in one process: the smallest batch's search goes on past an
+error of the user's code at a small size (BatchNorm at batch 1), and checkpointing that raises
+is not kept. So a rank whose call raised asks first whether the same call raised on rank 0
+(``Group.raised_on_rank_0``): where it did, rank 0 handles its own error as one process would
+and the others' answers are set aside; where it did not, or says nothing within a bounded
+while, the rank fails as above.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
-import pickle
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from torch_autotune.errors import EXIT_PROBE, AutotuneError, RankFailedError, raised_by_user_code
 from torch_autotune.evidence import EAGER
-from torch_autotune.launch import Ranks
 from torch_autotune.probe.combine import combine_fed, combine_loads, combine_points, combine_trials
 from torch_autotune.probe.fed import FedTrial
+from torch_autotune.probe.group import Group
 from torch_autotune.probe.loader import LoaderTrial
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import PointOutcome, StepSettings
@@ -41,140 +45,10 @@ if TYPE_CHECKING:
     from torch_autotune.probe.fresh import FreshOutcome
     from torch_autotune.probe.search import Agreement
 
-__all__ = ["Follower", "Group", "Leader", "joined", "run_ranks"]
+__all__ = ["Follower", "Leader", "run_ranks"]
 
-_KEY = "torch_autotune/failed/"
 _DONE = "done"
 _AGAIN = "start again"
-
-
-@dataclass
-class Group:
-    """The job's ranks as the probe talks to them: ``control`` (gloo) carries the calls and
-    what each rank measured, ``data`` is what DDP all-reduces over, ``store`` the job's
-    key-value store (None where the job has none reachable), each wait bounded by
-    ``timeout_s``."""
-
-    ranks: Ranks
-    control: Any
-    data: Any
-    store: Any
-    timeout_s: float
-    device: str
-
-    @property
-    def rank(self) -> int:
-        return self.ranks.rank
-
-    def broadcast(self, value: Any) -> Any:
-        """Rank 0's ``value`` on every rank."""
-        import torch.distributed as dist
-
-        box = [value]
-        self._guarded(lambda: dist.broadcast_object_list(box, src=0, group=self.control))
-        return box[0]
-
-    def gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value``, in rank order, on every rank."""
-        import torch.distributed as dist
-
-        values: list[Any] = [None] * self.ranks.world_size
-        self._guarded(lambda: dist.all_gather_object(values, value, group=self.control))
-        return values
-
-    def reduce(self, value: int, *, largest: bool) -> int:
-        """The largest (``largest``) or smallest of every rank's ``value``."""
-        import torch
-        import torch.distributed as dist
-
-        tensor = torch.tensor([value], dtype=torch.int64)
-        op = dist.ReduceOp.MAX if largest else dist.ReduceOp.MIN
-        self._guarded(lambda: dist.all_reduce(tensor, op=op, group=self.control))
-        return int(tensor.item())
-
-    def _guarded(self, call: Callable[[], object]) -> None:
-        """``call()``; a rank that stopped or failed becomes ``RankFailedError``."""
-        try:
-            call()
-        except (RuntimeError, ConnectionError, TimeoutError) as error:  # gloo's, torch's
-            raise self.failure(error) from None
-
-    def failure(self, error: BaseException | None = None) -> RankFailedError:
-        """What another rank posted before it stopped, or that one stopped without a word."""
-        posted = self.posted()
-        if posted:
-            rank, (code, text) = min(posted.items())
-            return RankFailedError(f"rank {rank} failed: {text}", exit_code=code, said=True)
-        why = f" ({type(error).__name__})" if error is not None else ""
-        return RankFailedError(
-            f"a rank stopped without a word while the ranks probed together{why}: killed, "
-            f"crashed or out of host memory; its launcher's log says which (every rank "
-            f"stops within {self.timeout_s:.0f} s of it)"
-        )
-
-    def post(self, code: int, text: str) -> None:
-        """Post this rank's failure for rank 0 (best effort: the store may be gone too)."""
-        if self.store is None:
-            return
-        try:
-            self.store.set(f"{_KEY}{self.rank}", pickle.dumps((code, text)))
-        except (RuntimeError, ConnectionError, TimeoutError):
-            return
-
-    def posted(self) -> dict[int, tuple[int, str]]:
-        """The failures other ranks posted, by rank."""
-        if self.store is None:
-            return {}
-        found: dict[int, tuple[int, str]] = {}
-        for rank in range(self.ranks.world_size):
-            key = f"{_KEY}{rank}"
-            try:
-                if rank != self.rank and self.store.check([key]):
-                    found[rank] = pickle.loads(self.store.get(key))  # our own
-            except (RuntimeError, ConnectionError, TimeoutError, pickle.UnpicklingError):
-                continue
-        return found
-
-
-@contextmanager
-def joined(ranks: Ranks, device: str, *, timeout_s: float) -> Iterator[Group]:
-    """The job's process group, joined as torchrun set it up (``env://``), or the one the
-    user's script already made; the probe's own control and data groups in it, each wait
-    bounded by ``timeout_s``. On a GPU each rank drives the GPU of its local rank. What this
-    made is taken down on the way out."""
-    import torch
-    import torch.distributed as dist
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    backend = "nccl" if device == "cuda" else "gloo"
-    if device == "cuda":
-        torch.cuda.set_device(ranks.local_rank)
-    made = not dist.is_initialized()
-    if made:
-        dist.init_process_group(backend=backend, timeout=timeout)
-    control = dist.new_group(backend="gloo", timeout=timeout)
-    data = dist.new_group(backend=backend, timeout=timeout)
-    try:
-        yield Group(ranks, control, data, _store(timeout), timeout_s, device)
-    finally:
-        if made:
-            dist.destroy_process_group()
-        else:
-            for group in (data, control):
-                dist.destroy_process_group(group)
-
-
-def _store(timeout: datetime.timedelta) -> Any:
-    """A client of the job's store, where torchrun says it is (None: not reachable)."""
-    import torch.distributed as dist
-
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    if not host or not port.isdigit():
-        return None
-    try:
-        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-    except (RuntimeError, ConnectionError, TimeoutError):
-        return None
 
 
 # --- the calls ---------------------------------------------------------------------------------
@@ -183,7 +57,8 @@ def _store(timeout: datetime.timedelta) -> Any:
 @dataclass(frozen=True)
 class _Call:
     """One call of the seam, as rank 0 sends it: which runner, which method, its arguments.
-    ``left_s``: for a point, the seconds left until its deadline (each rank's own clock)."""
+    ``left_s``: for a point, the seconds left until its deadline (each rank's own clock);
+    ``number``: the how-manyth call (``Group.calls``), the key of rank 0's word on it."""
 
     runner: int
     method: str
@@ -191,6 +66,7 @@ class _Call:
     kwargs: dict[str, Any] = field(default_factory=dict)
     left_s: float | None = None
     variant: tuple[str, tuple[tuple[str, Any], ...], bool, bool] | None = None
+    number: int = 0
 
 
 def _variant_spec(variant: Variant) -> tuple[str, tuple[tuple[str, Any], ...], bool, bool]:
@@ -222,10 +98,22 @@ class Leader:
 
     def _all(self, call: _Call, here: Callable[[], Any]) -> list[Any]:
         """``call`` made on every rank, ``here`` on this one; what each rank returned. What
-        raises here propagates as in one process (the other ranks stop when this process
+        raises here propagates as in one process, once every rank is past the call (the
+        module docstring); ours and Ctrl-C at once (the other ranks stop when this process
         ends, or when their wait's bound passes)."""
+        self.group.calls += 1
+        call = replace(call, number=self.group.calls)
         self.group.broadcast(call)
-        return self.group.gather(here())
+        try:
+            mine = here()
+        except AutotuneError:
+            raise
+        except Exception:
+            self.group.verdict(call.number, raised=True)
+            self.group.gather(_RAISED)  # the ranks whose call raised too answer so
+            raise
+        self.group.verdict(call.number, raised=False)
+        return self.group.gather(mine)
 
     def __call__(self, batch_size: int) -> TrialOutcome:
         found = self._all(
@@ -368,16 +256,30 @@ class Follower:
 
 
 def _made(group: Group, make: Callable[[_Call], Any], call: _Call) -> Any:
-    """``make(call)`` on this rank; where it raises, the rank posts what it said, shows the
-    user's traceback where their code raised, and exits at once, so that no rank waits on it
-    for longer than its connections take to close."""
+    """``make(call)`` on this rank. Where it raises what rank 0 raised too (the module
+    docstring), ``_RAISED``; else the rank posts what it said, shows the user's traceback where
+    their code raised, and exits at once, so that no rank waits on it for longer than its
+    connections take to close."""
     try:
         return make(call)
     except RankFailedError:
         raise
     except BaseException as error:  # every way a rank can fail: it must not leave the others
+        if _rank_0s_to_handle(error) and group.raised_on_rank_0(call.number):
+            return _RAISED
         _exit(group, error)
         raise  # unreachable: _exit does not return
+
+
+_RAISED = "raised"
+"""A rank's answer to a call that raised on it and on rank 0: set aside, as rank 0 goes on
+with its own error."""
+
+
+def _rank_0s_to_handle(error: BaseException) -> bool:
+    """Whether ``error`` may be rank 0's to handle, where its call raised there too: an
+    exception of the user's code or of torch, not ours and not Ctrl-C."""
+    return isinstance(error, Exception) and not isinstance(error, AutotuneError)
 
 
 def _exit(group: Group, error: BaseException) -> None:

@@ -1,0 +1,115 @@
+"""Rank 0's word on whether a call raised there too, through the job's store
+(``probe.group.Group.verdict`` and ``raised_on_rank_0``), and what a rank whose call raised
+does with it (``probe.ranks._made``): it answers the call where rank 0 raised too, and ends
+the job where rank 0 did not, said nothing in time, or the store is gone. A fake store; the
+ranks' jobs themselves run in tests/test_ranks.py."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+
+from torch_autotune.errors import ProbeError
+from torch_autotune.launch import Ranks
+from torch_autotune.probe import ranks
+from torch_autotune.probe.group import VERDICT_WAIT_S, Group
+
+
+class Store:
+    """The job's key-value store, as ``torch.distributed.TCPStore`` answers: ``wait`` raises
+    where a key is not set within its timeout (torch's ``DistStoreError``, a RuntimeError)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.waited: list[float] = []
+
+    def set(self, key: str, value: bytes) -> None:
+        self.values[key] = value
+
+    def get(self, key: str) -> bytes:
+        return self.values[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(key in self.values for key in keys)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
+        self.waited.append(timeout.total_seconds())
+        if not self.check(keys):
+            raise RuntimeError("Wait timeout")
+
+
+def _group(rank: int, store: Any) -> Group:
+    return Group(Ranks(rank, rank, 2, 2, 0), None, None, store, 60.0, "cpu")
+
+
+def test_a_rank_learns_that_the_call_raised_on_rank_0_too() -> None:
+    store = Store()
+    _group(0, store).verdict(3, raised=True)
+    _group(0, store).verdict(4, raised=False)
+    follower = _group(1, store)
+    assert follower.raised_on_rank_0(3)
+    assert not follower.raised_on_rank_0(4)
+    assert not follower.raised_on_rank_0(5)  # rank 0 said nothing in time
+    assert store.waited == [VERDICT_WAIT_S] * 3
+    assert not _group(1, None).raised_on_rank_0(3)  # no store: nothing to wait for
+
+
+class _Exited(Exception):
+    pass
+
+
+def _call(number: int, runner: int = 1) -> Any:
+    return ranks._Call(runner, "__call__", (8,), number=number)
+
+
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
+    """``ranks._exit`` recorded instead of ending this process."""
+    ended: list[BaseException] = []
+
+    def _exit(_group: Group, error: BaseException) -> None:
+        ended.append(error)
+        raise _Exited
+
+    monkeypatch.setattr(ranks, "_exit", _exit)
+    return ended
+
+
+def _raises(error: BaseException) -> Any:
+    def make(_call: Any) -> Any:
+        raise error
+
+    return make
+
+
+def test_a_call_that_raised_on_rank_0_too_is_answered_and_the_rank_goes_on(
+    exits: list[BaseException],
+) -> None:
+    store = Store()
+    _group(0, store).verdict(7, raised=True)
+    answer = ranks._made(_group(1, store), _raises(ValueError("batch 1")), _call(7))
+    assert answer == ranks._RAISED
+    assert exits == []
+
+
+def test_a_call_that_raised_here_alone_ends_the_job(exits: list[BaseException]) -> None:
+    store = Store()
+    _group(0, store).verdict(7, raised=False)
+    error = ValueError("rank 1 cannot take batch 512")
+    with pytest.raises(_Exited):
+        ranks._made(_group(1, store), _raises(error), _call(7))
+    assert exits == [error]
+
+
+@pytest.mark.parametrize("error", [ProbeError("ours"), KeyboardInterrupt()])
+def test_ours_and_ctrl_c_end_the_job_whatever_rank_0_did(
+    error: BaseException, exits: list[BaseException]
+) -> None:
+    store = Store()
+    _group(0, store).verdict(7, raised=True)
+    with pytest.raises(_Exited):
+        ranks._made(_group(1, store), _raises(error), _call(7))
+    assert exits == [error]
+    assert store.waited == []  # not even asked
