@@ -81,6 +81,7 @@ def test_the_h100_batch_is_the_fastest_point_and_says_so_not_the_largest_less_a_
 def test_a_batch_limited_by_the_cap_claims_no_memory_margin() -> None:
     machine = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
     profile = tune_on(machine, _workload(), LAPTOP, budget_s=60)
+    assert profile.provenance.preferences.max_batch_size is None  # none asked for
     evidence = profile.evidence
     assert evidence is not None
     assert evidence.limited_by == "cap"
@@ -210,7 +211,10 @@ def test_a_run_with_a_target_batch_shows_the_accumulation_and_the_rounding() -> 
     assert batch == profile.settings.batch.batch_size
     steps = profile.grad_accum_steps
     assert steps == -(-1000 // batch)
-    assert profile.provenance.preferences.target_global_batch == 1000
+    preferences = profile.provenance.preferences
+    assert (preferences.target_global_batch, preferences.max_batch_size) == (1000, 256)
+    assert profile.evidence is not None
+    assert profile.evidence.limit_reason == "the largest batch asked for (256)"
     decision = profile.decision("batch.grad_accum_steps")
     assert decision is not None
     assert decision.source is Source.MEASURED

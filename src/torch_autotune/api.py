@@ -258,6 +258,7 @@ def tune(
             target_global_batch,
             processes_per_node=processes_per_node,
             memory_limit_gib=memory_limit_gib,
+            max_batch_size=max_batch_size,
         ),
     )
     rules_only = build_profile(machine, preferences=preferences, host_id=host)

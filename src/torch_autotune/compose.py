@@ -89,11 +89,12 @@ def preferences(
     *,
     processes_per_node: int | None = None,
     memory_limit_gib: float | None = None,
+    max_batch_size: int | None = None,
 ) -> Preferences:
     """What the rules are told about ``workload`` and what the user asked for: its kind, its
     optimizer, whether its shapes are fixed (asked by the user, and seen in its data), the
-    workers, the global batch, the training processes per node, the device memory to use and
-    the classes of its blocks, where it names them."""
+    workers, the global batch, the largest batch to try, the training processes per node, the
+    device memory to use and the classes of its blocks, where it names them."""
     limit = None if memory_limit_gib is None else max(1, int(memory_limit_gib * 2**30))
     return Preferences(
         memory_limit_bytes=limit,
@@ -103,6 +104,7 @@ def preferences(
         optimizer=workload.optimizer,
         num_workers=num_workers,
         target_global_batch=target_global_batch,
+        max_batch_size=max_batch_size,
         processes_per_node=processes_per_node,
         blocks=",".join(workload.blocks) or None,
     )

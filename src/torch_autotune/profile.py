@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from torch_autotune.bounds import (
+    BatchSize,
     BlockNames,
     CpuCount,
     GlobalBatch,
@@ -129,6 +130,7 @@ class Preferences(StrictModel):
     allow_p100_fp16: bool = False  # catalog A5: fp16 on P100 only as an opt-in
     num_workers: WorkerCount | None = None  # the user's own DataLoader worker count
     target_global_batch: GlobalBatch | None = None  # the global batch accumulation keeps
+    max_batch_size: BatchSize | None = None  # --max-batch-size: the largest batch tried
     blocks: BlockNames | None = None  # the workload's blocks (its classes), where it names them
 
 

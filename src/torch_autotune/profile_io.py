@@ -11,7 +11,8 @@ every form up to its own:
 
 - A key added with a default, or a value added to a choice, needs no new version: a file
   written before it lacks the key and gets the default. (``preferences.target_global_batch``,
-  ``evidence.details``, ``evidence.batch_choice`` and ``evidence.fed`` came so, in schema 1.)
+  ``preferences.max_batch_size``, ``evidence.details``, ``evidence.batch_choice`` and
+  ``evidence.fed`` came so, in schema 1.)
 - A key renamed, moved or removed, or a value whose type, unit or meaning changes, bumps
   ``PROFILE_SCHEMA_VERSION`` to N+1 and adds the step ``MIGRATIONS[N]``: a pure function from a
   schema-N profile's data to schema N+1's (the version number is set by ``migrate``). The steps
