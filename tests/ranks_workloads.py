@@ -18,6 +18,8 @@ OOM_ABOVE = 48
 """Rank 1 of ``oom_on_rank_1`` runs out of memory above this batch; rank 0 fits the CPU cap."""
 KILLED_AT = 64
 """Rank 1 of ``killed_rank_1`` is killed by SIGKILL at the first batch this large."""
+RANK_0_RAISES_FROM = 8
+"""Rank 0 of ``raises_on_rank_0_alone`` raises from this batch on; rank 1 trains it."""
 
 
 def _adamw(params: Any) -> torch.optim.Optimizer:
@@ -87,6 +89,8 @@ class _Failing(nn.Module):
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.failing == "raise" and size >= KILLED_AT:
                 raise ValueError(f"rank 1 cannot take batch {size}")
+        if _rank() == 0 and self.failing == "raise on 0" and size >= RANK_0_RAISES_FROM:
+            raise ValueError(f"rank 0 cannot take batch {size}")
         return self.layers(x)
 
 
@@ -179,7 +183,8 @@ def _two_ranks(
             leader.done("done")
             answers[rank] = answer
     except Exception as error:
-        answers[rank] = f"{type(error).__name__}: {error}"
+        code = getattr(error, "exit_code", None)
+        answers[rank] = f"{type(error).__name__}: {error}" + (f" [exit {code}]" if code else "")
 
 
 def alone_after_a_model_of_its_own(rank: int, port: int, answers: Any) -> None:
@@ -257,14 +262,31 @@ def checkpointed_raises_on_every_rank(rank: int, port: int, answers: Any) -> Non
     from torch_autotune.errors import said_in_one_line
     from torch_autotune.probe.checkpoint_phase import checkpointed
 
-    def lead(leader: Any) -> tuple[str | None, bool]:
+    def lead(leader: Any) -> tuple[str | None, bool, bool]:
         leader(4)
+        variant = leader.variant(checkpointed())
+        variant(4)  # its model built and trained: the error below is its training step's
         caught = None
         try:
-            leader.variant(checkpointed())(RECOMPUTE_RAISES_FROM)
+            variant(RECOMPUTE_RAISES_FROM)
         except Exception as error:  # as the checkpointing phase catches it
             caught = said_in_one_line(error)
-        return caught, leader(4).fits
+            variant.release_model()  # as measure_variant lets it go, on every rank
+        return caught, leader(4).fits, variant.runner._model is None
 
     made = {"model": _RecomputeTower, "optimizer": _adamw, "example_batch": _mlp_data(8)}
     _two_ranks(rank, port, answers, made, lead, timeout_s=60.0)
+
+
+def raises_on_rank_0_alone(rank: int, port: int, answers: Any) -> None:
+    """Rank 0's training step raises at a batch rank 1 trains: the job ends, with rank 0's
+    error (rank 0 waits a bounded while for the others to say they raised too: 2 s here)."""
+    from torch_autotune.probe import group
+
+    group.VERDICT_WAIT_S = 2.0
+
+    def lead(leader: Any) -> None:
+        leader(4)
+        leader(RANK_0_RAISES_FROM)
+
+    _two_ranks(rank, port, answers, _failing("raise on 0"), lead, timeout_s=60.0)

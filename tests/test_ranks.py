@@ -138,9 +138,36 @@ def test_checkpointing_that_raises_on_every_rank_is_the_leaders_to_handle() -> N
         mp.spawn(checkpointed_raises_on_every_rank, args=(port, answers), nprocs=2)
         found = dict(answers)
     assert found[1] == "done", found
-    caught, fits = found[0]
+    caught, fits, released = found[0]
     assert caught.startswith("CheckpointError: torch.utils.checkpoint: Recomputed values"), found
     assert fits
+    assert released  # its model let go, on every rank together
+
+
+def test_an_error_of_rank_0_alone_ends_the_job_with_it() -> None:
+    """Rank 0's step raises where rank 1's trains: no phase may take it for a finding (rank 1
+    waits in what rank 0 left); rank 0 ends with its own error, rank 1 within seconds."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from tests.ranks_workloads import RANK_0_RAISES_FROM, raises_on_rank_0_alone
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with mp.Manager() as manager:
+        answers = manager.dict()
+        began = time.monotonic()
+        mp.spawn(raises_on_rank_0_alone, args=(port, answers), nprocs=2)
+        took = time.monotonic() - began
+        found = dict(answers)
+    assert found[0] == (
+        "RankFailedError: rank 0: the training step raised ValueError: rank 0 cannot take batch"
+        f" {RANK_0_RAISES_FROM}; no other rank raised it on the same call [exit 5]"
+    ), found
+    assert found[1].startswith("RankFailedError"), found
+    assert took < 30.0
 
 
 def test_a_rank_out_of_memory_at_a_size_the_other_fits_sets_the_largest(tmp_path: Path) -> None:

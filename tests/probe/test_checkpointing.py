@@ -228,8 +228,8 @@ def test_a_model_that_fits_only_with_checkpointing_gets_it_with_the_numbers() ->
         "on: not even batch 1 trained without it (out of memory); with each repeated block's "
         "forward recomputed in backward, the largest batch that trained was 12; its recomputed"
         " blocks matched their plain forward and backward (one block trained alone on the inputs"
-        " it got in a step at batch 1: outputs and gradients within 0.0e+00, relative; the plain"
-        " step does not fit)"
+        " it got in a step at batch 1: outputs and gradients within 0.0e+00, relative; the whole"
+        " plain step ran out of memory in the check)"
     )
     memory = {v.settings.get("activation_checkpointing") for v in evidence.variants}
     assert memory == {"on"}  # every size the profile's batch came from ran checkpointed

@@ -40,20 +40,35 @@ class Store:
             raise RuntimeError("Wait timeout")
 
 
-def _group(rank: int, store: Any) -> Group:
-    return Group(Ranks(rank, rank, 2, 2, 0), None, None, store, 60.0, "cpu")
+def _group(rank: int, store: Any, run: str = "join-1") -> Group:
+    return Group(Ranks(rank, rank, 2, 2, 0), None, None, store, 60.0, "cpu", run=run)
 
 
-def test_a_rank_learns_that_the_call_raised_on_rank_0_too() -> None:
+def test_a_rank_learns_that_the_call_raised_on_every_rank() -> None:
     store = Store()
-    _group(0, store).verdict(3, raised=True)
-    _group(0, store).verdict(4, raised=False)
-    follower = _group(1, store)
+    leader, follower = _group(0, store), _group(1, store)
+    assert not leader.raised_everywhere(3)  # rank 1 has not said it raised
+    assert follower.raised_on_rank_0(3) is False  # says so; rank 0 said nothing in time
+    assert leader.raised_everywhere(3)  # now it has
+    leader.verdict(3, raised=True)
     assert follower.raised_on_rank_0(3)
+    leader.verdict(4, raised=False)
     assert not follower.raised_on_rank_0(4)
-    assert not follower.raised_on_rank_0(5)  # rank 0 said nothing in time
-    assert store.waited == [VERDICT_WAIT_S] * 3
+    assert set(store.waited) == {VERDICT_WAIT_S}  # every wait bounded
     assert not _group(1, None).raised_on_rank_0(3)  # no store: nothing to wait for
+    assert not _group(0, None).raised_everywhere(3)
+
+
+def test_a_later_join_never_reads_an_earlier_ones_words() -> None:
+    """A second tune in the same job numbers its calls from 1 again: its keys are its own."""
+    store = Store()
+    _group(0, store, run="join-1").verdict(1, raised=True)
+    _group(1, store, run="join-1").raised_on_rank_0(1)
+    assert not _group(1, store, run="join-2").raised_on_rank_0(1)
+    assert not _group(0, store, run="join-2").raised_everywhere(2)
+    _group(1, store, run="join-1").post(5, "raised")
+    assert _group(0, store, run="join-1").posted() == {1: (5, "raised")}
+    assert _group(0, store, run="join-2").posted() == {}
 
 
 class _Exited(Exception):

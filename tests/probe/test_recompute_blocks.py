@@ -246,3 +246,18 @@ def test_on_real_torch_a_model_that_needs_checkpointing_with_a_jittery_block_doe
     assert "activation checkpointing was tried, and a block recomputed differs" in (
         raised.value.fact
     )
+
+
+def test_a_model_that_came_checkpointed_is_still_held_to_its_blocks_check() -> None:
+    """Its blocks were wrapped before (the check wrapped none), but alone, plain against
+    recomputed, they were compared all the same: a difference is not 'checkpointed already'."""
+    from torch_autotune.errors import RecomputeDiffersError
+    from torch_autotune.probe.checkpoint_phase import ALREADY, _refusal, checked_on
+
+    class Base:
+        def recompute_check(self, batch_size: int) -> Agreement:
+            return Agreement(False, 0.25, 0, kinds=1)
+
+    assert _refusal(Agreement(True, 0.0, 0)) == ALREADY  # the whole step, twice the same
+    with pytest.raises(RecomputeDiffersError, match="a block recomputed differs"):
+        checked_on(Base(), 1, lambda _phase, _what: None)  # type: ignore[arg-type]

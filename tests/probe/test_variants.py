@@ -5,11 +5,13 @@ memory. On the simulated machine and, for the runner, on real torch on this CPU.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from tests.probe.fake_trials import recorded
+from torch_autotune.errors import ProbeError
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.judge import judge
 from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
@@ -137,6 +139,32 @@ def test_a_variant_not_kept_lets_go_of_its_model_and_one_kept_does_not() -> None
     assert faster.judgement.kept
     assert isinstance(faster.runner, SimulatedTrials)
     assert faster.runner.released == 0
+
+
+@pytest.mark.parametrize("ours", [False, True], ids=["the model's error", "ours"])
+def test_a_variant_whose_training_raises_lets_go_of_its_model_first(
+    ours: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpointing whose recompute differs raises in its search: the phase keeps it off and
+    the probe goes on, so its model must not stay on the device (on every rank of a job);
+    an error of ours ends the run and is passed on untouched."""
+    made: list[SimulatedTrials] = []
+    variant_of = SimulatedTrials.variant
+
+    def variant(self: SimulatedTrials, chosen: Variant) -> SimulatedTrials:
+        runner = variant_of(self, chosen)
+        made.append(runner)
+        return runner
+
+    def raising(self: SimulatedTrials, batch_size: int) -> Any:
+        raise ProbeError("ours") if ours else RuntimeError("recompute differs")
+
+    monkeypatch.setattr(SimulatedTrials, "variant", variant)
+    monkeypatch.setattr(SimulatedTrials, "__call__", raising)
+    with pytest.raises(ProbeError if ours else RuntimeError):
+        _measured(SimulatedMachine(compiled_limit=3000), compiled("default"))
+    (runner,) = made
+    assert runner.released == (0 if ours else 1)
 
 
 def test_a_variant_that_fits_nothing_says_so() -> None:

@@ -143,8 +143,8 @@ def measure_checkpointing(
 
 def _refusal(found: Agreement | None) -> str | None:
     """Why checkpointing is not measured after the check found ``found``; None where it is."""
-    if found is not None and found.blocks == 0 and found.raised is None:
-        return ALREADY  # the same step twice: nothing to measure against
+    if found is not None and found.blocks == 0 and found.raised is None and not found.kinds:
+        return ALREADY  # the same step twice: nothing to measure against (blocks alone were)
     if found is None or found.agrees:
         return None
     if found.raised and found.kinds:
@@ -264,7 +264,7 @@ def checked_text(checked: Agreement | None, batch: int) -> str:
         return (
             f"its recomputed blocks matched their plain forward and backward ({alone} at batch"
             f" {batch}: outputs and gradients within {checked.largest_difference:.1e}, relative;"
-            " the plain step does not fit)"
+            " the whole plain step ran out of memory in the check)"
         )
     return (
         f"its recomputed step matched the plain one at batch {batch} (loss and gradients "

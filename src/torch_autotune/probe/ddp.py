@@ -87,7 +87,11 @@ class DdpRunner(FedRunner):
         if self.settings.settings.fsdp.enabled:  # FSDP2 needs no unused parameters found
             self._ddp = parallelize(self.settings.settings, model, process_group=self.group.data)
             return self._ddp
-        unused = unused_parameters(self.workload, self.settings, model, self._first or 1)
+        try:
+            unused = unused_parameters(self.workload, self.settings, model, self._first or 1)
+        except Exception:  # at this size (BatchNorm at batch 1): the next size builds it again
+            self._first = None
+            raise
         # the ranks see the same model; agreeing keeps one rank's odd result from hanging DDP
         self.unused_parameters = self.group.reduce(unused, largest=True)
         self._ddp = parallelize(
@@ -99,8 +103,8 @@ class DdpRunner(FedRunner):
         return self._ddp
 
     def _stepper(self, batch_size: int, *, typical: bool = False) -> Callable[[], None]:
-        if self._model is None:  # built for this size: where it raised at a smaller one (a
-            self._first = batch_size  # BatchNorm at batch 1), the next size builds it again
+        if self._first is None:
+            self._first = batch_size
         return super()._stepper(batch_size, typical=typical)
 
     def synced(self, on: bool) -> AbstractContextManager[object]:

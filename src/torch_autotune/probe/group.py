@@ -1,11 +1,14 @@
 """The job's process groups as the probe's ranks talk over them (``probe.ranks``): a gloo group
 of its own for the calls and what each rank measured (``Group.control``), one for DDP's
 all-reduce (``Group.data``), each wait bounded; and the job's key-value store, where a rank
-that fails posts what it said before it exits (``Group.post``), and where rank 0 says, after
-each call, whether the call raised on it too (``Group.verdict``): a rank whose call raised
-waits for that word, a bounded while, to learn whether rank 0 goes on without its answer (the
-error was the job's, as in one process: checkpointing that raises is not kept) or it must end
-the job.
+that fails posts what it said before it exits (``Group.post``). An error every rank raised on
+the same call is the job's, as in one process (checkpointing that raises is not kept), and one
+rank's alone ends the job; the ranks learn which through the store: a rank other than 0 whose
+call raised says so (``raised_on_rank_0``) and waits for rank 0's word on the call
+(``Group.verdict``); rank 0, where its own call raised, waits for the others to say it raised
+on them too (``raised_everywhere``). Each wait is bounded by ``VERDICT_WAIT_S``. The keys of
+one join carry a name of its own (``Group.run``), so a later tune in the same job never reads
+an earlier one's.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +51,7 @@ class Group:
     store: Any
     timeout_s: float
     device: str
+    run: str = ""  # this join's name, rank 0's, in every key it posts
     calls: int = 0  # the calls rank 0 sent so far: each call's number, the same on every rank
 
     @property
@@ -104,31 +109,53 @@ class Group:
         if self.store is None:
             return
         try:
-            self.store.set(f"{_KEY}{self.rank}", pickle.dumps((code, text)))
+            self.store.set(f"{_KEY}{self.run}/{self.rank}", pickle.dumps((code, text)))
         except (RuntimeError, ConnectionError, TimeoutError):
             return
 
     def verdict(self, call: int, *, raised: bool) -> None:
-        """Rank 0: whether call number ``call`` raised here (best effort, as ``post``)."""
+        """Rank 0: whether call number ``call`` raised on every rank, so that the job goes on
+        (best effort, as ``post``)."""
+        self._set(f"{_VERDICT}{self.run}/{call}", _RAISED if raised else b"no")
+
+    def raised_on_rank_0(self, call: int) -> bool:
+        """A rank other than 0 whose call number ``call`` raised: says so, then whether rank 0
+        says it raised on every rank, which then goes on without this rank's answer; False
+        where rank 0 says it did not, says nothing within ``VERDICT_WAIT_S``, or the store
+        cannot be reached."""
+        self._set(f"{_VERDICT}{self.run}/{call}/{self.rank}", _RAISED)
+        key = f"{_VERDICT}{self.run}/{call}"
+        return self._waited([key]) and self._get(key) == _RAISED
+
+    def raised_everywhere(self, call: int) -> bool:
+        """Rank 0, whose call number ``call`` raised: whether every other rank said it raised
+        there too within ``VERDICT_WAIT_S`` (False where the store cannot be reached)."""
+        keys = [f"{_VERDICT}{self.run}/{call}/{r}" for r in range(1, self.ranks.world_size)]
+        return self._waited(keys)
+
+    def _set(self, key: str, value: bytes) -> None:
         if self.store is None:
             return
         try:
-            self.store.set(f"{_VERDICT}{call}", _RAISED if raised else b"no")
+            self.store.set(key, value)
         except (RuntimeError, ConnectionError, TimeoutError):
             return
 
-    def raised_on_rank_0(self, call: int) -> bool:
-        """Another rank whose call number ``call`` raised: whether it raised on rank 0 too,
-        which then goes on without this rank's answer; False where rank 0 says it did not,
-        says nothing within ``VERDICT_WAIT_S``, or the store cannot be reached."""
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return bytes(self.store.get(key))
+        except (RuntimeError, ConnectionError, TimeoutError):
+            return None
+
+    def _waited(self, keys: list[str]) -> bool:
+        """Whether ``keys`` are all set within ``VERDICT_WAIT_S``."""
         if self.store is None:
             return False
-        key = f"{_VERDICT}{call}"
         try:
-            self.store.wait([key], datetime.timedelta(seconds=VERDICT_WAIT_S))
-            return bool(self.store.get(key) == _RAISED)
+            self.store.wait(keys, datetime.timedelta(seconds=VERDICT_WAIT_S))
         except (RuntimeError, ConnectionError, TimeoutError):  # DistStoreError: a RuntimeError
             return False
+        return True
 
     def posted(self) -> dict[int, tuple[int, str]]:
         """The failures other ranks posted, by rank."""
@@ -136,7 +163,7 @@ class Group:
             return {}
         found: dict[int, tuple[int, str]] = {}
         for rank in range(self.ranks.world_size):
-            key = f"{_KEY}{rank}"
+            key = f"{_KEY}{self.run}/{rank}"
             try:
                 if rank != self.rank and self.store.check([key]):
                     found[rank] = pickle.loads(self.store.get(key))  # our own
@@ -163,8 +190,10 @@ def joined(ranks: Ranks, device: str, *, timeout_s: float) -> Iterator[Group]:
         dist.init_process_group(backend=backend, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout)
     data = dist.new_group(backend=backend, timeout=timeout)
+    run = [uuid.uuid4().hex if ranks.rank == 0 else None]  # this join's keys, rank 0's name
+    dist.broadcast_object_list(run, src=0, group=control)
     try:
-        yield Group(ranks, control, data, _store(timeout), timeout_s, device)
+        yield Group(ranks, control, data, _store(timeout), timeout_s, device, run=str(run[0]))
     finally:
         if made:
             dist.destroy_process_group()

@@ -161,8 +161,8 @@ def long_lived_objects_frozen() -> Iterator[None]:
     try:
         yield
     finally:
-        _Seen.ours = False
         gc.unfreeze()
+        _Seen.ours = False  # after: a probe that starts meanwhile must not take ours for its own
 
 
 class _Seen:

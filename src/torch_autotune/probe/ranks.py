@@ -18,10 +18,13 @@ store before it exits, where rank 0 reads it (``RankFailedError``).
 
 An error is not always the end, in one process: the smallest batch's search goes on past an
 error of the user's code at a small size (BatchNorm at batch 1), and checkpointing that raises
-is not kept. So a rank whose call raised asks first whether the same call raised on rank 0
-(``Group.raised_on_rank_0``): where it did, rank 0 handles its own error as one process would
-and the others' answers are set aside; where it did not, or says nothing within a bounded
-while, the rank fails as above.
+is not kept. So an error every rank raised on the same call is the job's: a rank whose call
+raised asks whether rank 0 found it raised everywhere (``Group.raised_on_rank_0``), and rank
+0, where its own call raised, waits for every other rank to say so (``raised_everywhere``);
+then rank 0 handles its error as one process would, and the others' answers are set aside.
+Where any rank did not raise, or says nothing within a bounded while, the job ends: a rank
+other than 0 as above, rank 0 with its own error (``_alone``), which no phase takes for a
+finding.
 """
 
 from __future__ import annotations
@@ -108,9 +111,12 @@ class Leader:
             mine = here()
         except AutotuneError:
             raise
-        except Exception:
-            self.group.verdict(call.number, raised=True)
-            self.group.gather(_RAISED)  # the ranks whose call raised too answer so
+        except Exception as error:
+            everywhere = self.group.raised_everywhere(call.number)
+            self.group.verdict(call.number, raised=everywhere)
+            if not everywhere:  # rank 0's alone: the others may wait in what it left
+                raise _alone(error) from error
+            self.group.gather(_RAISED)  # every rank is past the call: the job's error
             raise
         self.group.verdict(call.number, raised=False)
         return self.group.gather(mine)
@@ -282,20 +288,44 @@ def _rank_0s_to_handle(error: BaseException) -> bool:
     return isinstance(error, Exception) and not isinstance(error, AutotuneError)
 
 
+def _said(error: BaseException) -> tuple[int, str]:
+    """The exit code and the words of a rank that fails with ``error`` (1: a bug of ours)."""
+    if raised_by_user_code(error):
+        return 5, f"the training step raised {type(error).__name__}: {error}"
+    if isinstance(error, AutotuneError):
+        return error.exit_code, str(error)
+    if isinstance(error, KeyboardInterrupt):
+        return 130, "interrupted"
+    return 1, f"{type(error).__name__}: {error} (a bug of torch-autotune)"  # _a_bug
+
+
+def _a_bug(error: BaseException) -> bool:
+    """Whether ``error`` is a bug of ours: neither the user's, nor ours said, nor Ctrl-C."""
+    return not (raised_by_user_code(error) or isinstance(error, (AutotuneError, KeyboardInterrupt)))
+
+
+def _alone(error: Exception) -> RankFailedError:
+    """Rank 0's error that no other rank raised on the same call: the job's end, as another
+    rank's error alone is, which no phase of the probe takes for a finding of its own. The
+    command line shows the user's traceback from its cause; a bug's is shown here."""
+    import traceback
+
+    code, text = _said(error)
+    if _a_bug(error):
+        traceback.print_exception(error)
+    return RankFailedError(
+        f"rank 0: {text.splitlines()[0]}; no other rank raised it on the same call",
+        exit_code=code if code != 1 else EXIT_PROBE,
+    )
+
+
 def _exit(group: Group, error: BaseException) -> None:
     import sys
     import traceback
 
-    if raised_by_user_code(error):
+    code, text = _said(error)
+    if raised_by_user_code(error) or _a_bug(error):
         traceback.print_exception(error)
-        code, text = 5, f"the training step raised {type(error).__name__}: {error}"
-    elif isinstance(error, AutotuneError):
-        code, text = error.exit_code, str(error)
-    elif isinstance(error, KeyboardInterrupt):
-        code, text = 130, "interrupted"
-    else:
-        traceback.print_exception(error)
-        code, text = 1, f"{type(error).__name__}: {error} (a bug of torch-autotune)"
     group.post(code, text)
     sys.stderr.write(f"autotune: error: rank {group.rank}: {text.splitlines()[0]}\n")
     sys.stderr.flush()

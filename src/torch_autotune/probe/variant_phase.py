@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from torch_autotune.errors import AutotuneError
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import SearchGuard, search_with_guard
 from torch_autotune.probe.judge import Judgement, judge
@@ -74,8 +75,42 @@ def measure_variant(
     reserve_s: float,
 ) -> VariantOutcome:
     """Measure ``variant`` against ``base_best``, the base's fastest steady point (module
-    docstring); ``reserve_s``: seconds kept for the phases after this one."""
+    docstring); ``reserve_s``: seconds kept for the phases after this one. Where its training
+    raises (checkpointing whose recompute differs), its model is let go, on every rank of a
+    job, before the error goes on to the phase that decides what it means."""
     runner = base.variant(variant)
+    try:
+        return _measured(
+            runner,
+            variant,
+            base_best=base_best,
+            base_sizes=base_sizes,
+            base_model=base_model,
+            bounds=bounds,
+            budget=budget,
+            progress=progress,
+            reserve_s=reserve_s,
+        )
+    except AutotuneError:
+        raise  # ours (a rank that failed, an interrupt): the run ends
+    except Exception:
+        runner.release_model()
+        raise
+
+
+def _measured(
+    runner: Trials,
+    variant: Variant,
+    *,
+    base_best: ThroughputRecord,
+    base_sizes: Sequence[int],
+    base_model: TimeModel,
+    bounds: Bounds,
+    budget: Budget,
+    progress: Progress,
+    reserve_s: float,
+) -> VariantOutcome:
+    """``measure_variant`` on ``runner``, the variant's."""
     settings = runner.settings.settings
     outcome = VariantOutcome(variant, runner, None, None)
     outcome.ran_as.append(variant_record(variant.name, settings))
