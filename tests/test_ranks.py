@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,24 @@ def _saved(store: Path) -> list[Profile]:
     paths = sorted((store / "profiles").rglob("*.json"))
     texts = {path.read_text(encoding="utf-8") for path in paths}
     return [Profile.model_validate(json.loads(text)) for text in texts]
+
+
+def _spawned(function: Any) -> tuple[dict[int, Any], float]:
+    """``function(rank, port, answers)`` on two ranks in processes of this test's own
+    (``torch.multiprocessing.spawn``): what each rank answered, and the seconds it took."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with mp.Manager() as manager:
+        answers = manager.dict()
+        began = time.monotonic()
+        mp.spawn(function, args=(port, answers), nprocs=2)
+        took = time.monotonic() - began
+        return dict(answers), took
 
 
 @pytest.mark.parametrize("torchrun", [True, False], ids=["torchrun", "--nproc-per-node"])
@@ -124,19 +143,9 @@ def test_a_model_whose_batchnorm_cannot_train_batch_1_tunes_from_2_on_every_rank
 def test_checkpointing_that_raises_on_every_rank_is_the_leaders_to_handle() -> None:
     """The checkpointed step raises on both ranks (torch's CheckpointError): rank 0 catches
     it as the checkpointing phase does, and both ranks train the base again, in step."""
-    import socket
-
-    import torch.multiprocessing as mp
-
     from tests.ranks_workloads import checkpointed_raises_on_every_rank
 
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    with mp.Manager() as manager:
-        answers = manager.dict()
-        mp.spawn(checkpointed_raises_on_every_rank, args=(port, answers), nprocs=2)
-        found = dict(answers)
+    found, _ = _spawned(checkpointed_raises_on_every_rank)
     assert found[1] == "done", found
     caught, fits, released = found[0]
     assert caught.startswith("CheckpointError: torch.utils.checkpoint: Recomputed values"), found
@@ -147,21 +156,9 @@ def test_checkpointing_that_raises_on_every_rank_is_the_leaders_to_handle() -> N
 def test_an_error_of_rank_0_alone_ends_the_job_with_it() -> None:
     """Rank 0's step raises where rank 1's trains: no phase may take it for a finding (rank 1
     waits in what rank 0 left); rank 0 ends with its own error, rank 1 within seconds."""
-    import socket
-
-    import torch.multiprocessing as mp
-
     from tests.ranks_workloads import RANK_0_RAISES_FROM, raises_on_rank_0_alone
 
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    with mp.Manager() as manager:
-        answers = manager.dict()
-        began = time.monotonic()
-        mp.spawn(raises_on_rank_0_alone, args=(port, answers), nprocs=2)
-        took = time.monotonic() - began
-        found = dict(answers)
+    found, took = _spawned(raises_on_rank_0_alone)
     assert found[0] == (
         "RankFailedError: rank 0: the training step raised ValueError: rank 0 cannot take batch"
         f" {RANK_0_RAISES_FROM}; no other rank raised it on the same call [exit 5]"
@@ -190,21 +187,9 @@ def test_rank_0_alone_after_a_variant_with_a_model_of_its_own_does_not_hang() ->
     builds it again, and wrapping it in DDP is a collective: every rank builds it together
     first (the job hung here, now and then, until its bound, where checkpointing was measured
     before the scaling point)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
     from tests.ranks_workloads import alone_after_a_model_of_its_own
 
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    with mp.Manager() as manager:
-        answers = manager.dict()
-        began = time.monotonic()
-        mp.spawn(alone_after_a_model_of_its_own, args=(port, answers), nprocs=2)
-        took = time.monotonic() - began
-        found = dict(answers)
+    found, took = _spawned(alone_after_a_model_of_its_own)
     assert found[1] == "done", found
     assert isinstance(found[0], float), found
     assert found[0] > 0

@@ -14,7 +14,8 @@ base's fastest steady point.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from torch_autotune.errors import AutotuneError
@@ -79,85 +80,67 @@ def measure_variant(
     raises (checkpointing whose recompute differs), its model is let go, on every rank of a
     job, before the error goes on to the phase that decides what it means."""
     runner = base.variant(variant)
-    try:
-        return _measured(
-            runner,
-            variant,
-            base_best=base_best,
-            base_sizes=base_sizes,
-            base_model=base_model,
-            bounds=bounds,
-            budget=budget,
-            progress=progress,
-            reserve_s=reserve_s,
+    with _let_go_on_error(runner):
+        settings = runner.settings.settings
+        outcome = VariantOutcome(variant, runner, None, None)
+        outcome.ran_as.append(variant_record(variant.name, settings))
+        sizes, model = list(base_sizes), base_model
+        if variant.changes_memory:
+            searched = _search(
+                runner,
+                variant,
+                bounds=bounds,
+                budget=budget,
+                progress=progress,
+                reserve_s=reserve_s,
+                start=min(base_sizes),
+            )
+            outcome.search = searched.records
+            outcome.ran_as.append(variant_record(searched.variant, search_settings(settings)))
+            outcome.paid_s = next((r.warmup_s for r in searched.records if r.fits), None)
+            largest = max((r.batch_size for r in searched.records if r.fits), default=None)
+            if largest is None:
+                failed = [
+                    r.batch_size for r in searched.records if not r.fits and r.seconds is not None
+                ]
+                outcome.failed = _failure(variant, failed)
+                return outcome
+            limited = outcome.limited_by = searched.limited_by
+            outcome.largest = largest
+            sizes = candidates(
+                largest, limited, bounds.multiple, bounds.fixed_shapes, floor=bounds.floor
+            )
+            model = outcome.model = searched.model
+        outcome.sizes = sizes
+        runner.apply_flags()
+        measured = measure_points(
+            runner, sizes, budget, progress, model, variant=variant.name, phase=variant.phase
         )
+        outcome.points = [r for r in measured if isinstance(r, ThroughputRecord)]
+        if outcome.paid_s is None and outcome.points:
+            outcome.paid_s = outcome.points[0].warmup_s
+        best = fastest(outcome.points) or (outcome.points[0] if outcome.points else None)
+        if best is None:
+            outcome.failed = _failure(variant, [r for r in measured if isinstance(r, int)])
+            return outcome
+        outcome.point = best
+        outcome.judgement = judge(variant, base_best, best, outcome.paid_s or 0.0)
+        if not outcome.judgement.kept:  # never trained again: off the device for what follows
+            runner.release_model()  # (a fresh process's trials share this GPU)
+        return outcome
+
+
+@contextmanager
+def _let_go_on_error(runner: Trials) -> Iterator[None]:
+    """Where the variant's training raises, its model is let go before the error goes on (an
+    error of ours ends the run as it is)."""
+    try:
+        yield
     except AutotuneError:
-        raise  # ours (a rank that failed, an interrupt): the run ends
+        raise
     except Exception:
         runner.release_model()
         raise
-
-
-def _measured(
-    runner: Trials,
-    variant: Variant,
-    *,
-    base_best: ThroughputRecord,
-    base_sizes: Sequence[int],
-    base_model: TimeModel,
-    bounds: Bounds,
-    budget: Budget,
-    progress: Progress,
-    reserve_s: float,
-) -> VariantOutcome:
-    """``measure_variant`` on ``runner``, the variant's."""
-    settings = runner.settings.settings
-    outcome = VariantOutcome(variant, runner, None, None)
-    outcome.ran_as.append(variant_record(variant.name, settings))
-    sizes, model = list(base_sizes), base_model
-    if variant.changes_memory:
-        searched = _search(
-            runner,
-            variant,
-            bounds=bounds,
-            budget=budget,
-            progress=progress,
-            reserve_s=reserve_s,
-            start=min(base_sizes),
-        )
-        outcome.search = searched.records
-        outcome.ran_as.append(variant_record(searched.variant, search_settings(settings)))
-        outcome.paid_s = next((r.warmup_s for r in searched.records if r.fits), None)
-        largest = max((r.batch_size for r in searched.records if r.fits), default=None)
-        if largest is None:
-            failed = [
-                r.batch_size for r in searched.records if not r.fits and r.seconds is not None
-            ]
-            outcome.failed = _failure(variant, failed)
-            return outcome
-        limited = outcome.limited_by = searched.limited_by
-        outcome.largest = largest
-        sizes = candidates(
-            largest, limited, bounds.multiple, bounds.fixed_shapes, floor=bounds.floor
-        )
-        model = outcome.model = searched.model
-    outcome.sizes = sizes
-    runner.apply_flags()
-    measured = measure_points(
-        runner, sizes, budget, progress, model, variant=variant.name, phase=variant.phase
-    )
-    outcome.points = [r for r in measured if isinstance(r, ThroughputRecord)]
-    if outcome.paid_s is None and outcome.points:
-        outcome.paid_s = outcome.points[0].warmup_s
-    best = fastest(outcome.points) or (outcome.points[0] if outcome.points else None)
-    if best is None:
-        outcome.failed = _failure(variant, [r for r in measured if isinstance(r, int)])
-        return outcome
-    outcome.point = best
-    outcome.judgement = judge(variant, base_best, best, outcome.paid_s or 0.0)
-    if not outcome.judgement.kept:  # never trained again: off the device for what follows
-        runner.release_model()  # (a fresh process's trials share this GPU)
-    return outcome
 
 
 @dataclass
