@@ -77,8 +77,7 @@ def measure_variant(
 ) -> VariantOutcome:
     """Measure ``variant`` against ``base_best``, the base's fastest steady point (module
     docstring); ``reserve_s``: seconds kept for the phases after this one. Where its training
-    raises (checkpointing whose recompute differs), its model is let go, on every rank of a
-    job, before the error goes on to the phase that decides what it means."""
+    raises, its model is let go (on every rank of a job) before the error goes on."""
     runner = base.variant(variant)
     with _let_go_on_error(runner):
         settings = runner.settings.settings
