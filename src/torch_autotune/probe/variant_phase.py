@@ -99,10 +99,8 @@ def measure_variant(
             outcome.paid_s = next((r.warmup_s for r in searched.records if r.fits), None)
             largest = max((r.batch_size for r in searched.records if r.fits), default=None)
             if largest is None:
-                failed = [
-                    r.batch_size for r in searched.records if not r.fits and r.seconds is not None
-                ]
-                outcome.failed = _failure(variant, failed)
+                ran = [r for r in searched.records if r.seconds is not None]
+                outcome.failed = _failure(variant, [r.batch_size for r in ran if not r.fits])
                 return outcome
             limited = outcome.limited_by = searched.limited_by
             outcome.largest = largest
