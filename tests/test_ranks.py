@@ -164,7 +164,7 @@ def test_an_error_of_rank_0_alone_ends_the_job_with_it() -> None:
         f" {RANK_0_RAISES_FROM}; no other rank raised it on the same call [exit 5]"
     ), found
     assert found[1].startswith("RankFailedError"), found
-    assert took < 30.0
+    assert took < 25.0  # two processes started and joined: not the 30 s bound on top
 
 
 def test_a_rank_out_of_memory_at_a_size_the_other_fits_sets_the_largest(tmp_path: Path) -> None:

@@ -7,14 +7,16 @@ ranks' jobs themselves run in tests/test_ranks.py."""
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 import pytest
 
 from torch_autotune.errors import ProbeError
 from torch_autotune.launch import Ranks
+from torch_autotune.probe import group as group_module
 from torch_autotune.probe import ranks
-from torch_autotune.probe.group import VERDICT_WAIT_S, Group
+from torch_autotune.probe.group import Group
 
 
 class Store:
@@ -44,19 +46,36 @@ def _group(rank: int, store: Any, run: str = "join-1") -> Group:
     return Group(Ranks(rank, rank, 2, 2, 0), None, None, store, 60.0, "cpu", run=run)
 
 
-def test_a_rank_learns_that_the_call_raised_on_every_rank() -> None:
+def test_a_rank_learns_that_the_call_raised_on_every_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(group_module, "VERDICT_WAIT_S", 0.05)
     store = Store()
     leader, follower = _group(0, store), _group(1, store)
-    assert not leader.raised_everywhere(3)  # rank 1 has not said it raised
-    assert follower.raised_on_rank_0(3) is False  # says so; rank 0 said nothing in time
-    assert leader.raised_everywhere(3)  # now it has
+    began = time.monotonic()
+    assert not leader.raised_everywhere(3)  # rank 1 said nothing: no, at the bound
+    assert time.monotonic() - began >= 0.05
+    assert follower.raised_on_rank_0(3) is False  # says it raised; rank 0 said nothing in time
+    assert leader.raised_everywhere(3)  # now it has said so
     leader.verdict(3, raised=True)
     assert follower.raised_on_rank_0(3)
     leader.verdict(4, raised=False)
     assert not follower.raised_on_rank_0(4)
-    assert set(store.waited) == {VERDICT_WAIT_S}  # every wait bounded
+    assert set(store.waited) == {0.05}  # every wait bounded
     assert not _group(1, None).raised_on_rank_0(3)  # no store: nothing to wait for
     assert not _group(0, None).raised_everywhere(3)
+
+
+def test_rank_0_learns_at_once_that_another_rank_trained_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its own call raised, rank 1's returned: no waiting out the bound to end the job."""
+    monkeypatch.setattr(group_module, "VERDICT_WAIT_S", 60.0)
+    store = Store()
+    _group(1, store).answered(5, raised=False)
+    began = time.monotonic()
+    assert not _group(0, store).raised_everywhere(5)
+    assert time.monotonic() - began < 1.0
 
 
 def test_a_later_join_never_reads_an_earlier_ones_words() -> None:

@@ -5,8 +5,10 @@ that fails posts what it said before it exits (``Group.post``). An error every r
 the same call is the job's, as in one process (checkpointing that raises is not kept), and one
 rank's alone ends the job; the ranks learn which through the store: a rank other than 0 whose
 call raised says so (``raised_on_rank_0``) and waits for rank 0's word on the call
-(``Group.verdict``); rank 0, where its own call raised, waits for the others to say it raised
-on them too (``raised_everywhere``). Each wait is bounded by ``VERDICT_WAIT_S``. The keys of
+(``Group.verdict``), one whose call returned says that (``answered``); rank 0, where its own
+call raised, waits for the others to say it raised on them too (``raised_everywhere``), and
+ends the job as soon as one says its call returned. Each wait is bounded by
+``VERDICT_WAIT_S``. The keys of
 one join carry a name of its own (``Group.run``), so a later tune in the same job never reads
 an earlier one's.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,12 +33,13 @@ __all__ = ["VERDICT_WAIT_S", "Group", "joined"]
 _KEY = "torch_autotune/failed/"
 _VERDICT = "torch_autotune/raised/"
 _RAISED = b"raised"
+_POLL_S = 0.01  # rank 0's look at the others' words, while it waits for them
 
 VERDICT_WAIT_S = 30.0
-"""How long a rank whose call raised waits for rank 0's word on the same call: the ranks train
-the same step, so an error of the job's raises on rank 0 within a step's time of the others;
-where rank 0 says nothing in that while (it waits in a collective this rank left), this rank
-ends the job as before."""
+"""How long a rank whose call raised waits for the other ranks' words on the same call: the
+ranks train the same step, so an error of the job's raises on every rank within a step's time;
+where one says nothing in that while (it waits in a collective this rank left), the job ends
+as before."""
 
 
 @dataclass
@@ -118,20 +122,43 @@ class Group:
         (best effort, as ``post``)."""
         self._set(f"{_VERDICT}{self.run}/{call}", _RAISED if raised else b"no")
 
+    def answered(self, call: int, *, raised: bool) -> None:
+        """A rank other than 0: whether its call number ``call`` raised (best effort)."""
+        self._set(f"{_VERDICT}{self.run}/{call}/{self.rank}", _RAISED if raised else b"no")
+
     def raised_on_rank_0(self, call: int) -> bool:
         """A rank other than 0 whose call number ``call`` raised: says so, then whether rank 0
         says it raised on every rank, which then goes on without this rank's answer; False
         where rank 0 says it did not, says nothing within ``VERDICT_WAIT_S``, or the store
         cannot be reached."""
-        self._set(f"{_VERDICT}{self.run}/{call}/{self.rank}", _RAISED)
+        self.answered(call, raised=True)
         key = f"{_VERDICT}{self.run}/{call}"
         return self._waited([key]) and self._get(key) == _RAISED
 
     def raised_everywhere(self, call: int) -> bool:
         """Rank 0, whose call number ``call`` raised: whether every other rank said it raised
-        there too within ``VERDICT_WAIT_S`` (False where the store cannot be reached)."""
+        there too, within ``VERDICT_WAIT_S``; False as soon as one says it did not (its call
+        returned), at the bound where one says nothing (it waits in a collective this rank
+        left), or where the store cannot be reached."""
+        if self.store is None:
+            return False
         keys = [f"{_VERDICT}{self.run}/{call}/{r}" for r in range(1, self.ranks.world_size)]
-        return self._waited(keys)
+        deadline = time.monotonic() + VERDICT_WAIT_S
+        while True:
+            said = [self._get(key) if self._checked(key) else None for key in keys]
+            if any(word not in (None, _RAISED) for word in said):
+                return False
+            if all(word == _RAISED for word in said):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(_POLL_S)
+
+    def _checked(self, key: str) -> bool:
+        try:
+            return bool(self.store.check([key]))
+        except (RuntimeError, ConnectionError, TimeoutError):
+            return False
 
     def _set(self, key: str, value: bytes) -> None:
         if self.store is None:

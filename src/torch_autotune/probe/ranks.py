@@ -267,7 +267,7 @@ def _made(group: Group, make: Callable[[_Call], Any], call: _Call) -> Any:
     their code raised, and exits at once, so that no rank waits on it for longer than its
     connections take to close."""
     try:
-        return make(call)
+        made = make(call)
     except RankFailedError:
         raise
     except BaseException as error:  # every way a rank can fail: it must not leave the others
@@ -275,6 +275,8 @@ def _made(group: Group, make: Callable[[_Call], Any], call: _Call) -> Any:
             return _RAISED
         _exit(group, error)
         raise  # unreachable: _exit does not return
+    group.answered(call.number, raised=False)  # rank 0, where it raised, knows at once
+    return made
 
 
 _RAISED = "raised"
