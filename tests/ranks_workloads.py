@@ -115,6 +115,10 @@ def raising_rank_1() -> dict[str, Any]:
     return _failing("raise")
 
 
+def raising_rank_0() -> dict[str, Any]:
+    return _failing("raise on 0")
+
+
 SHARDED_ABOVE = 32
 """``too_big_for_ddp`` trains sharded (FSDP2) up to this batch; in DDP, not even batch 1."""
 
@@ -262,7 +266,7 @@ def checkpointed_raises_on_every_rank(rank: int, port: int, answers: Any) -> Non
     from torch_autotune.errors import said_in_one_line
     from torch_autotune.probe.checkpoint_phase import checkpointed
 
-    def lead(leader: Any) -> tuple[str | None, bool, bool]:
+    def lead(leader: Any) -> tuple[str | None, bool]:
         leader(4)
         variant = leader.variant(checkpointed())
         variant(4)  # its model built and trained: the error below is its training step's
@@ -271,8 +275,8 @@ def checkpointed_raises_on_every_rank(rank: int, port: int, answers: Any) -> Non
             variant(RECOMPUTE_RAISES_FROM)
         except Exception as error:  # as the checkpointing phase catches it
             caught = said_in_one_line(error)
-            variant.release_model()  # as measure_variant lets it go, on every rank
-        return caught, leader(4).fits, variant.runner._model is None
+            variant.release_model()  # as measure_variant lets it go: every rank, in step
+        return caught, leader(4).fits
 
     made = {"model": _RecomputeTower, "optimizer": _adamw, "example_batch": _mlp_data(8)}
     _two_ranks(rank, port, answers, made, lead, timeout_s=60.0)

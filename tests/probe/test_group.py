@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from torch_autotune.errors import ProbeError
+from torch_autotune.errors import ProbeError, RankFailedError
 from torch_autotune.launch import Ranks
 from torch_autotune.probe import group as group_module
 from torch_autotune.probe import ranks
@@ -78,16 +78,29 @@ def test_rank_0_learns_at_once_that_another_rank_trained_the_call(
     assert time.monotonic() - began < 1.0
 
 
-def test_a_later_join_never_reads_an_earlier_ones_words() -> None:
+def test_a_later_join_never_reads_an_earlier_ones_words(monkeypatch: pytest.MonkeyPatch) -> None:
     """A second tune in the same job numbers its calls from 1 again: its keys are its own."""
+    monkeypatch.setattr(group_module, "VERDICT_WAIT_S", 0.05)
     store = Store()
     _group(0, store, run="join-1").verdict(1, raised=True)
     _group(1, store, run="join-1").raised_on_rank_0(1)
+    assert _group(0, store, run="join-1").raised_everywhere(1)
     assert not _group(1, store, run="join-2").raised_on_rank_0(1)
-    assert not _group(0, store, run="join-2").raised_everywhere(2)
+    assert not _group(0, store, run="join-3").raised_everywhere(1)
     _group(1, store, run="join-1").post(5, "raised")
     assert _group(0, store, run="join-1").posted() == {1: (5, "raised")}
     assert _group(0, store, run="join-2").posted() == {}
+
+
+def test_rank_0_stops_waiting_where_another_rank_failed_and_said_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(group_module, "VERDICT_WAIT_S", 60.0)
+    store = Store()
+    _group(1, store).post(6, "out of memory outside a trial")
+    began = time.monotonic()
+    assert not _group(0, store).raised_everywhere(5)
+    assert time.monotonic() - began < 1.0
 
 
 class _Exited(Exception):
@@ -135,6 +148,20 @@ def test_a_call_that_raised_here_alone_ends_the_job(exits: list[BaseException]) 
     with pytest.raises(_Exited):
         ranks._made(_group(1, store), _raises(error), _call(7))
     assert exits == [error]
+
+
+def test_a_collective_another_rank_left_ends_with_that_ranks_word(
+    exits: list[BaseException],
+) -> None:
+    """gloo's error where rank 0 stopped is not this rank's to say, nor to wait on."""
+    store = Store()
+    _group(0, store).post(5, "rank 0: the training step raised ValueError: no")
+    closed = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:1")
+    with pytest.raises(RankFailedError, match="rank 0 failed: rank 0: the training step") as ended:
+        ranks._made(_group(1, store), _raises(closed), _call(7))
+    assert ended.value.said  # the failed rank said it: this one says nothing
+    assert exits == []
+    assert store.waited == []
 
 
 @pytest.mark.parametrize("error", [ProbeError("ours"), KeyboardInterrupt()])

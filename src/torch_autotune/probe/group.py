@@ -126,27 +126,27 @@ class Group:
         """A rank other than 0: whether its call number ``call`` raised (best effort)."""
         self._set(f"{_VERDICT}{self.run}/{call}/{self.rank}", _RAISED if raised else b"no")
 
-    def raised_on_rank_0(self, call: int) -> bool:
+    def raised_on_rank_0(self, call: int, *, wait_s: float = VERDICT_WAIT_S) -> bool:
         """A rank other than 0 whose call number ``call`` raised: says so, then whether rank 0
         says it raised on every rank, which then goes on without this rank's answer; False
-        where rank 0 says it did not, says nothing within ``VERDICT_WAIT_S``, or the store
-        cannot be reached."""
+        where rank 0 says it did not, says nothing within ``wait_s``, or the store cannot be
+        reached."""
         self.answered(call, raised=True)
         key = f"{_VERDICT}{self.run}/{call}"
-        return self._waited([key]) and self._get(key) == _RAISED
+        return self._waited([key], wait_s) and self._get(key) == _RAISED
 
-    def raised_everywhere(self, call: int) -> bool:
+    def raised_everywhere(self, call: int, *, wait_s: float = VERDICT_WAIT_S) -> bool:
         """Rank 0, whose call number ``call`` raised: whether every other rank said it raised
-        there too, within ``VERDICT_WAIT_S``; False as soon as one says it did not (its call
-        returned), at the bound where one says nothing (it waits in a collective this rank
-        left), or where the store cannot be reached."""
+        there too, within ``wait_s``; False as soon as one says it did not (its call
+        returned) or posts a failure, at the bound where one says nothing (it waits in a
+        collective this rank left), or where the store cannot be reached."""
         if self.store is None:
             return False
         keys = [f"{_VERDICT}{self.run}/{call}/{r}" for r in range(1, self.ranks.world_size)]
-        deadline = time.monotonic() + VERDICT_WAIT_S
+        deadline = time.monotonic() + min(wait_s, VERDICT_WAIT_S)
         while True:
             said = [self._get(key) if self._checked(key) else None for key in keys]
-            if any(word not in (None, _RAISED) for word in said):
+            if any(word not in (None, _RAISED) for word in said) or self.posted():
                 return False
             if all(word == _RAISED for word in said):
                 return True
@@ -174,12 +174,12 @@ class Group:
         except (RuntimeError, ConnectionError, TimeoutError):
             return None
 
-    def _waited(self, keys: list[str]) -> bool:
-        """Whether ``keys`` are all set within ``VERDICT_WAIT_S``."""
+    def _waited(self, keys: list[str], wait_s: float) -> bool:
+        """Whether ``keys`` are all set within ``wait_s`` (``VERDICT_WAIT_S`` at most)."""
         if self.store is None:
             return False
         try:
-            self.store.wait(keys, datetime.timedelta(seconds=VERDICT_WAIT_S))
+            self.store.wait(keys, datetime.timedelta(seconds=min(wait_s, VERDICT_WAIT_S)))
         except (RuntimeError, ConnectionError, TimeoutError):  # DistStoreError: a RuntimeError
             return False
         return True

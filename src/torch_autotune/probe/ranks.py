@@ -30,6 +30,7 @@ finding.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -107,15 +108,19 @@ class Leader:
         self.group.calls += 1
         call = replace(call, number=self.group.calls)
         self.group.broadcast(call)
+        began = time.monotonic()
         try:
             mine = here()
         except AutotuneError:
             raise
         except Exception as error:
-            everywhere = self.group.raised_everywhere(call.number)
+            if _collective_failed(error):  # another rank stopped: its word, not this error
+                raise self.group.failure(error) from None
+            wait_s = _wait_s(time.monotonic() - began)
+            everywhere = self.group.raised_everywhere(call.number, wait_s=wait_s)
             self.group.verdict(call.number, raised=everywhere)
             if not everywhere:  # rank 0's alone: the others may wait in what it left
-                raise _alone(error) from error
+                raise _alone(self.group, error) from error
             self.group.gather(_RAISED)  # every rank is past the call: the job's error
             raise
         self.group.verdict(call.number, raised=False)
@@ -266,13 +271,19 @@ def _made(group: Group, make: Callable[[_Call], Any], call: _Call) -> Any:
     docstring), ``_RAISED``; else the rank posts what it said, shows the user's traceback where
     their code raised, and exits at once, so that no rank waits on it for longer than its
     connections take to close."""
+    began = time.monotonic()
     try:
         made = make(call)
     except RankFailedError:
         raise
     except BaseException as error:  # every way a rank can fail: it must not leave the others
-        if _rank_0s_to_handle(error) and group.raised_on_rank_0(call.number):
+        if _collective_failed(error) or group.posted():  # another rank stopped: its word
+            raise group.failure(error) from None
+        wait_s = _wait_s(time.monotonic() - began)
+        if _rank_0s_to_handle(error) and group.raised_on_rank_0(call.number, wait_s=wait_s):
             return _RAISED
+        if group.posted():  # rank 0 failed alone meanwhile and said so: nothing more to say
+            raise group.failure(error) from None
         _exit(group, error)
         raise  # unreachable: _exit does not return
     group.answered(call.number, raised=False)  # rank 0, where it raised, knows at once
@@ -282,6 +293,28 @@ def _made(group: Group, make: Callable[[_Call], Any], call: _Call) -> Any:
 _RAISED = "raised"
 """A rank's answer to a call that raised on it and on rank 0: set aside, as rank 0 goes on
 with its own error."""
+
+
+def _wait_s(elapsed_s: float) -> float:
+    """How long a rank whose call raised after ``elapsed_s`` waits for the others' words: an
+    error of the job's raises on every rank within about the same time into the same call
+    (four times it, at least 5 s, at most ``VERDICT_WAIT_S``)."""
+    from torch_autotune.probe import group
+
+    return min(group.VERDICT_WAIT_S, max(5.0, 4 * elapsed_s))
+
+
+def _collective_failed(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that failed because another rank stopped (its
+    connection closed), not an error of this rank's own."""
+    import torch.distributed as dist
+
+    text = str(error)
+    return isinstance(error, dist.DistError) or any(m in text for m in _CLOSED)
+
+
+_CLOSED = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+"""What gloo says where the rank at the other end of a collective stopped."""
 
 
 def _rank_0s_to_handle(error: BaseException) -> bool:
@@ -306,18 +339,23 @@ def _a_bug(error: BaseException) -> bool:
     return not (raised_by_user_code(error) or isinstance(error, (AutotuneError, KeyboardInterrupt)))
 
 
-def _alone(error: Exception) -> RankFailedError:
-    """Rank 0's error that no other rank raised on the same call: the job's end, as another
-    rank's error alone is, which no phase of the probe takes for a finding of its own. The
-    command line shows the user's traceback from its cause; a bug's is shown here."""
+def _alone(group: Group, error: Exception) -> RankFailedError:
+    """Rank 0's error that not every rank raised on the same call: the job's end, as another
+    rank's error alone is, which no phase of the probe takes for a finding of its own. Rank 0
+    says it here, as a failed rank does (its traceback, where the user's or a bug, and its one
+    line), and posts it for the others, which end quietly."""
+    import sys
     import traceback
 
     code, text = _said(error)
-    if _a_bug(error):
+    if raised_by_user_code(error) or _a_bug(error):
         traceback.print_exception(error)
+    said = f"{text.splitlines()[0]}; not every rank raised it on the same call"
+    group.post(code, said)
+    sys.stderr.write(f"autotune: error: rank 0: {said}\n")
+    sys.stderr.flush()
     return RankFailedError(
-        f"rank 0: {text.splitlines()[0]}; no other rank raised it on the same call",
-        exit_code=code if code != 1 else EXIT_PROBE,
+        f"rank 0: {said}", exit_code=code if code != 1 else EXIT_PROBE, said=True
     )
 
 
