@@ -291,3 +291,14 @@ def raises_on_rank_0_alone(rank: int, port: int, answers: Any) -> None:
         leader(RANK_0_RAISES_FROM)
 
     _two_ranks(rank, port, answers, _failing("raise on 0"), lead, timeout_s=60.0)
+
+
+def out_of_memory_in_the_first_pass_on_rank_1(rank: int, port: int, answers: Any) -> None:
+    """The model is built at a batch rank 1 runs out of memory at (a smaller GPU), in DDP's
+    first pass, which finds the unused parameters: no rank may be left waiting in the reduce
+    after it. Rank 0's answer: whether that batch fit, then whether batch 8 did."""
+
+    def lead(leader: Any) -> tuple[bool, bool]:
+        return leader(OOM_ABOVE + 16).fits, leader(8).fits
+
+    _two_ranks(rank, port, answers, _failing("oom"), lead, timeout_s=20.0)

@@ -155,6 +155,16 @@ def test_checkpointing_that_raises_on_every_rank_is_the_leaders_to_handle() -> N
     assert fits
 
 
+def test_out_of_memory_on_one_rank_in_ddps_first_pass_leaves_none_waiting() -> None:
+    """Rank 1 runs out of memory in the pass that finds the unused parameters, rank 0 does not:
+    the size does not fit on either, and the next trains (they hung to the bound before)."""
+    from tests.ranks_workloads import out_of_memory_in_the_first_pass_on_rank_1
+
+    found, took = _spawned(out_of_memory_in_the_first_pass_on_rank_1)
+    assert found == {0: (False, True), 1: "done"}, found
+    assert took < 20.0
+
+
 def test_an_error_of_rank_0_alone_ends_the_job_with_it() -> None:
     """Rank 0's step raises where rank 1's trains: no phase may take it for a finding (rank 1
     waits in what rank 0 left); rank 0 ends with its own error, rank 1 within seconds."""

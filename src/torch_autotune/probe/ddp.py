@@ -38,6 +38,7 @@ from torch_autotune.errors import blame_user_code
 from torch_autotune.probe.fed import FedTrial
 from torch_autotune.probe.group import Group
 from torch_autotune.probe.loop import FedRunner
+from torch_autotune.probe.oom import is_out_of_memory
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.trials import BLOCK_S, MAX_SPREAD, PointOutcome, StepSettings
 from torch_autotune.wrapping import parallelize
@@ -87,11 +88,17 @@ class DdpRunner(FedRunner):
         if self.settings.settings.fsdp.enabled:  # FSDP2 needs no unused parameters found
             self._ddp = parallelize(self.settings.settings, model, process_group=self.group.data)
             return self._ddp
+        size = self._first or 1
         try:
-            unused = unused_parameters(self.workload, self.settings, model, self._first or 1)
-        except Exception:  # at this size (BatchNorm at batch 1): the next size builds it again
-            self._first = None
-            raise
+            unused, failed = unused_parameters(self.workload, self.settings, model, size), None
+        except Exception as error:  # out of memory, or an error at this size (BatchNorm at 1)
+            unused, failed = 0, error
+        # every rank learns how the pass went on every rank before the next collective: one
+        # rank out of memory (a smaller GPU) must not leave the others waiting in this reduce
+        worst = self.group.reduce(_how(failed), largest=True)
+        if worst:
+            self._first = None  # the next size builds the model again
+            raise failed if failed is not None else _elsewhere(worst, size, self.settings.device)
         # the ranks see the same model; agreeing keeps one rank's odd result from hanging DDP
         self.unused_parameters = self.group.reduce(unused, largest=True)
         self._ddp = parallelize(
@@ -195,6 +202,30 @@ def _gradients_kept(module: Any) -> Iterator[None]:
         yield
     finally:
         module.set_requires_gradient_sync(True)
+
+
+def _how(failed: BaseException | None) -> int:
+    """How a rank's first pass went, for the ranks to agree on: 0 it ran, 1 out of memory,
+    2 it raised."""
+    if failed is None:
+        return 0
+    return 1 if is_out_of_memory(failed) else 2
+
+
+def _elsewhere(worst: int, size: int, device: str) -> BaseException:
+    """What a rank whose first pass ran raises where another's did not (``worst``): out of
+    memory as the other ran out, so that the size does not fit on any rank; else an error of
+    the model's, as the other's was, which rank 0 handles where every rank raised."""
+    where = f"on another rank, in DDP's first pass at batch {size}"
+    if worst == 1:
+        return (
+            MemoryError(f"out of memory {where}")
+            if device == "cpu"
+            else RuntimeError(f"CUDA out of memory {where}")
+        )
+    error = RuntimeError(f"the model raised {where}")
+    blame_user_code(error)
+    return error
 
 
 def unused_parameters(workload: Workload, settings: StepSettings, model: Any, size: int) -> int:
