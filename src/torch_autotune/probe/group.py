@@ -33,7 +33,7 @@ __all__ = ["VERDICT_WAIT_S", "Group", "joined"]
 _KEY = "torch_autotune/failed/"
 _VERDICT = "torch_autotune/raised/"
 _RAISED = b"raised"
-_POLL_S = 0.01  # rank 0's look at the others' words, while it waits for them
+_POLL_S = 0.05  # rank 0 looks at the others' words 20 times a second while it waits for them
 
 VERDICT_WAIT_S = 30.0
 """How long a rank whose call raised waits for the other ranks' words on the same call: the
