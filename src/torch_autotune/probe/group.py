@@ -7,10 +7,9 @@ rank's alone ends the job; the ranks learn which through the store: a rank other
 call raised says so (``raised_on_rank_0``) and waits for rank 0's word on the call
 (``Group.verdict``), one whose call returned says that (``answered``); rank 0, where its own
 call raised, waits for the others to say it raised on them too (``raised_everywhere``), and
-ends the job as soon as one says its call returned. Each wait is bounded by
-``VERDICT_WAIT_S``. The keys of
-one join carry a name of its own (``Group.run``), so a later tune in the same job never reads
-an earlier one's.
+ends the job as soon as one says its call returned. Each wait is bounded by ``VERDICT_WAIT_S``.
+The keys of one join carry a name of its own (``Group.run``), so a later tune in the same job
+never reads an earlier one's.
 """
 
 from __future__ import annotations
@@ -110,12 +109,7 @@ class Group:
 
     def post(self, code: int, text: str) -> None:
         """Post this rank's failure for rank 0 (best effort: the store may be gone too)."""
-        if self.store is None:
-            return
-        try:
-            self.store.set(f"{_KEY}{self.run}/{self.rank}", pickle.dumps((code, text)))
-        except (RuntimeError, ConnectionError, TimeoutError):
-            return
+        self._set(f"{_KEY}{self.run}/{self.rank}", pickle.dumps((code, text)))
 
     def verdict(self, call: int, *, raised: bool) -> None:
         """Rank 0: whether call number ``call`` raised on every rank, so that the job goes on

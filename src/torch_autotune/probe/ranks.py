@@ -331,44 +331,37 @@ def _said(error: BaseException) -> tuple[int, str]:
         return error.exit_code, str(error)
     if isinstance(error, KeyboardInterrupt):
         return 130, "interrupted"
-    return 1, f"{type(error).__name__}: {error} (a bug of torch-autotune)"  # _a_bug
+    return 1, f"{type(error).__name__}: {error} (a bug of torch-autotune)"
 
 
-def _a_bug(error: BaseException) -> bool:
-    """Whether ``error`` is a bug of ours: neither the user's, nor ours said, nor Ctrl-C."""
-    return not (raised_by_user_code(error) or isinstance(error, (AutotuneError, KeyboardInterrupt)))
+def _say(group: Group, error: BaseException, code: int, text: str) -> None:
+    """What a failed rank says of ``error``: its traceback where it is the user's or a bug of
+    ours (not ours said, not Ctrl-C), ``text`` posted for the others, its first line here."""
+    import sys
+    import traceback
+
+    if not isinstance(error, (AutotuneError, KeyboardInterrupt)):
+        traceback.print_exception(error)
+    group.post(code, text)
+    sys.stderr.write(f"autotune: error: rank {group.rank}: {text.splitlines()[0]}\n")
+    sys.stderr.flush()
 
 
 def _alone(group: Group, error: Exception) -> RankFailedError:
     """Rank 0's error that not every rank raised on the same call: the job's end, as another
     rank's error alone is, which no phase of the probe takes for a finding of its own. Rank 0
-    says it here, as a failed rank does (its traceback, where the user's or a bug, and its one
-    line), and posts it for the others, which end quietly."""
-    import sys
-    import traceback
-
+    says it here, as a failed rank does (``_say``), and the others end quietly."""
     code, text = _said(error)
-    if raised_by_user_code(error) or _a_bug(error):
-        traceback.print_exception(error)
     said = f"{text.splitlines()[0]}; not every rank raised it on the same call"
-    group.post(code, said)
-    sys.stderr.write(f"autotune: error: rank 0: {said}\n")
-    sys.stderr.flush()
+    _say(group, error, code, said)
     return RankFailedError(
         f"rank 0: {said}", exit_code=code if code != 1 else EXIT_PROBE, said=True
     )
 
 
 def _exit(group: Group, error: BaseException) -> None:
-    import sys
-    import traceback
-
     code, text = _said(error)
-    if raised_by_user_code(error) or _a_bug(error):
-        traceback.print_exception(error)
-    group.post(code, text)
-    sys.stderr.write(f"autotune: error: rank {group.rank}: {text.splitlines()[0]}\n")
-    sys.stderr.flush()
+    _say(group, error, code, text)
     os._exit(code if code != 1 else EXIT_PROBE)
 
 

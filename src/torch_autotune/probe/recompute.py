@@ -15,6 +15,8 @@ one block's activations, not the whole model's.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -110,7 +112,6 @@ def _inputs(
     """The positional and keyword arguments each of ``blocks`` got first in the training
     step's forward of ``model`` on ``batch`` (copies, on the device): the model checkpointed,
     so no more memory than a checkpointed step's; its loss is dropped unused."""
-    import torch
     from torch.utils._pytree import tree_map
 
     given: dict[Any, tuple[Any, Any]] = {}
@@ -121,15 +122,9 @@ def _inputs(
 
     hooks = [b.register_forward_pre_hook(partial(keep, b), with_kwargs=True) for b in blocks]
     model.train()
-    step = workload.train_step
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            with autocast(settings.settings):
-                if getattr(step, "marks_user_code", False):
-                    step(model, batch)
-                else:
-                    _users(step, model, batch)
+        with _seeded(), autocast(settings.settings):
+            _loss(workload, model, batch)
     finally:
         for hook in hooks:
             hook.remove()
@@ -156,10 +151,8 @@ def _block_step(block: Any, call: Any, given: tuple[Any, Any], settings: StepSet
 
     args, kwargs = tree_map(leaf, given)
     inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        with autocast(settings.settings):
-            out = _users(lambda: call(*args, **kwargs))
+    with _seeded(), autocast(settings.settings):
+        out = _users(lambda: call(*args, **kwargs))
     outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
     if not outputs:
         return []
@@ -178,19 +171,36 @@ def _block_step(block: Any, call: Any, given: tuple[Any, Any], settings: StepSet
 def _step(
     workload: Workload, model: Any, batch: Any, settings: StepSettings
 ) -> tuple[Any, list[Any]]:
-    import torch
-
     model.train()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with _seeded():
         with autocast(settings.settings):
-            step = workload.train_step
-            ours = getattr(step, "marks_user_code", False)
-            loss = step(model, batch) if ours else _users(step, model, batch)
+            loss = _loss(workload, model, batch)
         _users(loss.backward)
     # kept on the host: the next step needs the device's room
     grads = [p.grad.detach().float().cpu() for p in model.parameters() if p.grad is not None]
     return loss.detach().float().cpu(), grads
+
+
+@contextmanager
+def _seeded() -> Iterator[None]:
+    """Torch's generators seeded alike for each of the steps compared (dropout draws the same
+    masks), the CPU's put back after."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        yield
+
+
+def _loss(workload: Workload, model: Any, batch: Any) -> Any:
+    """The workload's training step on ``batch``: its loss (a step of ours marks the user's
+    errors itself)."""
+    step = workload.train_step
+    return (
+        step(model, batch)
+        if getattr(step, "marks_user_code", False)
+        else _users(step, model, batch)
+    )
 
 
 def _relative(a: Any, b: Any) -> float:
