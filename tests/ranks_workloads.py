@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -156,12 +157,21 @@ def too_big_for_ddp() -> dict[str, Any]:
 
 
 def _two_ranks(
-    rank: int, port: int, answers: Any, made: dict[str, Any], lead: Any, *, timeout_s: float
+    rank: int,
+    port: int,
+    answers: Any,
+    made: dict[str, Any],
+    lead: Any,
+    *,
+    timeout_s: float,
+    users_group: bool = False,
 ) -> None:
     """Two ranks over gloo in a test's own processes (``torch.multiprocessing.spawn``), training
     the model ``made`` describes: rank 1 follows, rank 0 leads with ``lead(leader)`` and tells
     it it is done. ``answers[rank]``: what the rank ended with (what ``lead`` returned on rank
-    0, what rank 1 was handed at the end), or its error (a rank that hung ends in a timeout)."""
+    0, what rank 1 was handed at the end), or its error (a rank that hung ends in a timeout).
+    ``users_group``: the script made the process group itself, on a ``file://`` rendezvous,
+    and no ``MASTER_ADDR`` says where a store is."""
     from torch_autotune.launch import Ranks
     from torch_autotune.probe.ddp import DdpRunner
     from torch_autotune.probe.group import joined
@@ -170,8 +180,16 @@ def _two_ranks(
     from torch_autotune.probe.workloads import as_workload
     from torch_autotune.settings import torch_defaults
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    if users_group:
+        import tempfile
+
+        import torch.distributed as dist
+
+        where = Path(tempfile.gettempdir()) / f"torch_autotune_test_rendezvous_{port}"
+        dist.init_process_group("gloo", init_method=f"file://{where}", rank=rank, world_size=2)
+    else:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     workload = as_workload(made, name="mlp")
     try:
         with joined(Ranks(rank, rank, 2, 2, 0), "cpu", timeout_s=timeout_s) as group:
@@ -260,7 +278,9 @@ class _RecomputeTower(nn.Module):
         return self.head(x)
 
 
-def checkpointed_raises_on_every_rank(rank: int, port: int, answers: Any) -> None:
+def checkpointed_raises_on_every_rank(
+    rank: int, port: int, answers: Any, *, users_group: bool = False
+) -> None:
     """The base trains, then the checkpointed variant at a size where its step raises on every
     rank, then the base again; rank 0's answer: (what it caught, whether the base fit after)."""
     from torch_autotune.errors import said_in_one_line
@@ -279,7 +299,15 @@ def checkpointed_raises_on_every_rank(rank: int, port: int, answers: Any) -> Non
         return caught, leader(4).fits
 
     made = {"model": _RecomputeTower, "optimizer": _adamw, "example_batch": _mlp_data(8)}
-    _two_ranks(rank, port, answers, made, lead, timeout_s=60.0)
+    _two_ranks(rank, port, answers, made, lead, timeout_s=60.0, users_group=users_group)
+
+
+def checkpointed_raises_on_every_rank_in_the_users_group(
+    rank: int, port: int, answers: Any
+) -> None:
+    """As ``checkpointed_raises_on_every_rank``, in a process group the script made itself on
+    a ``file://`` rendezvous: the ranks find the group's store with no ``MASTER_ADDR``."""
+    checkpointed_raises_on_every_rank(rank, port, answers, users_group=True)
 
 
 def raises_on_rank_0_alone(rank: int, port: int, answers: Any) -> None:

@@ -145,10 +145,13 @@ def test_a_model_whose_batchnorm_cannot_train_batch_1_tunes_from_2_on_every_rank
 
 def test_checkpointing_that_raises_on_every_rank_is_the_leaders_to_handle() -> None:
     """The checkpointed step raises on both ranks (torch's CheckpointError): rank 0 catches
-    it as the checkpointing phase does, and both ranks train the base again, in step."""
-    from tests.ranks_workloads import checkpointed_raises_on_every_rank
+    it as the checkpointing phase does, and both ranks train the base again, in step. The
+    script made the process group itself, on a ``file://`` rendezvous: no ``MASTER_ADDR``
+    says where the store is, and the ranks find the group's own (the store ``MASTER_ADDR``
+    names: the BatchNorm job above, and rank 0's error alone below)."""
+    from tests.ranks_workloads import checkpointed_raises_on_every_rank_in_the_users_group
 
-    found, _ = _spawned(checkpointed_raises_on_every_rank)
+    found, _ = _spawned(checkpointed_raises_on_every_rank_in_the_users_group)
     assert found[1] == "done", found
     caught, fits = found[0]
     assert caught.startswith("CheckpointError: torch.utils.checkpoint: Recomputed values"), found

@@ -39,12 +39,9 @@ from torch_autotune.profile import Evidence, Mode, Preferences, Profile, fingerp
 from torch_autotune.store import Lookup, ProfileStore, machine_id
 
 if TYPE_CHECKING:
-    from torch_autotune.probe.seam import Trials
+    from torch_autotune.probe.seam import Progress, Trials
     from torch_autotune.probe.trials import StepSettings
     from torch_autotune.probe.workloads import Workload
-
-Progress = Callable[[str, str], None]
-"""``progress(phase, what)``: called as each phase and each trial starts."""
 
 
 def detect(machine: Machine | None = None, *, deep: bool = False) -> HardwareSnapshot:

@@ -29,6 +29,7 @@ from torch_autotune.bench import (
 )
 
 if TYPE_CHECKING:
+    from torch_autotune.probe.seam import Progress
     from torch_autotune.probe.workloads import Workload
     from torch_autotune.settings import Settings
 
@@ -37,7 +38,6 @@ DEFAULT_SECONDS = 2.0
 
 Measure = Callable[[TrainConfig, float], float]
 """(config, seconds) -> samples/s; raises ``ArmFailed`` when the arm cannot be measured."""
-Progress = Callable[[str, str], None]
 
 
 class _Rounds:

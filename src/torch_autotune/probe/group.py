@@ -224,13 +224,18 @@ def joined(ranks: Ranks, device: str, *, timeout_s: float) -> Iterator[Group]:
 
 
 def _store(timeout: datetime.timedelta) -> Any:
-    """A client of the job's store, where torchrun says it is (None: not reachable)."""
+    """The job's key-value store: a client of its own where torchrun says where it is
+    (``MASTER_ADDR``), else the default process group's, which a script that made its group on
+    a ``tcp://`` or ``file://`` rendezvous has too; None where neither is reachable."""
     import torch.distributed as dist
 
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    if not host or not port.isdigit():
-        return None
-    try:
-        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-    except (RuntimeError, ConnectionError, TimeoutError):
+    if host and port.isdigit():
+        try:
+            return dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        except (RuntimeError, ConnectionError, TimeoutError):
+            pass
+    try:  # torch's own name for it since 1.x, private: read, never relied on
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
         return None
