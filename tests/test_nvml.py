@@ -198,14 +198,26 @@ def test_device_count_failure_gives_no_gpus_but_still_shuts_nvml_down() -> None:
     assert binding.shut_down
 
 
-def test_mig_slices_are_the_accelerators_of_a_mig_enabled_gpu() -> None:
+def _mig_uuid(gpu: FakeGpu, *, slot: int) -> str:
+    """The UUID NVML gives the MIG device in ``slot`` of ``gpu``, the only GPU."""
+    binding = FakeNvml([gpu])
+    handle = binding.nvmlDeviceGetMigDeviceHandleByIndex(
+        binding.nvmlDeviceGetHandleByIndex(0), slot
+    )
+    return binding.nvmlDeviceGetUUID(handle)
+
+
+def test_a_mig_enabled_gpu_is_the_one_mig_device_a_cuda_process_enumerates() -> None:
+    """However many MIG devices it is shown, a CUDA process enumerates one (NVIDIA's MIG
+    guide; torch.cuda.device_count() is 1): the first, read as a GPU of its own; the others
+    are neither this process's GPUs nor ranks to plan, and the warning says how to pick one."""
     gpu = a100_40gb()
     gpu.mig = [FakeMig("1g.5gb", 4864, 14, slot=0), FakeMig("3g.20gb", 19968, 42, slot=2)]
     reading = read(gpu)
-    assert [a.name for a in reading.accelerators] == [
-        "NVIDIA A100-SXM4-40GB MIG 1g.5gb",
-        "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-    ]
+    assert [a.name for a in reading.accelerators] == ["NVIDIA A100-SXM4-40GB MIG 1g.5gb"]
+    (warning,) = reading.warnings
+    assert "2 MIG devices are visible, but a CUDA process enumerates only one" in warning.reason
+    assert "CUDA_VISIBLE_DEVICES to its MIG UUID" in warning.reason
     small = reading.accelerators[0]
     assert small.mig is not None
     assert (small.mig.profile, small.mig.parent_name) == ("1g.5gb", "NVIDIA A100-SXM4-40GB")
@@ -214,7 +226,9 @@ def test_mig_slices_are_the_accelerators_of_a_mig_enabled_gpu() -> None:
     assert small.compute_capability == (8, 0)
     assert small.uuid is not None
     assert small.uuid.startswith("MIG-")
-    assert reading.warnings == []
+    big = _mig_uuid(gpu, slot=2)
+    (chosen,) = read(gpu, env={"CUDA_VISIBLE_DEVICES": big}).accelerators
+    assert (chosen.mig and chosen.mig.profile, chosen.sm_count) == ("3g.20gb", 42)
 
 
 class TestCudaVisibleDevices:
@@ -256,14 +270,14 @@ class TestCudaVisibleDevices:
         pci = {**mixed, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         assert read(rtx_4090(), rtx_3060(), env=pci).warnings == []
 
-    def test_mig_uuid_selects_one_slice(self) -> None:
+    def test_mig_uuids_give_the_first_one_listed(self) -> None:
         gpu = a100_40gb()
         gpu.mig = [FakeMig("1g.5gb", 4864, 14, slot=0), FakeMig("1g.5gb", 4864, 14, slot=1)]
-        everything = read(gpu).accelerators
-        second = everything[1].uuid
-        assert second is not None
+        first, second = _mig_uuid(gpu, slot=0), _mig_uuid(gpu, slot=1)
         chosen = read(gpu, env={"CUDA_VISIBLE_DEVICES": second}).accelerators
         assert [a.uuid for a in chosen] == [second]
+        both = read(gpu, env={"CUDA_VISIBLE_DEVICES": f"{second},{first}"}).accelerators
+        assert [a.uuid for a in both] == [second]
 
 
 _DEVICE_FUNCTIONS = [
@@ -276,6 +290,25 @@ _DEVICE_FUNCTIONS = [
 ]
 # A lost GPU fails every call, so it is the `lost` flag below, not a per-function failure.
 _ERRORS = [NOT_SUPPORTED, FUNCTION_NOT_FOUND, pynvml.NVML_ERROR_UNKNOWN]
+
+
+@pytest.mark.parametrize(
+    ("memory_mib", "cores", "left_out"),
+    [
+        (1 << 41, 16896, {"memory_total_bytes", "memory_free_bytes"}),  # 2 EiB: a vGPU's answer
+        (81559, 128 * 10_000, {"sm_count"}),  # 10,000 SMs
+        (0, 16896, {"memory_total_bytes"}),  # 0 bytes
+    ],
+    ids=["2 EiB", "10000 SMs", "0 bytes"],
+)
+def test_a_number_no_gpu_has_costs_that_field_not_the_gpu(
+    memory_mib: int, cores: int, left_out: set[str]
+) -> None:
+    reading = read(FakeGpu("NVIDIA H100 80GB HBM3", (9, 0), memory_mib, cores))
+    (gpu,) = reading.accelerators
+    assert {key for key in left_out if getattr(gpu, key) is None} == left_out
+    assert fields_warned(reading) == {f"accelerators[0].{key}" for key in left_out}
+    assert gpu.compute_capability == (9, 0)
 
 
 @settings(max_examples=300, deadline=None)

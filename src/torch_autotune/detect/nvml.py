@@ -19,6 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from torch_autotune.detect.visible import (
+    Device,
+    cuda_visible,
+    one_mig_device,
+    renumber_warnings,
+)
 from torch_autotune.hardware import (
     Accelerator,
     Architecture,
@@ -176,7 +184,7 @@ def _read_with(session: _Session, reading: NvidiaReading, env: Mapping[str, str]
     count = session.optional("accelerators", ("nvmlDeviceGetCount",))
     if not count:
         return
-    devices: list[_Device] = []
+    devices: list[Device] = []
     for nvml_index in range(int(count)):
         try:
             devices.extend(_read_device(session, nvml_index))
@@ -187,22 +195,15 @@ def _read_with(session: _Session, reading: NvidiaReading, env: Mapping[str, str]
                     reason=f"left out: {exc}",
                 )
             )
-    visible = _visible(devices, env, reading.warnings)
+    visible = one_mig_device(cuda_visible(devices, env, reading.warnings), reading.warnings)
     reading.accelerators = [
         device.accelerator.model_copy(update={"index": position})
         for position, device in enumerate(visible)
     ]
-    _renumber_warnings(reading.warnings, {d.field_prefix: i for i, d in enumerate(visible)})
+    renumber_warnings(reading.warnings, {d.field_prefix: i for i, d in enumerate(visible)})
 
 
-@dataclass
-class _Device:
-    accelerator: Accelerator
-    nvml_index: int
-    field_prefix: str
-
-
-def _read_device(session: _Session, nvml_index: int) -> list[_Device]:
+def _read_device(session: _Session, nvml_index: int) -> list[Device]:
     """One physical GPU: the GPU itself, or its MIG slices when MIG mode is on."""
     prefix = f"accelerators[nvml:{nvml_index}]"
     handle = session.query(prefix, ("nvmlDeviceGetHandleByIndex",), nvml_index)
@@ -222,6 +223,8 @@ def _read_device(session: _Session, nvml_index: int) -> list[_Device]:
             DetectionWarning(field=f"{prefix}.memory_free_bytes", reason="no memory information")
         )
     accelerator = _accelerator(
+        session,
+        prefix,
         name=name,
         cc=cc,
         memory=memory,
@@ -230,12 +233,12 @@ def _read_device(session: _Session, nvml_index: int) -> list[_Device]:
         pci_bus_id=_pci_bus_id(session, prefix, handle),
         mig=None,
     )
-    return [_Device(accelerator, nvml_index, prefix)]
+    return [Device(accelerator, nvml_index, prefix)]
 
 
 def _read_mig_slices(
     session: _Session, handle: Any, nvml_index: int, name: str, cc: ComputeCapability | None
-) -> list[_Device]:
+) -> list[Device]:
     prefix = f"accelerators[nvml:{nvml_index}]"
     if cc is None or cc < (8, 0):
         return []  # MIG exists from Ampere on; older drivers/GPUs do not even answer the query
@@ -246,7 +249,7 @@ def _read_mig_slices(
     if not mode or int(mode[0]) != getattr(session.binding, "NVML_DEVICE_MIG_ENABLE", 1):
         return []
     slots = session.optional(f"{prefix}.mig", ("nvmlDeviceGetMaxMigDeviceCount",), handle) or 0
-    devices: list[_Device] = []
+    devices: list[Device] = []
     for slot in range(int(slots)):
         try:
             mig_handle = session.binding.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
@@ -276,6 +279,8 @@ def _read_mig_slices(
             f"{mig_prefix}.memory_total_bytes", ("nvmlDeviceGetMemoryInfo",), mig_handle
         )
         accelerator = _accelerator(
+            session,
+            mig_prefix,
             name=mig_name,
             cc=cc,
             memory=memory,
@@ -284,11 +289,13 @@ def _read_mig_slices(
             pci_bus_id=_pci_bus_id(session, prefix, handle),
             mig=mig,
         )
-        devices.append(_Device(accelerator, nvml_index, mig_prefix))
+        devices.append(Device(accelerator, nvml_index, mig_prefix))
     return devices
 
 
 def _accelerator(
+    session: _Session,
+    prefix: str,
     *,
     name: str,
     cc: ComputeCapability | None,
@@ -298,22 +305,48 @@ def _accelerator(
     pci_bus_id: str | None,
     mig: MigSlice | None,
 ) -> Accelerator:
-    return Accelerator(
-        index=0,  # renumbered once CUDA_VISIBLE_DEVICES has been applied
-        vendor=Vendor.NVIDIA,
-        backend=Backend.CUDA,
-        name=name,
-        architecture=Architecture.UNKNOWN if cc is None else nvidia_architecture(cc),
-        compute_capability=cc,
-        tensor_cores=None if cc is None else nvidia_has_tensor_cores(cc, name),
-        memory_total_bytes=None if memory is None else int(memory.total) or None,
-        memory_free_bytes=None if memory is None else int(memory.free),
-        sm_count=sm_count,
-        unified_memory=nvidia_unified_memory(cc, name),
-        mig=mig,
-        uuid=uuid,
-        pci_bus_id=pci_bus_id,
-    )
+    """The GPU as NVML describes it; a number no GPU can have (a driver's or a vGPU's odd
+    answer: 0 bytes, 2 EiB, 10,000 SMs) is left out with a warning, never the whole GPU."""
+    total = None if memory is None else int(memory.total)
+    if total == 0:
+        session.warnings.append(
+            DetectionWarning(field=f"{prefix}.memory_total_bytes", reason="NVML answered 0 bytes")
+        )
+    values: dict[str, Any] = {
+        "index": 0,  # renumbered once CUDA_VISIBLE_DEVICES has been applied
+        "vendor": Vendor.NVIDIA,
+        "backend": Backend.CUDA,
+        "name": name,
+        "architecture": Architecture.UNKNOWN if cc is None else nvidia_architecture(cc),
+        "compute_capability": cc,
+        "tensor_cores": None if cc is None else nvidia_has_tensor_cores(cc, name),
+        "memory_total_bytes": total or None,
+        "memory_free_bytes": None if memory is None else int(memory.free),
+        "sm_count": sm_count,
+        "unified_memory": nvidia_unified_memory(cc, name),
+        "mig": mig,
+        "uuid": uuid,
+        "pci_bus_id": pci_bus_id,
+    }
+    try:
+        return Accelerator(**values)
+    except ValidationError as error:
+        odd = {str(problem["loc"][0]): problem for problem in error.errors()}
+        if not odd.keys() <= _LEFT_OUT_WHEN_ODD:
+            raise
+        for key, problem in odd.items():
+            values[key] = None
+            session.warnings.append(
+                DetectionWarning(
+                    field=f"{prefix}.{key}",
+                    reason=f"NVML answered {problem['input']!r}, which no GPU has "
+                    f"({problem['msg']}); left out",
+                )
+            )
+    return Accelerator(**values)
+
+
+_LEFT_OUT_WHEN_ODD = frozenset({"memory_total_bytes", "memory_free_bytes", "sm_count"})
 
 
 def _sm_count(
@@ -356,72 +389,3 @@ def _optional_text(session: _Session, field_path: str, fn_name: str, handle: Any
 def _pci_bus_id(session: _Session, prefix: str, handle: Any) -> str | None:
     info = session.optional(f"{prefix}.pci_bus_id", ("nvmlDeviceGetPciInfo",), handle)
     return None if info is None else _text(info.busId)
-
-
-def _visible(
-    devices: list[_Device], env: Mapping[str, str], warnings: list[DetectionWarning]
-) -> list[_Device]:
-    """Apply CUDA_VISIBLE_DEVICES the way the CUDA runtime does.
-
-    Entries are indices or UUID prefixes (``GPU-...``, ``MIG-...``); the list ends at the first
-    entry that matches nothing. Indices count in CUDA's order, which equals NVML's PCI order
-    when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or when all GPUs are alike.
-    """
-    spec = env.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
-        return devices
-    physical: dict[int, list[_Device]] = {}
-    for device in devices:
-        physical.setdefault(device.nvml_index, []).append(device)
-    ordered = [group[0] for group in physical.values()]
-    names = {device.accelerator.name for device in ordered}
-    chosen: list[_Device] = []
-    for token in (t.strip() for t in spec.split(",")):
-        match = _match_visible(token, ordered, devices)
-        if match is None:
-            break
-        if match not in chosen:
-            chosen.append(match)
-    if (
-        len(names) > 1
-        and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID"
-        and any(t.strip().isdigit() for t in spec.split(","))
-    ):
-        warnings.append(
-            DetectionWarning(
-                field="accelerators",
-                reason="CUDA_VISIBLE_DEVICES uses indices on a machine with different GPUs; "
-                "CUDA numbers them fastest first, NVML by PCI bus. Set "
-                "CUDA_DEVICE_ORDER=PCI_BUS_ID so both agree",
-            )
-        )
-    return chosen
-
-
-def _match_visible(token: str, ordered: list[_Device], every: list[_Device]) -> _Device | None:
-    if token.isdigit():
-        position = int(token)
-        return ordered[position] if position < len(ordered) else None
-    if token.startswith(("GPU-", "MIG-")):
-        hits = [d for d in every if d.accelerator.uuid and d.accelerator.uuid.startswith(token)]
-        return hits[0] if len(hits) == 1 else None
-    return None
-
-
-def _renumber_warnings(warnings: list[DetectionWarning], positions: Mapping[str, int]) -> None:
-    """Point 'accelerators[nvml:N]' paths at the index the GPU ended up with.
-
-    Warnings about GPUs that CUDA_VISIBLE_DEVICES hides are dropped: this process cannot use them.
-    """
-    pattern = re.compile(r"^accelerators\[(nvml:[^\]]+)\]")
-    kept: list[DetectionWarning] = []
-    for warning in warnings:
-        match = pattern.match(warning.field)
-        if match is None:
-            kept.append(warning)
-            continue
-        position = positions.get(f"accelerators[{match.group(1)}]")
-        if position is not None:
-            path = f"accelerators[{position}]{warning.field[match.end() :]}"
-            kept.append(warning.model_copy(update={"field": path}))
-    warnings[:] = kept
