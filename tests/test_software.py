@@ -199,12 +199,21 @@ def test_read_torch_build_without_torch_is_none(site: Site, distributions: dict[
         pytest.param("2.11.0", "12.8", TURING_TO_BLACKWELL, id="cu128-2.11-drops-volta"),
         pytest.param("2.10.0", "13.0", TURING_TO_BLACKWELL, id="cu130-2.10"),
         pytest.param("2.13.0", "13.2", TURING_TO_BLACKWELL, id="cu132-2.13"),
+        pytest.param("2.10.0.dev20251001+cu130", "13.0", TURING_TO_BLACKWELL, id="nightly"),
+        pytest.param("1.12.1+cu102", "10.2", ("sm_37", "sm_50", "sm_60", "sm_70"), id="cu102"),
+        pytest.param("1.8.1+cu101", "10.1", ("sm_37", "sm_50", "sm_60", "sm_70"), id="cu101"),
+        pytest.param(
+            "1.7.1+cu110",
+            "11.0",
+            ("sm_37", "sm_50", "sm_60", "sm_70", "sm_75", "sm_80"),
+            id="cu110",
+        ),
     ],
 )
 def test_wheel_arch_list_matches_the_published_matrix(
     torch_version: str, cuda_version: str, expected: tuple[str, ...]
 ) -> None:
-    assert wheel_arch_list(torch_version, cuda_version) == expected
+    assert wheel_arch_list(torch_version, cuda_version, "x86_64") == expected
 
 
 def test_wheel_arch_list_cu117_covers_kepler_but_not_hopper() -> None:
@@ -225,10 +234,21 @@ def test_wheel_arch_list_cu117_covers_kepler_but_not_hopper() -> None:
         pytest.param("2.8.0", "cuda", id="garbage-cuda"),
         pytest.param("", "12.8", id="empty-torch"),
         pytest.param("2.8.0", "", id="empty-cuda"),
+        pytest.param("1.4.0", "9.2", id="before-cuda-10"),
+        pytest.param("2.9.0a0+145a3a7bda.nv25.10", "13.0", id="jetpack"),
+        pytest.param("2.5.0a0+e000cf0ad9.nv24.10", "12.6", id="ngc-container"),
+        pytest.param("2.9.0a0+git1c2d3e4", "12.8", id="source-build"),
     ],
 )
 def test_wheel_arch_list_unknown_build_is_none(torch_version: str, cuda_version: str) -> None:
     assert wheel_arch_list(torch_version, cuda_version) is None
+
+
+def test_the_aarch64_cuda_13_wheels_carry_jetson_thors_sm_110() -> None:
+    arm = wheel_arch_list("2.10.0", "13.0", "aarch64")
+    assert arm is not None
+    assert "sm_110" in arm
+    assert "sm_110" not in (wheel_arch_list("2.10.0", "13.0", "x86_64") or ())
 
 
 @given(

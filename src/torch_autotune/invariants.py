@@ -44,10 +44,15 @@ def target_accelerators(settings: Settings, snapshot: HardwareSnapshot) -> list[
 
 
 def device_accelerators(device: str, snapshot: HardwareSnapshot) -> list[Accelerator]:
-    """The accelerators of ``snapshot`` that ``device`` ('cuda', 'mps', 'cpu') trains on: every
-    CUDA and ROCm GPU for 'cuda' (ROCm builds of torch answer to 'cuda' too)."""
+    """The accelerators of ``snapshot`` that ``device`` ('cuda', 'mps', 'cpu') trains on: for
+    'cuda', the GPUs the installed torch drives, NVIDIA's under a CUDA build and AMD's under a
+    ROCm build (which answers to 'cuda' too); a box with both trains on one kind only."""
     if device == "cuda":
-        wanted = {Backend.CUDA, Backend.ROCM}
+        build = snapshot.software.torch_build
+        wanted = {
+            "cuda": {Backend.CUDA},
+            "rocm": {Backend.ROCM},
+        }.get(build, {Backend.CUDA, Backend.ROCM})
     elif device == "mps":
         wanted = {Backend.MPS}
     else:

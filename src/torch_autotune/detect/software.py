@@ -14,6 +14,7 @@ import ast
 import importlib.metadata
 import importlib.util
 import platform
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,31 +81,50 @@ def _package_dir(name: str) -> Path | None:
 
 
 # --- the GPU architectures a wheel ships kernels for ------------------------------------------
-# PyTorch's published build matrix (RELEASE.md "CUDA architectures", rules catalog E1-E4, Q):
-#   CUDA 11.3-11.7 wheels: sm_37 ... sm_86 (Kepler to Ampere);
+# PyTorch's published build matrix (RELEASE.md "CUDA architectures", rules catalog E1-E4, Q) and,
+# before it, the builder's manywheel/build_cuda.sh (TORCH_CUDA_ARCH_LIST by CUDA version):
+#   CUDA 10.x wheels: sm_37 sm_50 sm_60 sm_70 (Kepler to Volta; some added sm_75, which
+#   Volta's cubins run on anyway); CUDA 11.0: sm_37 ... sm_80;
+#   CUDA 11.1-11.7 wheels: sm_37 ... sm_86 (Kepler to Ampere);
 #   CUDA 11.8 and 12.0-12.6 wheels: sm_50 ... sm_90 (Maxwell to Hopper);
 #   CUDA 12.8/12.9 wheels of 2.7: sm_50 ... sm_120; of 2.8-2.10: Maxwell and Pascal dropped
 #   (sm_70 ... sm_120); from 2.11: Volta dropped too (sm_75 ... sm_120);
-#   CUDA 13.x wheels: sm_75 ... sm_120 (CUDA 13 cannot target anything older than Turing).
+#   CUDA 13.x wheels: sm_75 ... sm_120 (CUDA 13 cannot target anything older than Turing);
+#   the aarch64 ones sm_110 (Jetson Thor) too.
 _UP_TO_HOPPER = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
 _BLACKWELL = ("sm_100", "sm_120")
 
 
-def wheel_arch_list(torch_version: str, cuda_version: str) -> tuple[str, ...] | None:
-    """Architectures an official torch wheel for this CUDA version carries; None when unknown."""
+def wheel_arch_list(
+    torch_version: str, cuda_version: str, cpu_architecture: str | None = None
+) -> tuple[str, ...] | None:
+    """Architectures an official torch wheel for this CUDA version carries; None when unknown:
+    a build the table does not describe (NVIDIA's containers and JetPack, ``a0+git`` source
+    builds: a pre-release with a local label other than ``+cuXYZ``) or a CUDA before 10."""
     from packaging.version import InvalidVersion, Version
 
     try:
-        torch_release = Version(torch_version).release[:2]
+        torch = Version(torch_version)
         cuda = Version(cuda_version).release[:2]
     except InvalidVersion:
         return None
+    torch_release = torch.release[:2]
+    official_label = torch.local is None or re.fullmatch(r"cu\d+", torch.local) is not None
+    if not official_label or (torch.pre is not None and torch.local is not None):
+        return None  # 2.9.0a0+145a3a7.nv25.10, 2.5.0a0+git1c2d3e4: built for other targets
+    if cuda < (10, 0):
+        return None
+    if cuda < (11, 0):
+        return ("sm_37", *_UP_TO_HOPPER[:3])
+    if cuda < (11, 1):
+        return ("sm_37", *_UP_TO_HOPPER[:3], "sm_75", "sm_80")
     if cuda < (11, 8):
         return ("sm_37", *_UP_TO_HOPPER[:-1])
     if cuda < (12, 8):
         return _UP_TO_HOPPER
     if cuda >= (13, 0):
-        return (*_UP_TO_HOPPER[3:], *_BLACKWELL)
+        arm = (cpu_architecture or platform.machine()).lower() in {"aarch64", "arm64"}
+        return (*_UP_TO_HOPPER[3:], "sm_100", *(("sm_110",) if arm else ()), "sm_120")
     if cuda <= (12, 9):
         if torch_release < (2, 7):
             return None  # no official 12.8 wheels before 2.7: a custom build

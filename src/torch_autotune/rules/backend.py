@@ -1,12 +1,15 @@
 """Which device the profile trains on: the back end and the wheel/architecture gate.
 
 Rules catalog D1 (back end), E1-E7 (a GPU whose architecture the installed torch ships no
-kernels for gets no GPU profile; the reason names the torch build that would run it) and the
+kernels for, or whose driver is older than torch's CUDA, gets no GPU profile; the reason names
+the torch build or the driver that would run it; only the GPUs of the build's own vendor
+count: a CUDA build drives no AMD GPU, a ROCm build no NVIDIA one) and the
 mixed-GPU rule (a box with different GPUs gets a profile that holds on the weakest).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from torch_autotune.hardware import Accelerator, Backend, Vendor
@@ -17,24 +20,32 @@ def _covered(cc: tuple[int, int], arch_list: tuple[str, ...]) -> bool:
     """Whether a wheel's kernels run on compute capability ``cc``.
 
     A cubin for sm_XY runs on every GPU of major X with minor >= Y (NVIDIA's binary
-    compatibility within a major version, torch's ``_check_cubins``); PTX (compute_XY) is
-    compiled by the driver for any newer GPU.
+    compatibility within a major version, torch's ``_check_cubins``), one for sm_XYa (features
+    of that one architecture) on cc X.Y alone, one for sm_XYf on the family (major X, minor
+    >= Y); PTX (compute_XY) is compiled by the driver for any newer GPU. An entry in none of
+    these forms is not counted.
     """
-    major, minor = cc
     for entry in arch_list:
-        kind, _, number = entry.partition("_")
-        if not number.isdigit():
+        form = _ARCH.fullmatch(entry.strip().lower())
+        if form is None:
             continue
+        kind, number, suffix = form.groups()
         built = (int(number[:-1]), int(number[-1]))
-        if kind == "sm" and built[0] == major and built[1] <= minor:
-            return True
-        if kind == "compute" and built <= cc:
+        if kind == "compute":
+            if built <= cc:
+                return True
+        elif built == cc if suffix == "a" else built[0] == cc[0] and built[1] <= cc[1]:
             return True
     return False
 
 
+_ARCH = re.compile(r"(sm|compute)_(\d{2,})([af]?)")
+
+
 def _wheel_advice(cc: tuple[int, int], torch_version: str | None) -> str:
     """Which torch build runs a GPU of this compute capability (catalog E2-E5)."""
+    if cc[0] == 11:  # Jetson Thor, sm_110: CUDA 13 on aarch64
+        return "install torch built for CUDA 13 on aarch64 (the cu130 wheels, or JetPack's)"
     if cc >= (10, 0):
         return "install torch 2.7 or newer built for CUDA 12.8 or newer (the cu128 wheels)"
     if cc < (7, 0):
@@ -47,8 +58,40 @@ def _wheel_advice(cc: tuple[int, int], torch_version: str | None) -> str:
     return f"install an official CUDA build of torch (this is {torch_version})"
 
 
+def _driver_gate(ctx: Context) -> str | None:
+    """Why the NVIDIA driver cannot run the installed torch's CUDA, or None where it can (or
+    either version is unknown). From CUDA 11 on, a build runs on any driver of its CUDA major
+    or newer (minor version compatibility: CUDA 11.x needs driver 450.80.02 or newer, 12.x
+    525, 13.x 580); before it, on a driver of that CUDA version or newer. NVIDIA's CUDA
+    compatibility guide."""
+    software = ctx.snapshot.software
+    built = _major_minor(software.torch_cuda_version)
+    driver = _major_minor(software.cuda_driver_version)
+    if built is None or driver is None:
+        return None
+    needed = built if built < (11, 0) else (built[0], 0)
+    if driver >= needed:
+        return None
+    named = " ".join(filter(None, ("the NVIDIA driver", software.nvidia_driver_version)))
+    return (
+        f"torch {software.torch_version} is built for CUDA {built[0]}.{built[1]}, but {named} "
+        f"runs CUDA up to {driver[0]}.{driver[1]}: torch would find no usable GPU "
+        f"(torch.cuda.is_available() is False). Install a driver for CUDA "
+        f"{needed[0]}.{needed[1]} or newer, or the torch build for your driver's CUDA "
+        f"({driver[0]}.x)"
+    )
+
+
+def _major_minor(version: str | None) -> tuple[int, int] | None:
+    form = re.match(r"(\d+)\.(\d+)", version or "")
+    return None if form is None else (int(form.group(1)), int(form.group(2)))
+
+
 def _nvidia_gate(ctx: Context, gpus: list[Accelerator]) -> str | None:
     """Why the installed torch cannot run these NVIDIA GPUs, or None when it can."""
+    driver = _driver_gate(ctx)
+    if driver is not None:
+        return driver
     software = ctx.snapshot.software
     arch_list = software.torch_cuda_arch_list
     if arch_list is None:
