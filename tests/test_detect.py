@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +24,7 @@ from torch_autotune import (
 )
 from torch_autotune.detect import nvml
 from torch_autotune.detect.host import HostSystem
+from torch_autotune.detect.torch_env import TorchReading, read_torch, read_torch_elsewhere
 from torch_autotune.errors import EXIT_BAD_INPUT
 from torch_autotune.hardware import Architecture, Backend
 
@@ -165,18 +168,50 @@ def test_deep_detection_fills_what_nvml_could_not_read(tmp_path: Path) -> None:
     assert deep.software.torch_num_threads == 8
 
 
-def test_rocm_build_asks_torch_because_nothing_else_sees_amd_gpus(tmp_path: Path) -> None:
+def test_rocm_build_asks_torch_in_a_child_process_because_nothing_else_sees_amd_gpus(
+    tmp_path: Path,
+) -> None:
+    """A fast detection imports no torch and starts no GPU runtime in this process, even where
+    only torch sees the GPUs: the child it asks answers without free memory (asking it starts
+    a context on every GPU)."""
     torch_dir = torch_package(tmp_path, "2.8.0+rocm6.4", None, hip="6.4.43482")
     mi300x = props("AMD Instinct MI300X OAM", (9, 4), 196592, 304, gcnArchName="gfx942:sramecc+")
     binding = FakeNvml([], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-    live = machine(tmp_path, binding, torch_dir, torch_loader=lambda: fake_torch(mi300x, hip="6.4"))
+    asked: list[Mapping[str, str]] = []
+
+    def elsewhere(env: Mapping[str, str]) -> TorchReading:
+        asked.append(env)
+        return read_torch(fake_torch(mi300x, hip="6.4"), free_memory=False)
+
+    def here() -> Any:
+        raise AssertionError("a fast detection imported torch in this process")
+
+    live = machine(tmp_path, binding, torch_dir, torch_loader=here)
+    live.torch_elsewhere = elsewhere
+    live.env = {"HIP_VISIBLE_DEVICES": "0"}
 
     snapshot = live.snapshot()
 
     (gpu,) = snapshot.accelerators
-    assert (gpu.backend, gpu.architecture) == (Backend.ROCM, Architecture.CDNA3)
-    assert snapshot.detection_depth == "deep"
+    assert (gpu.backend, gpu.architecture, gpu.sm_count) == (Backend.ROCM, Architecture.CDNA3, 304)
+    assert gpu.memory_free_bytes is None
+    assert snapshot.detection_depth == "fast"
     assert snapshot.software.torch_build == "rocm"
+    assert snapshot.software.torch_cuda_arch_list_source == "torch"
+    assert asked == [{"HIP_VISIBLE_DEVICES": "0"}]
+
+
+def test_torch_in_a_child_process_answers_or_says_why_not() -> None:
+    """The real child, with this machine's torch (no GPU here): its answer, then one that
+    cannot come in time, which costs the GPUs and says so."""
+    answered = read_torch_elsewhere(dict(os.environ))
+    assert answered.warnings == []
+    assert answered.arch_list is not None
+    late = read_torch_elsewhere(dict(os.environ), timeout_s=0.001)
+    assert late.accelerators == []
+    (warning,) = late.warnings
+    assert "did not answer (no answer within 0.001 s)" in warning.reason
+    assert "'autotune detect --deep'" in warning.reason
 
 
 def test_torch_that_fails_to_import_leaves_a_fast_snapshot_and_says_so(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 ``detect()`` asks a *machine* back end for a ``HardwareSnapshot``. ``LiveMachine`` reads this
 computer from its sources (NVML, the OS, installed-package metadata, and torch only for a deep
-detection or where nothing else can see the accelerators); ``RecordedMachine`` returns a snapshot
+detection, or in a child process where nothing else can see the accelerators: a ROCm build's
+GPUs); ``RecordedMachine`` returns a snapshot
 from a file. Each source of ``LiveMachine`` is injectable, so tests run every path with recorded
 answers and never touch real hardware.
 """
@@ -59,6 +60,12 @@ def _import_torch() -> Any:
     return import_torch()
 
 
+def _read_torch_elsewhere(env: Mapping[str, str]) -> TorchReading:
+    from torch_autotune.detect.torch_env import read_torch_elsewhere
+
+    return read_torch_elsewhere(env)
+
+
 def _utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -73,6 +80,8 @@ class LiveMachine:
         host_system: the OS calls host detection makes.
         find_package_dir: locates an installed package's directory without importing it.
         torch_loader: returns the torch module (or None) for deep detection.
+        torch_elsewhere: torch's reading from a child process with these variables, for the
+            GPUs of a ROCm build, which NVML does not see, in a fast detection.
     """
 
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -80,6 +89,7 @@ class LiveMachine:
     host_system: HostSystem | None = None
     find_package_dir: Callable[[str], Path | None] | None = None
     torch_loader: Callable[[], Any] = _import_torch
+    torch_elsewhere: Callable[[Mapping[str, str]], TorchReading] = _read_torch_elsewhere
     clock: Callable[[], float] = time.perf_counter
     now: Callable[[], datetime] = _utc_now
 
@@ -100,7 +110,11 @@ class LiveMachine:
             accelerators.append(_apple_gpu(host))
 
         deep_reading: TorchReading | None = None
-        if deep or (is_rocm and not accelerators):
+        if is_rocm and not accelerators and not deep:
+            deep_reading = self.torch_elsewhere(self.env)  # NVML sees no AMD GPU
+            accelerators = _merge(accelerators, deep_reading, host)
+            warnings += deep_reading.warnings
+        elif deep:
             torch = self.torch_loader() if torch_build is not None else None
             if torch is None:
                 warnings.append(
@@ -122,7 +136,7 @@ class LiveMachine:
         return HardwareSnapshot(
             tool_version=__version__,
             captured_at=self.now(),
-            detection_depth="deep" if deep_reading is not None else "fast",
+            detection_depth="deep" if deep and deep_reading is not None else "fast",
             detection_seconds=round(max(0.0, self.clock() - started), 4),
             accelerators=tuple(accelerators),
             host=host,

@@ -1,14 +1,22 @@
 """What only torch can answer: the deep detection path.
 
 Importing torch costs seconds and ``torch.cuda`` queries create a CUDA context, so this module
-runs only when asked (``autotune detect --deep``) or when nothing else can see the accelerators
-(a ROCm build, Apple MPS). The torch module is injected so tests pass a fake one.
+runs only when asked (``autotune detect --deep``) or when nothing else can see the accelerators:
+a ROCm build, whose GPUs NVML does not see, is read in a child process
+(``read_torch_elsewhere``), so that a fast detection still imports no torch and starts no GPU
+runtime in the caller's process. The torch module is injected so tests pass a fake one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from torch_autotune.hardware import (
@@ -61,14 +69,82 @@ def cudnn_version_text(number: int) -> str:
     return f"{number // 1000}.{number % 1000 // 100}.{number % 100}"
 
 
-def read_torch(torch: Any) -> TorchReading:
-    """Accelerators and build facts from an imported torch module."""
+_MARK = "torch_autotune reading: "
+
+
+def read_torch_elsewhere(env: Mapping[str, str], *, timeout_s: float = 60.0) -> TorchReading:
+    """``read_torch`` in a child Python with ``env``: torch is imported and the GPU runtime
+    started there, never here; free memory is not asked (it would start a context on every
+    GPU). Where the child fails or says nothing, a reading with no accelerators and a warning
+    that says why."""
+    here = str(Path(__file__).resolve().parents[2])  # the directory torch_autotune is in
+    paths = [here, *filter(None, [env.get("PYTHONPATH")])]
+    child = "from torch_autotune.detect.torch_env import _answer; _answer()"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", child],
+            env={**env, "PYTHONPATH": os.pathsep.join(paths)},
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        said = [line for line in done.stdout.splitlines() if line.startswith(_MARK)]
+        if said:
+            return _reading_from(json.loads(said[-1].removeprefix(_MARK)))
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    except subprocess.TimeoutExpired:
+        why = f"no answer within {timeout_s:g} s"
+    except (OSError, ValueError) as exc:  # ValueError: an answer that is not its JSON
+        why = f"{type(exc).__name__}: {exc}"
+    reading = TorchReading()
+    reading.warnings.append(
+        DetectionWarning(
+            field="accelerators",
+            reason=f"torch, asked in a child process for the GPUs NVML does not see, did not "
+            f"answer ({why}); 'autotune detect --deep' asks it in this process",
+        )
+    )
+    return reading
+
+
+def _answer() -> None:
+    """The child of ``read_torch_elsewhere``: torch's reading, as one marked line of JSON."""
+    torch = import_torch()
+    reading = TorchReading() if torch is None else read_torch(torch, free_memory=False)
+    if torch is None:
+        reading.warnings.append(
+            DetectionWarning(field="accelerators", reason="torch could not be imported")
+        )
+    answer = {
+        "accelerators": [a.model_dump(mode="json") for a in reading.accelerators],
+        "cudnn_version": reading.cudnn_version,
+        "arch_list": None if reading.arch_list is None else list(reading.arch_list),
+        "warnings": [w.model_dump(mode="json") for w in reading.warnings],
+    }
+    sys.stdout.write(f"{_MARK}{json.dumps(answer)}\n")
+    sys.stdout.flush()
+
+
+def _reading_from(answer: dict[str, Any]) -> TorchReading:
+    arch_list = answer.get("arch_list")
+    return TorchReading(
+        accelerators=[Accelerator.model_validate(a) for a in answer.get("accelerators", [])],
+        cudnn_version=answer.get("cudnn_version"),
+        arch_list=None if arch_list is None else tuple(arch_list),
+        warnings=[DetectionWarning.model_validate(w) for w in answer.get("warnings", [])],
+    )
+
+
+def read_torch(torch: Any, *, free_memory: bool = True) -> TorchReading:
+    """Accelerators and build facts from an imported torch module (``free_memory``: also ask
+    each GPU's free memory, which starts a context on it)."""
     reading = TorchReading()
     with contextlib.suppress(AttributeError, RuntimeError):
         reading.num_threads = int(torch.get_num_threads())
     hip = getattr(torch.version, "hip", None)
     if getattr(torch.version, "cuda", None) is not None or hip is not None:
-        _read_cuda_devices(torch, reading, rocm=hip is not None)
+        _read_cuda_devices(torch, reading, rocm=hip is not None, free_memory=free_memory)
     elif _mps_available(torch):
         reading.accelerators.append(
             Accelerator(
@@ -99,7 +175,9 @@ def _mps_available(torch: Any) -> bool:
         return False
 
 
-def _read_cuda_devices(torch: Any, reading: TorchReading, *, rocm: bool) -> None:
+def _read_cuda_devices(
+    torch: Any, reading: TorchReading, *, rocm: bool, free_memory: bool = True
+) -> None:
     try:
         available = bool(torch.cuda.is_available())
         reading.arch_list = tuple(torch.cuda.get_arch_list())
@@ -117,16 +195,18 @@ def _read_cuda_devices(torch: Any, reading: TorchReading, *, rocm: bool) -> None
     for index in range(int(torch.cuda.device_count())):
         try:
             props = torch.cuda.get_device_properties(index)
-            free, _total = torch.cuda.mem_get_info(index)
+            free = torch.cuda.mem_get_info(index)[0] if free_memory else None
         except RuntimeError as exc:
             reading.warnings.append(
                 DetectionWarning(field=f"accelerators[{index}]", reason=f"left out: torch: {exc}")
             )
             continue
-        reading.accelerators.append(_accelerator(index, props, int(free), rocm=rocm))
+        reading.accelerators.append(
+            _accelerator(index, props, None if free is None else int(free), rocm=rocm)
+        )
 
 
-def _accelerator(index: int, props: Any, free: int, *, rocm: bool) -> Accelerator:
+def _accelerator(index: int, props: Any, free: int | None, *, rocm: bool) -> Accelerator:
     cc = (int(props.major), int(props.minor))
     uuid = getattr(props, "uuid", None)
     if rocm:
