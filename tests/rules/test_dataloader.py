@@ -127,6 +127,14 @@ def test_quota_container_sizes_from_the_quota_not_the_host() -> None:
     assert workers.value + threads.value == 4
 
 
+def test_a_gpu_with_one_cpu_gets_one_worker_and_a_reason_that_is_true_of_one_cpu() -> None:
+    one_cpu = with_host("tesla-t4", cpu_affinity_count=1, cpus_usable=1, cpu_quota_cores=None)
+    workers = _findings(one_cpu)["dataloader.num_workers"]
+    assert workers.value == 1
+    assert "leaving a CPU" not in workers.reason
+    assert "shares the one CPU with the training process" in workers.reason
+
+
 def test_eight_gpus_divide_the_cpus() -> None:
     found = _findings("a100-sxm4-80gb-8x")
     assert "256 usable" in found["dataloader.num_workers"].reason

@@ -92,12 +92,17 @@ def _workers(ctx: Context) -> tuple[int, str, str, Source]:
     cpus = ctx.topology.cpus_per_process
     if ctx.device in ("cuda", "mps"):
         workers = min(max(1, cpus - 1), MAX_GPU_WORKERS)
+        left = (
+            "leaving a CPU for the training process"
+            if cpus > 1
+            else "which shares the one CPU with the training process, loading while the GPU "
+            "computes"
+        )
         return (
             workers,
             "F2",
             f"GPU training, {cpu_budget(ctx)}; min(max(1, {cpus} - 1), {MAX_GPU_WORKERS}) "
-            f"= {workers} worker(s), leaving a CPU for the training process (a rule of thumb: "
-            "run autotune to measure)",
+            f"= {workers} worker(s), {left} (a rule of thumb: run autotune to measure)",
             Source.INFERRED,
         )
     if cpus <= 2:
