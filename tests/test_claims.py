@@ -42,6 +42,14 @@ SNAPSHOTS = {"h100": H100, "laptop": LAPTOP, "a100x8": A100X8}
 _RATE = r"([\d,]+(?:\.\d)?) samples/s"
 
 
+def _step_rates(evidence: Evidence) -> list[tuple[int, float]]:
+    """Every rate the training step ran at alone, by batch: the throughput points', and where
+    no point ran, the steady steps the search and the confirmation timed."""
+    points = [(r.batch_size, r.samples_per_s) for r in evidence.throughput]
+    timed = [(t.batch_size, t.batch_size / t.step_s) for t in evidence.search if t.step_s]
+    return points + timed
+
+
 def _same_rate(said: str, rate: float | None) -> bool:
     """Whether ``said`` ('4,213', '7.1') is ``rate`` written to its own precision."""
     if rate is None:
@@ -232,9 +240,9 @@ def _fed_batch_claims(profile: Profile, evidence: Evidence) -> list[str]:
     found = []
     if not _same_rate(best, max((f.samples_per_s or 0.0 for f in fed), default=None)):
         found.append(f"the fed batch reason's best {best} is not the best pass")
-    steps = [r.samples_per_s for r in evidence.throughput if r.batch_size == int(at)]
+    steps = [rate for size, rate in _step_rates(evidence) if size == int(at)]
     if step is not None and not any(_same_rate(step, r) for r in steps):
-        found.append(f"the fed batch reason's step {step} at {at}: no point ran at that rate")
+        found.append(f"the fed batch reason's step {step} at {at}: no step ran at that rate")
     if int(workers) != profile.settings.dataloader.num_workers:
         found.append(f"the fed batch reason's {workers} worker(s) are not the profile's")
     for size, rate in re.findall(r"(\d+): (\d{1,3}(?:,\d{3})*(?:\.\d+)?|failed)", trace):
@@ -301,8 +309,8 @@ def _worker_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]
         if not any(_same_rate(alone.group(1), r) for r in rates):
             found.append(f"the loader alone never ran {workers} worker(s) at {alone.group(1)}")
     for step in re.findall(rf"the training step's {_RATE}", reason):
-        if not any(_same_rate(step, r.samples_per_s) for r in evidence.throughput):
-            found.append(f"the training step's {step} samples/s: no point ran at that rate")
+        if not any(_same_rate(step, rate) for _size, rate in _step_rates(evidence)):
+            found.append(f"the training step's {step} samples/s: no step ran at that rate")
     trace = re.search(r"together \(samples/s, [^)]*\): (.*?)(?:; |\. |$)", reason)
     at = fed_at.group(2) if fed_at else None
     for count, rate in re.findall(
@@ -534,7 +542,7 @@ def _rate_changed(profile: Profile, setting: str, old: str, new: str) -> Profile
         ("counts measured", "counts measured", None),
         ("beside each count): 2: 443", "beside each count): 2: 400", "did not run at 400"),
         ("2 worker(s)", "3 worker(s)", "does not begin with 2"),
-        ("training step's 3,869", "training step's 3,000", "no point ran at that rate"),
+        ("training step's 3,869", "training step's 3,000", "no step ran at that rate"),
     ],
 )
 def test_the_checker_finds_a_wrong_worker_claim(

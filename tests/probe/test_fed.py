@@ -190,8 +190,48 @@ def test_passes_that_do_not_fit_in_the_time_are_not_started() -> None:
     )
     assert fake.calls[0][:2] == (64, 2)  # the largest size whose passes fit
     assert fake.now <= needed * 2.5
+    # 64 fed 100 samples/s; 512, never fed, could reach 120 (its loader alone): nothing
+    # measured says 64 is as fast, so the step's batch stays.
+    assert (choice.batch_size, choice.batch_reason) == (512, None)
+    assert choice.num_workers == 2
+
+
+def test_a_smaller_batch_fed_as_fast_as_the_unfed_one_could_train_is_chosen() -> None:
+    fake = FakeFed({(64, 2): 119.0, (128, 2): 119.0, (64, 1): 60.0, (64, 0): 40.0})
+    needed = pass_seconds(64, 2, 100.0)
+    choice = choose_fed(
+        fake,
+        sizes=(512, 256, 128, 64),
+        counts=[2, 1, 0],
+        loader_rates={0: 45.0, 1: 70.0, 2: 120.0},
+        step_rates={512: 900.0},
+        threads_for=_threads,
+        until=needed * 2.5,
+        clock=fake.clock,
+    )
+    assert choice.batch_size == 64
     assert choice.batch_reason is not None
     assert "batch 512 itself was not fed" in choice.batch_reason
+
+
+def test_a_slow_step_is_not_given_a_smaller_batch_for_a_pass_that_fit_in_the_time() -> None:
+    """A step of 1.2 s at any batch (a large model on a CPU): batch 8 trained at 6.7 samples/s
+    alone; its passes would not fit, batch 1's one did and fed 0.8. Batch 1 is not chosen
+    (it was, from a pass predicted at the loader's rate), and no pass is predicted faster
+    than the step alone ran at its batch."""
+    fake = FakeFed({(1, 2): 0.8, (8, 2): 6.6})
+    choice = choose_fed(
+        fake,
+        sizes=(8, 4, 2, 1),
+        counts=[2, 0],
+        loader_rates={0: 268_000.0, 2: 11_000.0},
+        step_rates={8: 6.7, 1: 0.83},
+        threads_for=_threads,
+        until=pass_seconds(1, 2, 0.83) * 1.2,
+        clock=fake.clock,
+    )
+    assert [call[:2] for call in fake.calls] == [(1, 2)]
+    assert (choice.batch_size, choice.batch_reason) == (8, None)
 
 
 def test_nothing_fits_in_no_time() -> None:

@@ -286,3 +286,32 @@ def test_with_time_the_plain_alternative_is_fed_first(monkeypatch: pytest.Monkey
     assert outcome.num_workers == 2
     assert outcome.reason is not None
     assert outcome.reason.startswith("2 worker(s): training fed by the DataLoader ran at 384")
+
+
+def test_where_no_point_ran_the_step_rate_is_the_searchs_fastest_step() -> None:
+    """A slow step (1.2 s at any batch) left no time for a throughput point: the fed passes
+    compare with the step the search and the confirmation timed, not with nothing (batch 1
+    was recommended, from one pass, where batch 8 had trained 8x faster)."""
+    from torch_autotune.evidence import SearchTrialRecord, ThroughputRecord
+
+    def trial(batch: int, step_s: float | None, *, fits: bool = True, variant: str = "eager"):
+        return SearchTrialRecord(
+            batch_size=batch,
+            fits=fits,
+            peak_memory_bytes=None,
+            seconds=None,
+            step="verify",
+            step_s=step_s,
+            variant=variant,
+        )
+
+    trials = [
+        trial(1, 1.2),
+        trial(8, 1.25),
+        trial(8, 1.19),  # the confirmation: the faster of the two
+        trial(16, None, fits=False),
+        trial(4, 0.1, variant="compiled"),  # another variant's
+    ]
+    assert workers_phase.step_rates([], trials, "eager") == pytest.approx({1: 1 / 1.2, 8: 8 / 1.19})
+    point = ThroughputRecord.model_construct(batch_size=8, samples_per_s=7.0, variant="eager")
+    assert workers_phase.step_rates([point], trials, "eager")[8] == 7.0  # a point wins

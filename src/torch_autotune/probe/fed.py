@@ -20,6 +20,11 @@ with the CPU threads the profile sets beside that many workers.
    training), smaller sizes are fed by the best count while they keep within ``FED_WITHIN``
    of the best: a smaller batch trains as fast there, on less memory. Otherwise the batch
    stays the one the step ran fastest at, and only the worker count comes from these passes.
+   Where that batch itself was not fed (its passes would not fit in the time left), a smaller
+   one is chosen only if it fed within 2% of the most the larger could train at (its step
+   alone, or the loader alone where slower): a step of 1.2 s at any batch fed batch 1 at
+   0.8 samples/s where batch 8 trained at 6.7 alone, and batch 1 was recommended. The step's
+   rate is a throughput point's, else the steps the search and the confirmation timed.
 3. **The choice.** The plain alternative stands unless another count fed training faster
    beyond ``FED_WITHIN`` (2%, the bench's own threshold for "slower", ``bench.MIN_EFFECT``);
    then the fewest workers within 2% of the best. One pass on a busy machine moves by more
@@ -123,6 +128,7 @@ def choose_fed(
         until=until,
         clock=clock,
         loader_rates=loader_rates,
+        step_rates=step_rates,
         step_rate=step_rates.get(sizes[0]),
     )
     passes = min(len(counts), 2)  # the plain alternative and the loader's best, at least
@@ -145,9 +151,14 @@ def choose_fed(
         why = f"every pass failed ({failed})" if failed else "no pass fit in the time left"
         return FedChoice(None, None, tuple(run.trials), why, None)
     workers = _pick_workers([t for t in run.trials if t.batch_size == at], counts[0])
-    if run.step_rate is not None and run.best >= run.step_rate * (1 - FED_WITHIN):
+    step_limits = run.step_rate is not None and run.best >= run.step_rate * (1 - FED_WITHIN)
+    if step_limits or (at != sizes[0] and not _as_fast_as_the_step_could_be(run, sizes[0])):
+        # The step limits: its batch. Or no pass fed the step's own batch (it would not fit in
+        # the time left), and the smaller batch fed slower than that batch could train at
+        # (its step alone, or its loader alone where that is slower): nothing measured says it
+        # is as fast, so the step's batch stays.
         chosen = next(t for t in run.trials if (t.batch_size, t.num_workers) == (at, workers))
-        reason = _workers_reason(run, chosen, at, loader_rates)  # the step limits: its batch
+        reason = _workers_reason(run, chosen, at, loader_rates)
         return FedChoice(workers, sizes[0], tuple(run.trials), reason, None)
     _feed_sizes(run, at, sizes, workers, step_rates)
     chosen = _pick_batch(run, at, workers)
@@ -158,6 +169,19 @@ def choose_fed(
         _workers_reason(run, chosen, at, loader_rates),
         _batch_reason(run, chosen, sizes[0]),
     )
+
+
+def _as_fast_as_the_step_could_be(run: _Passes, batch_size: int) -> bool:
+    """Whether the best pass is within ``FED_WITHIN`` of the most that training at
+    ``batch_size``, never fed, could reach: its step alone, or the fastest loader alone where
+    that is slower (feeding never makes either faster); False where neither is known."""
+    assert run.best is not None
+    bounds = [
+        r
+        for r in (run.step_rates.get(batch_size), max(run.loader_rates.values(), default=None))
+        if r
+    ]
+    return bool(bounds) and run.best >= min(bounds) * (1 - FED_WITHIN)
 
 
 def _feed_sizes(
@@ -226,7 +250,8 @@ class _Passes:
     until: float | None
     clock: Callable[[], float]
     loader_rates: Mapping[int, float]
-    step_rate: float | None
+    step_rates: Mapping[int, float]
+    step_rate: float | None  # at the step's fastest batch
     trials: list[FedTrial] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -237,14 +262,28 @@ class _Passes:
         rates = [_rate(t) for t in self.trials if t.ok]
         return max(rates) if rates else None
 
-    def rate(self, count: int) -> float | None:
-        """The rate a pass with ``count`` workers is expected at: as fed before, else the
-        slower of its loader alone and the step; None where neither is known."""
-        fed = [_rate(t) for t in self.trials if t.ok and t.num_workers == count]
-        if fed:
-            return max(fed)
-        known = [r for r in (self.loader_rates.get(count), self.step_rate) if r]
-        return min(known) if known else self.best
+    def rate(self, count: int, batch_size: int) -> float | None:
+        """The rate a pass with ``count`` workers at ``batch_size`` is expected at: as fed
+        before at that batch, else the slower of its loader alone and the step alone there
+        (``_step``), else as fed at another batch; None where none is known."""
+        ran = [t for t in self.trials if t.ok and t.num_workers == count]
+        here = [_rate(t) for t in ran if t.batch_size == batch_size]
+        if here:
+            return max(here)
+        known = [r for r in (self.loader_rates.get(count), self._step(batch_size)) if r]
+        if known:
+            return min(known)
+        return max((_rate(t) for t in ran), default=self.best)
+
+    def _step(self, batch_size: int) -> float | None:
+        """The step alone's samples/s at ``batch_size``: as measured there, else a batch that
+        many at the step time of the next larger size measured (a smaller batch takes no
+        longer a step; a step of 1.2 s at any size trains batch 1 at 1/8 of batch 8's rate,
+        not at the same rate)."""
+        if batch_size in self.step_rates:
+            return self.step_rates[batch_size]
+        larger = sorted(b for b in self.step_rates if b > batch_size)
+        return batch_size * self.step_rates[larger[0]] / larger[0] if larger else None
 
     def fits(self, batch_size: int, counts: Sequence[int], passes: int = 1) -> bool:
         """Whether ``passes`` passes at ``batch_size`` with the first of ``counts`` end in time
@@ -252,7 +291,7 @@ class _Passes:
         if self.until is None:
             return True
         left = self.until - self.clock()
-        rate = self.rate(counts[0]) if counts else None
+        rate = self.rate(counts[0], batch_size) if counts else None
         if rate is None:
             return left > 0
         return passes * pass_seconds(batch_size, counts[0], rate) <= left

@@ -81,6 +81,7 @@ from torch_autotune.probe.workers_phase import (
     WorkersOutcome,
     halvings,
     measure_workers,
+    step_rates,
     workers_seconds,
 )
 from torch_autotune.probe.workloads import Workload
@@ -368,19 +369,19 @@ class _Run:
             )
         return [trial_record(t, variant) for t in confirmed.trials]
 
-    def workers(self, final: Trials, variant: str, batch: int, multiple: int) -> WorkersOutcome:
-        """The DataLoader's worker count, measured with ``final`` (the runner of the final
-        settings, ``variant``) at ``batch``, and the batch to recommend: ``batch``, or where
-        loading limits training, the one the passes fed by the DataLoader chose."""
+    def workers(
+        self, final: Trials, variant: str, batch: int, multiple: int, ran: list[SearchTrialRecord]
+    ) -> WorkersOutcome:
+        """The worker count, measured with ``final`` (``variant``'s runner) at ``batch`` (``ran``:
+        its confirmation), and the batch to recommend: ``batch``, or where loading limits
+        training, the one the passes fed by the DataLoader chose."""
         with self.budget.phase("workers"):
             outcome = measure_workers(
                 workload=self.workload,
                 profile=self.rules_only,
                 runner=final,
                 batch_size=batch,
-                step_rates={
-                    r.batch_size: r.samples_per_s for r in self.records if r.variant == variant
-                },
+                step_rates=step_rates(self.records, [*self.search, *ran], variant),
                 budget=self.budget,
                 progress=self.report,
                 smaller=halvings(batch, multiple, self.floor),
@@ -435,9 +436,8 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         confirmed=confirmed,
         candidate=candidate,
     )
-    workers = run.workers(
-        final, variant, confirmed[-1].batch_size if confirmed else candidate, step
-    )
+    at = confirmed[-1].batch_size if confirmed else candidate
+    workers = run.workers(final, variant, at, step, confirmed)
     batch = workers.batch_size or candidate  # the step's, or the fed passes' where data-bound
     if workers.batch_reason is not None:  # loading limits training: the fed passes chose
         choice = fed_choice(choice)

@@ -22,10 +22,10 @@ sizes, about 20 s) and the step's own points matter less once loading limits tra
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from torch_autotune.evidence import FedRecord
+from torch_autotune.evidence import FedRecord, SearchTrialRecord, ThroughputRecord
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import PASS_S, FedChoice, choose_fed, fed_order
 from torch_autotune.probe.seam import Progress, Trials
@@ -106,6 +106,22 @@ class WorkersOutcome:
     fed: tuple[FedRecord, ...] = ()
     batch_size: int | None = None
     batch_reason: str | None = None
+
+
+def step_rates(
+    points: Sequence[ThroughputRecord], trials: Sequence[SearchTrialRecord], variant: str
+) -> dict[int, float]:
+    """The training step's own samples/s by batch, ``variant``'s: each throughput point's;
+    where a size has none (the budget ran no point there), its fastest steady step in the
+    search or the confirmation, one step each, which is better than knowing nothing: the
+    fed passes compare with it, and predict their time from it."""
+    rates = {
+        t.batch_size: t.batch_size / t.step_s
+        for t in sorted(trials, key=lambda t: -(t.step_s or 0.0))  # the fastest step last
+        if t.variant == variant and t.fits and t.step_s
+    }
+    rates.update({p.batch_size: p.samples_per_s for p in points if p.variant == variant})
+    return rates
 
 
 def measure_workers(
