@@ -285,6 +285,27 @@ def test_rows_of_many_lengths_go_through_a_padding_collator_the_search_on_the_lo
     assert not any("with_format" in n for n in details.notes)  # the collator reads the lists
 
 
+def test_a_collate_of_the_users_own_gets_the_columns_it_reads() -> None:
+    """A collate that tokenizes the raw text on the fly, as many scripts do: the dataset
+    reaches it as the user has it (the Trainer's column removal, which Hugging Face's own
+    collators expect, cut 'text' and the collate raised KeyError)."""
+    rows = texts_of_many_lengths()
+    tok = tokenizer()
+
+    def collate(batch: list[dict[str, Any]]) -> Any:
+        encoded = tok([row["text"] for row in batch], padding=True, return_tensors="pt")
+        encoded["labels"] = torch.tensor([row["label"] for row in batch])
+        return encoded
+
+    workload = resolve_workload(
+        None, objects={"model": bert(), "dataset": rows, "collate_fn": collate}
+    )
+    assert workload.make_batch(4)["input_ids"].shape[0] == 4
+    details = workload.details()  # type: ignore[misc]
+    assert "the dataset's columns are kept as they are: the collate_fn reads them" in details.notes
+    assert not any("remove_unused_columns" in n for n in details.notes)
+
+
 def test_rows_of_many_lengths_without_a_collate_say_to_give_a_padding_one() -> None:
     rows = texts_of_many_lengths()
     with pytest.raises(WorkloadError, match="give a collate_fn that batches them"):

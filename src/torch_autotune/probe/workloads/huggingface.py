@@ -71,6 +71,13 @@ def _comes_from(value: Any, package: str, name: str) -> bool:
     )
 
 
+def _from_package(value: Any, package: str) -> bool:
+    """Whether ``value`` (a function, or an object such as a data collator) comes from
+    ``package``; no import."""
+    module = getattr(value, "__module__", None) or type(value).__module__
+    return str(module).partition(".")[0] == package
+
+
 def is_trainer(value: Any) -> bool:
     """Whether ``value`` is a ``transformers.Trainer`` (or a subclass, such as TRL's)."""
     return _comes_from(value, "transformers", "Trainer")
@@ -127,8 +134,13 @@ def adapt(
         default = TrainerDefaultOptimizer()
         adapted["optimizer"] = default
         notes.append(f"no optimizer given: {default.describe()}")
-    if is_arrow_dataset(dataset):
-        adapted["dataset"] = _arrow_dataset(dataset, model, "collate_fn" not in fields, notes)
+    collate = fields.get("collate_fn")
+    if is_arrow_dataset(dataset) and _from_package(collate, "transformers"):
+        adapted["dataset"] = _arrow_dataset(dataset, model, notes, formatted=False)
+    elif is_arrow_dataset(dataset) and collate is None:
+        adapted["dataset"] = _arrow_dataset(dataset, model, notes, formatted=True)
+    elif is_arrow_dataset(dataset):  # the user's own collate: it may tokenize the raw text
+        notes.append("the dataset's columns are kept as they are: the collate_fn reads them")
     if transformers_model and source == "objects":
         notes.append(_naming(name, "the model's class"))
     return adapted, Adapted("transformers" if transformers_model else None, tuple(notes))
@@ -170,9 +182,11 @@ class TrainerDefaultOptimizer:
         )
 
 
-def _arrow_dataset(dataset: Any, model: Any, formatted: bool, notes: list[str]) -> Any:
-    """The ``datasets.Dataset`` without the columns ``model`` takes no argument for, in torch
-    format where ``formatted`` (no collate_fn) and its rows are Python objects."""
+def _arrow_dataset(dataset: Any, model: Any, notes: list[str], *, formatted: bool) -> Any:
+    """The ``datasets.Dataset`` without the columns ``model`` takes no argument for, as the
+    Trainer hands it to its collator, and in torch format where ``formatted`` (no collator)
+    and its rows are Python objects. A collate_fn of the user's own gets the dataset as it
+    is: it may tokenize a text column on the fly."""
     unused = _unused_columns(dataset.column_names, model)
     if unused:
         dataset = dataset.remove_columns(unused)
