@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+import torch_autotune
 from tests.test_bench import measured
 from torch_autotune import __version__, api
 from torch_autotune.cli import cli
@@ -264,6 +265,10 @@ def test_a_bug_in_the_users_model_shows_their_traceback_and_exits_5(
     assert "mat1 and mat2 shapes cannot be multiplied" in result.stderr
     assert "not out-of-memory" in result.stderr
     assert 'shape_bug.py", line' in result.stderr or "linear.py" in result.stderr
+    frames = re.findall(r'^  File "([^"]+)"', result.stderr, re.MULTILINE)
+    assert frames  # their traceback, from the first frame that is not ours: torch's, theirs
+    ours = str(Path(torch_autotune.__file__).resolve().parent)
+    assert not any(str(Path(frame).resolve()).startswith(ours) for frame in frames), frames
 
 
 # --- progress and output without a terminal -------------------------------------------------------

@@ -33,6 +33,8 @@ differ; its errors keep the codes above (a bad input file is 3), never 1.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
@@ -220,6 +222,28 @@ def blame_user_code(error: BaseException) -> None:
 def raised_by_user_code(error: BaseException) -> bool:
     """Whether ``blame_user_code`` marked ``error``."""
     return getattr(error, _USER_CODE, False) is True
+
+
+def their_traceback(error: BaseException) -> str:
+    """The traceback of an error the user's code raised, as Python prints it, without the
+    frames of torch-autotune that lead down to their model or data (the probe's own calls),
+    in it and in the errors it chains; every frame where all of them are ours."""
+    import traceback
+
+    ours = str(Path(__file__).resolve().parent)
+
+    def trimmed(shown: traceback.TracebackException) -> None:
+        frames = list(shown.stack)
+        while frames and str(Path(frames[0].filename).resolve()).startswith(ours):
+            frames.pop(0)
+        shown.stack = traceback.StackSummary.from_list(frames or list(shown.stack))
+        for chained in (shown.__cause__, shown.__context__):
+            if chained is not None:
+                trimmed(chained)
+
+    shown = traceback.TracebackException.from_exception(error)
+    trimmed(shown)
+    return "".join(shown.format())
 
 
 def said_in_one_line(error: BaseException) -> str:

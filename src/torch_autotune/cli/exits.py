@@ -27,6 +27,7 @@ from torch_autotune.errors import (
     EXIT_USAGE,
     AutotuneError,
     raised_by_user_code,
+    their_traceback,
 )
 
 # torch warns "Failed to initialize NumPy: No module named 'numpy'" when it is first imported
@@ -76,9 +77,7 @@ class Group(click.Group):
                 ctx.exit(error.exit_code)
             cause = error.__cause__
             if cause is not None and raised_by_user_code(cause):  # their factory, model, data
-                import traceback
-
-                traceback.print_exception(cause)
+                click.echo(their_traceback(cause), err=True, nl=False)
             click.echo(f"autotune: error: {error}", err=True)
             ctx.exit(error.exit_code)
         except KeyboardInterrupt:

@@ -14,7 +14,7 @@ import click
 from torch_autotune.cli import options
 from torch_autotune.cli.exits import Group
 from torch_autotune.cli.output import console, plot_after_run, warn_unused_gpu
-from torch_autotune.errors import EXIT_WORKLOAD, raised_by_user_code
+from torch_autotune.errors import EXIT_WORKLOAD, raised_by_user_code, their_traceback
 from torch_autotune.version import __version__
 
 T = TypeVar("T")
@@ -148,11 +148,10 @@ def user_code(ctx: click.Context, run: Callable[[], T]) -> T:
     except Exception as error:
         if not raised_by_user_code(error):
             raise  # ours: an AutotuneError, or a bug (exits.Group says which)
-        import traceback  # the user's model or data raised: show their traceback, not ours
-
+        # the user's model or data raised: show their traceback, not ours
         from torch_autotune.probe.workloads.steps import call_of
 
-        traceback.print_exception(error)
+        click.echo(their_traceback(error), err=True, nl=False)
         call = call_of(error)
         click.echo(
             f"autotune: error: the training step raised {type(error).__name__}"

@@ -35,7 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from torch_autotune.errors import EXIT_PROBE, AutotuneError, RankFailedError, raised_by_user_code
+from torch_autotune.errors import (
+    EXIT_PROBE,
+    AutotuneError,
+    RankFailedError,
+    raised_by_user_code,
+    their_traceback,
+)
 from torch_autotune.evidence import EAGER
 from torch_autotune.probe.combine import combine_fed, combine_loads, combine_points, combine_trials
 from torch_autotune.probe.fed import FedTrial
@@ -340,7 +346,9 @@ def _say(group: Group, error: BaseException, code: int, text: str) -> None:
     import sys
     import traceback
 
-    if not isinstance(error, (AutotuneError, KeyboardInterrupt)):
+    if raised_by_user_code(error):
+        sys.stderr.write(their_traceback(error))
+    elif not isinstance(error, (AutotuneError, KeyboardInterrupt)):
         traceback.print_exception(error)
     group.post(code, text)
     sys.stderr.write(f"autotune: error: rank {group.rank}: {text.splitlines()[0]}\n")
