@@ -136,6 +136,38 @@ def test_a_mappings_labels_go_to_loss_fn_so_the_model_computes_none_of_its_own()
     assert structured.call == "model(**batch) with x (the labels are loss_fn's targets)"
 
 
+class TeacherForced(nn.Module):
+    """A decoder that reads the targets it predicts (teacher forcing): ``targets`` has no
+    default, so forward needs it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.seen: dict[str, Any] = {}
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.seen = {"x": x, "targets": targets}
+        return self.linear(x) + targets.float().unsqueeze(1)
+
+
+def test_targets_a_forward_needs_go_to_it_and_to_loss_fn() -> None:
+    """With loss_fn, a label key goes to loss_fn alone where forward may do without it (the
+    test above), and to both where forward needs it (it was taken away, and forward raised
+    'missing 1 required positional argument')."""
+    model = TeacherForced()
+    calls: list[Any] = []
+
+    def loss_fn(outputs: Any, targets: Any) -> torch.Tensor:
+        calls.append(targets)
+        return outputs.pow(2).mean()
+
+    structured = step(loss_fn)
+    structured(model, {"x": X, "targets": Y})
+    assert calls[0] is Y
+    assert model.seen["targets"] is Y
+    assert structured.call == "model(**batch) with x, targets ('targets' is loss_fn's targets too)"
+
+
 def test_a_loss_the_model_returns_comes_before_loss_fn() -> None:
     """The issue's order: the model's own loss, else loss_fn, else the default; the summary
     says which trained (``loss_source``)."""

@@ -91,6 +91,12 @@ class _Keywords:
 
     def __init__(self) -> None:
         self._known: dict[type, tuple[frozenset[str], bool]] = {}
+        self._required: dict[type, frozenset[str]] = {}
+
+    def required(self, model: Module) -> frozenset[str]:
+        """The named parameters of forward that have no default."""
+        self.of(model)
+        return self._required.get(type(_unwrapped(model)), frozenset())
 
     def of(self, model: Module) -> tuple[frozenset[str], bool]:
         """(the named parameters of forward, whether it also takes ``**kwargs``)."""
@@ -109,6 +115,9 @@ class _Keywords:
                 )
                 extra = any(p.kind is p.VAR_KEYWORD for p in parameters)
                 self._known[kind] = (named, extra)
+                self._required[kind] = frozenset(
+                    p.name for p in parameters if p.name in named and p.default is p.empty
+                )
         return self._known[kind]
 
 
@@ -177,10 +186,12 @@ class StructuredStep:
         self, model: Module, batch: Mapping[Any, Any], *, targets_known: bool = False
     ) -> tuple[tuple[Any, ...], dict[str, Any], Any, str]:
         kwargs = {str(k): v for k, v in batch.items()}
-        targets = None
+        targets = shared = None
         if self.loss_fn is not None and not targets_known:
             key = next((k for k in LABEL_KEYS if k in kwargs), None)
-            if key is not None:
+            if key is not None and key in self._keywords.required(model):
+                targets, shared = kwargs[key], key  # forward needs it too: teacher forcing
+            elif key is not None:
                 targets = kwargs.pop(key)
         named, extra = self._keywords.of(model)
         if named and "labels" in named and "labels" not in kwargs:
@@ -207,6 +218,8 @@ class StructuredStep:
         call = f"model(**batch) with {_listed(kwargs)}"
         if label is not None:
             call += f" ('{label}' is the default loss's targets)"
+        elif shared is not None:
+            call += f" ('{shared}' is loss_fn's targets too)"
         elif targets is not None:
             call += " (the labels are loss_fn's targets)"
         return (), kwargs, targets, call
