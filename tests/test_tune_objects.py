@@ -160,6 +160,19 @@ def test_a_dataloader_given_as_the_dataset_is_taken_apart_as_well() -> None:
     assert workload.max_batch_size == 40  # the dataset's size, not the loader's batch
 
 
+def test_a_dataloader_whose_sampler_draws_a_subset_caps_the_batch_at_an_epoch() -> None:
+    """A sampler over 10 of the 40 samples (a train split): the largest batch is what an
+    epoch draws; at the dataset's 40, the user's own loader with drop_last ran no step."""
+    subset = torch.utils.data.SubsetRandomSampler(list(range(10)))
+    loader = torch.utils.data.DataLoader(Samples(), batch_size=4, sampler=subset, drop_last=True)
+    workload = resolve_workload(objects={"model": Classifier(), "optimizer": SGD, "loader": loader})
+    assert workload.max_batch_size == 10
+    capped = resolve_workload(
+        objects={"model": Classifier(), "optimizer": SGD, "loader": loader, "max_batch_size": 8}
+    )
+    assert capped.max_batch_size == 8  # the user's own cap stands
+
+
 def test_a_dataloader_over_whole_batches_asks_for_samples_or_an_example_batch() -> None:
     """batch_size=None turns batching off: each item is a batch, which no trial can resize."""
     loader = torch.utils.data.DataLoader(Samples(), batch_size=None)

@@ -349,6 +349,19 @@ def test_a_trainer_is_taken_as_it_trains(tmp_path: Path) -> None:
     assert trainer.optimizer is None  # the Trainer builds its own when it trains
 
 
+def test_a_trainer_s_precision_arguments_are_said_to_be_the_profiles_to_set(
+    tmp_path: Path,
+) -> None:
+    """TrainingArguments(bf16=True) takes effect in train(), which the probe does not call:
+    the note says the profile's precision was measured, not the Trainer's (it said nothing,
+    and the export's bf16 read as if it had been measured against it)."""
+    trainer = trainer_for(tmp_path, gpt2(), token_rows(), bf16=True)
+    details = resolve_workload(trainer).details()  # type: ignore[misc]
+    (note,) = [n for n in details.notes if "ask for" in n]
+    assert "ask for bf16, which it applies when train() starts" in note
+    assert "the profile's precision instead" in note
+
+
 def test_a_trainer_s_optimizer_is_built_over_each_copy_with_its_weight_decay_groups(
     tmp_path: Path,
 ) -> None:

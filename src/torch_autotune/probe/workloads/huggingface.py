@@ -345,6 +345,14 @@ class TrainerStep:
                 " train() starts: the probe trains without it (call the model's"
                 " gradient_checkpointing_enable() before tune() to measure with it)"
             )
+        asked = [f for f in ("bf16", "fp16", "tf32") if getattr(trainer.args, f, None)]
+        if asked:
+            notes.append(
+                f"the Trainer's arguments ask for {_listed(asked)}, which it applies when train()"
+                " starts: the probe trains with the profile's precision instead (its own"
+                " setting, with its reason), and the Hugging Face export sets these fields"
+                " from it"
+            )
         if source == "objects":
             notes.append(_naming(name, "the class of the Trainer's model"))
         owner = f"{self.overridden}.compute_loss" if self.overridden else "Trainer.compute_loss"

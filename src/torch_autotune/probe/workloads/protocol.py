@@ -221,7 +221,21 @@ def _loader_taken_apart(fields: dict[str, Any], name: str) -> dict[str, Any]:
     taken["dataset"] = loader.dataset
     if "collate_fn" not in fields and not _is_default_collate(loader.collate_fn):
         taken["collate_fn"] = loader.collate_fn
+    drawn = _sampled(loader)
+    if drawn is not None and "max_batch_size" not in fields:
+        taken["max_batch_size"] = drawn  # an epoch is what the sampler draws, not the dataset
     return taken
+
+
+def _sampled(loader: Any) -> int | None:
+    """How many samples an epoch of ``loader`` draws, where its sampler says so and draws fewer
+    than its dataset holds (a SubsetRandomSampler, a WeightedRandomSampler's num_samples):
+    the largest batch it can train; None otherwise."""
+    try:
+        drawn, held = len(loader.sampler), len(loader.dataset)
+    except TypeError:  # no len(): an IterableDataset's sampler, a sampler of its own
+        return None
+    return drawn if 0 < drawn < held else None
 
 
 def _is_default_collate(collate: Any) -> bool:
