@@ -99,7 +99,8 @@ def test_the_reason_names_the_error_and_the_size_that_trained() -> None:
     found = smallest_batch(guarded, 1, 512, name="simulated")
     assert found.reason == (
         f"batch 1 raised ValueError: {BATCHNORM}, got input size [1, 16]; batch 2 trained, so"
-        " the search started at 2 (--min-batch-size sets the start)"
+        " the search started at 2 (--min-batch-size sets the start). An epoch's last batch"
+        " below 2 raises it too: train with DataLoader(drop_last=True)"
     )
     first = guarded.records[0]
     assert (first.batch_size, first.fits, first.step) == (1, False, "start")
@@ -327,7 +328,8 @@ def test_a_batchnorm_model_is_tuned_from_two(
     assert reason is not None
     assert reason == (
         f"batch 1 raised ValueError: {BATCHNORM}, got input size torch.Size({shape}); batch 2"
-        " trained, so the search started at 2 (--min-batch-size sets the start)"
+        " trained, so the search started at 2 (--min-batch-size sets the start). An epoch's"
+        " last batch below 2 raises it too: train with DataLoader(drop_last=True)"
     )
 
 
