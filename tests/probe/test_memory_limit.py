@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import io
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from tests.probe.fake_trials import recorded, tune_on
+from tests.probe.fake_trials import Ticks, recorded, tune_on
 from torch_autotune import compose
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_USAGE
+from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.guard import OVER_CAP, SearchGuard, search_with_guard
 from torch_autotune.probe.presets import preset
+from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.render.results import render_run
 
@@ -63,6 +68,34 @@ def test_on_the_cpu_the_limit_caps_the_host_ram_the_search_may_fill() -> None:
     assert evidence.max_batch_size * (4 << 20) + (200 << 20) <= 0.5 * GIB
 
 
+class _Superlinear:
+    """A CPU step whose peak grows faster than the batch, (200 + b²/8) MiB: the readings the
+    search predicts from say less than a larger size then takes."""
+
+    settings = StepSettings()
+
+    def __call__(self, batch_size: int) -> TrialOutcome:
+        return TrialOutcome(True, (200 + batch_size**2 // 8) << 20, 0.03, 0.01, 0.01)
+
+
+def test_on_the_cpu_a_trial_that_peaks_past_the_limit_does_not_fit() -> None:
+    """On a GPU the capped allocator raises; on the CPU nothing does, so a trial that ran and
+    peaked past --memory-limit is one that does not fit (it counted as fitting before)."""
+    guarded = SearchGuard(_Superlinear(), Budget(1e6, Ticks(0.001)), lambda *_: None, reserve_s=0)
+    cap = 512 << 20
+    guarded.ram_budget_bytes = guarded.ram_cap_bytes = cap
+    found = search_with_guard(guarded, cap=4096, limit=cap, cap_reason="the cap")
+    over = [t for t in guarded.records if t.peak_memory_bytes and t.peak_memory_bytes > cap]
+    assert over
+    assert all(not t.fits and t.step == OVER_CAP for t in over)
+    assert found.largest is not None
+    assert (200 + found.largest**2 // 8) << 20 <= cap
+    bound = min((t for t in guarded.records if not t.fits), key=lambda t: t.batch_size)
+    if bound.step == OVER_CAP:
+        assert found.limited_by == "host RAM"
+        assert "more than the 0.5 GiB --memory-limit allows" in found.reason
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
 def test_tune_refuses_a_memory_limit_no_device_has(bad: float) -> None:
     with pytest.raises(ValueError, match="memory_limit_gib"):
@@ -74,3 +107,23 @@ def test_the_cli_refuses_a_memory_limit_no_device_has(bad: str) -> None:
     done = CliRunner().invoke(cli, ["--memory-limit", bad, "--no-save"], prog_name="autotune")
     assert done.exit_code == EXIT_USAGE
     assert "--memory-limit" in done.output
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_on_linux_each_trial_reads_its_own_peak_not_the_process_lifetimes() -> None:
+    """A 512 MiB tensor freed before a trial (a dataset loaded and dropped) is not that
+    trial's peak: the high-water mark starts again at the trial (it capped a small model at
+    batch 8 under --memory-limit 1, its every trial 'peaking' at 1.9 GB)."""
+    import torch
+
+    from torch_autotune.probe.memory import peak_read, peak_reset
+
+    big = torch.ones(128 << 20)  # 512 MiB
+    big.add_(1)
+    del big
+    before = peak_read(torch, "cpu")
+    peak_reset(torch, "cpu")
+    after = peak_read(torch, "cpu")
+    assert before is not None
+    assert after is not None
+    assert after < before - (256 << 20)

@@ -18,6 +18,7 @@ EXTRAPOLATE = 4  # a time prediction past 4x the largest measured size is checke
 CLOSE_ENOUGH = 1.25  # a time-limited search stops within 25% of the size refused for time
 TIME_GUARD = "time-guard (not run)"
 NEAR_TIME_GUARD = "time-guard (not run: within 25% of the largest that ran, beside a size refused)"
+OVER_CAP = "over --memory-limit"  # CPU: it ran, and its peak passed the user's cap
 
 
 class OutOfTime(Exception):
@@ -41,6 +42,7 @@ class SearchGuard:
     model: TimeModel = field(default_factory=TimeModel)
     records: list[SearchTrialRecord] = field(default_factory=list)
     ram_budget_bytes: int | None = None  # CPU: never start a trial predicted to exceed it
+    ram_cap_bytes: int | None = None  # CPU: --memory-limit; a trial that peaks past it fits not
     refused: str | None = None  # why the smallest size refused for time was refused
     calls: list[int | None] = field(default_factory=list)  # per search call: its record
     start: int = 1  # the smallest batch the search tries
@@ -153,6 +155,9 @@ class SearchGuard:
         left = self.budget.left_in_run() - self.reserve_s
         self.progress(self.phase, f"batch {batch_size}")
         outcome = self.runner(batch_size)
+        cap, peak = self.ram_cap_bytes, outcome.peak_memory_bytes
+        if outcome.fits and cap is not None and peak is not None and peak > cap:
+            outcome, step = TrialOutcome(False, peak, outcome.seconds), OVER_CAP  # as on a GPU
         if outcome.fits and outcome.step_s is not None:
             self.model.learn(StepTiming(batch_size, outcome.warmup_s or 0.0, outcome.step_s))
         self.records.append(
@@ -263,14 +268,18 @@ def search_with_guard(
     if bound is not None and limited_by == "memory":  # the smallest size above: not run?
         step = bound.step  # TIME_GUARD, or NEAR_TIME_GUARD: not run for time either
         timed = step in (TIME_GUARD, NEAR_TIME_GUARD)
-        limited_by = "time" if timed else "host RAM" if step == "ram-guard (not run)" else "memory"
+        ram = step in ("ram-guard (not run)", OVER_CAP)
+        limited_by = "time" if timed else "host RAM" if ram else "memory"
     if limited_by == "time" and guarded.budget.spent:
         limited_by = "budget"
     reasons = {
         "memory": f"batch {bound.batch_size if bound else '?'} ran out of memory",
         "host RAM": (
-            f"batch {bound.batch_size if bound else '?'} was predicted to need more than the "
-            f"{gib(guarded.ram_budget_bytes)} of host RAM the probe may fill"
+            f"batch {bound.batch_size} peaked at {gib(bound.peak_memory_bytes)} of host RAM,"
+            f" more than the {gib(guarded.ram_cap_bytes)} --memory-limit allows"
+            if bound is not None and bound.step == OVER_CAP
+            else f"batch {bound.batch_size if bound else '?'} was predicted to need more than"
+            f" the {gib(guarded.ram_budget_bytes)} of host RAM the probe may fill"
         ),
         "time": _time_reason(guarded, bound),
         "budget": (
@@ -296,4 +305,8 @@ def _time_reason(guarded: SearchGuard, bound: SearchTrialRecord | None) -> str:
 
 
 def gib(value: int | None) -> str:
-    return "?" if value is None else f"{value / 2**30:.1f} GiB"
+    """Bytes in GiB: one decimal from 1 GiB, two significant digits below (0.25, 0.01)."""
+    if value is None:
+        return "?"
+    amount = value / 2**30
+    return f"{amount:.1f} GiB" if amount >= 1 else f"{amount:.2g} GiB"

@@ -1,30 +1,47 @@
 """The device's memory as the probe reads and bounds it: what the trials may use
 (``device_memory_limit``), the cap of ``--memory-limit`` (``memory_capped``), and the peak a
 trial reached (``peak_reset``, ``peak_read``; the process's resident high-water mark on the
-CPU)."""
+CPU, reset at each trial on Linux)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 __all__ = ["device_memory_limit", "memory_capped", "peak_read", "peak_reset", "process_peak_rss"]
 
 
+_PROC = Path("/proc/self")
+
+
 def peak_reset(torch: Any, device: str) -> None:
+    """Start a trial's peak: the allocator's on CUDA; on Linux, the process's resident-set
+    high-water mark (writing 5 to ``/proc/self/clear_refs``, Linux 4.0 and newer), which
+    otherwise never goes down."""
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    elif device == "cpu":
+        with contextlib.suppress(OSError):
+            (_PROC / "clear_refs").write_text("5")
 
 
 def process_peak_rss() -> int | None:
     """The process's resident-set high-water mark in bytes (Unix), None where unknown.
 
-    The CPU allocator keeps no peak of its own. The high-water mark never goes down, so it is
-    the peak of the largest trial run so far: the search grows the batch, so for the trials
-    that matter it is that trial's peak (plus the interpreter and torch themselves).
+    The CPU allocator keeps no peak of its own. On Linux it is ``VmHWM``, which ``peak_reset``
+    starts again at each trial, so it is that trial's peak (plus the interpreter, torch and
+    whatever else the process holds). Elsewhere, or where it cannot be reset, the mark never
+    goes down: the peak of the largest trial run so far, and of whatever the process did
+    before.
     """
+    with contextlib.suppress(OSError, ValueError):
+        for line in (_PROC / "status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
     try:
         import resource
     except ImportError:  # Windows

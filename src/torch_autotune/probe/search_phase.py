@@ -75,6 +75,7 @@ def search(
         asked = runner.settings.memory_limit_bytes
         known = [b for b in (ram_budget(machine), asked) if b is not None]
         guarded.ram_budget_bytes = min(known) if known else None
+        guarded.ram_cap_bytes = asked
     smallest = Smallest(1, None)
     with budget.phase("search"):
         runner.apply_flags(cudnn_benchmark=False)
