@@ -298,3 +298,42 @@ def test_a_batch_that_ran_eager_only_in_a_compiling_profile_is_not_said_to_have_
         "recommended 832 (its throughput point ran after the search, with these settings but"
         " eager: this profile compiles, and torch.compile was not measured at this size)"
     ) in re.sub(r" {2,}", " ", _summary(profile))
+
+
+def test_the_best_rate_said_beside_the_batch_is_the_chosen_variants_own() -> None:
+    """Compile measured and not kept (1.02x, within the noise), its fastest point at another
+    batch: the eager choice's 'best' is eager's, not the compiled point's (the summary said
+    '160 at 366 samples/s (within 3% of the best, 372 samples/s at 152)', 372 compiled)."""
+    from torch_autotune.probe.points import batch_choice
+    from torch_autotune.profile import ThroughputRecord
+
+    def point(size: int, rate: float, variant: str) -> ThroughputRecord:
+        return ThroughputRecord(
+            batch_size=size,
+            samples_per_s=rate,
+            relative_spread=0.0,
+            steady=True,
+            variant=variant,
+            warmup_s=0.0,
+            blocks=3,
+            peak_memory_bytes=1,
+        )
+
+    eager = point(160, 365.7, "eager")
+    records = [eager, point(80, 284.4, "eager"), point(152, 371.6, "compiled")]
+    choice = batch_choice(
+        largest=178,
+        limited_by="memory",
+        fixed_shapes=True,
+        top=160,
+        multiple=8,
+        best=eager,
+        records=records,
+        confirmed=[],
+        candidate=160,
+    )
+    assert (choice.variant, choice.best_batch_size, choice.best_samples_per_s) == (
+        "eager",
+        160,
+        365.7,
+    )

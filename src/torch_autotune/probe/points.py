@@ -59,8 +59,12 @@ def batch_choice(
 ) -> BatchChoice:
     """How the recommended batch was chosen (``BatchChoice``), from what the run measured:
     ``best`` the fastest steady point (None: none was steady), ``records`` every point,
-    ``confirmed`` the runs that confirmed ``candidate`` (empty: it was not run again)."""
-    steady = [r for r in records if r.steady]
+    ``confirmed`` the runs that confirmed ``candidate`` (empty: it was not run again). The
+    best rate is the chosen variant's own points' (those ``best`` was chosen among), never a
+    variant's the probe measured and did not keep (compile within the noise, measured at
+    another batch: the summary called it the eager best)."""
+    variant = EAGER if best is None else best.variant
+    steady = [r for r in records if r.steady and r.variant == variant]
     peak = max(steady, key=lambda r: r.samples_per_s, default=None)
     if best is not None:
         chosen_by: ChosenBy = "fastest point"
@@ -77,7 +81,7 @@ def batch_choice(
         margin=margin_for(limited_by, fixed_shapes),
         limited_by=limited_by,
         multiple=multiple,
-        variant=EAGER if best is None else best.variant,
+        variant=variant,
         samples_per_s=None if best is None else best.samples_per_s,
         best_samples_per_s=None if peak is None else peak.samples_per_s,
         best_batch_size=None if peak is None else peak.batch_size,
