@@ -201,6 +201,21 @@ def test_accumulation_counts_the_processes_that_train_not_the_gpus_in_the_box() 
     assert "a global batch of 4096, the target" in _decision(profile, "batch.grad_accum_steps")
 
 
+def test_a_target_below_the_batch_that_fits_caps_the_search_and_is_kept() -> None:
+    """A target global batch of 24, where batch 64 fits and runs faster: the batch is at most
+    24 and the global batch is the target (it was 64 x 1, 'rounded up')."""
+    machine = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
+    profile = tune_on(
+        machine, _workload(), LAPTOP, budget_s=60, max_batch_size=64, target_global_batch=24
+    )
+    assert profile.batch_size is not None
+    assert profile.batch_size <= 24
+    assert profile.batch_size * profile.grad_accum_steps >= 24
+    assert profile.evidence is not None
+    assert max(t.batch_size for t in profile.evidence.search) <= 24  # never tried past it
+    assert profile.provenance.preferences.max_batch_size == 64  # the user's own, as asked
+
+
 def test_a_run_with_a_target_batch_shows_the_accumulation_and_the_rounding() -> None:
     machine = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
     profile = tune_on(

@@ -276,7 +276,9 @@ def tune(
         build=build,
         budget_s=total,
         started=started,
-        max_batch_size=max_batch_size,
+        max_batch_size=compose.largest_asked(
+            max_batch_size, target_global_batch, rules_only.topology.world_size
+        ),
         progress=report,
         clock=clock,
         trials=trials,
