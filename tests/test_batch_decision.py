@@ -69,7 +69,7 @@ def test_the_h100_batch_is_the_fastest_point_and_says_so_not_the_largest_less_a_
     assert choice.confirmed == "its point"
     assert choice.margin == 0.1  # memory limited the search on the simulated H100
     reason = _decision(profile, "batch.batch_size")
-    assert reason.startswith(f"{evidence.batch_size}: the fastest batch measured here (")
+    assert reason.startswith(f"{evidence.batch_size}: the fastest steady batch measured here (")
     assert "its throughput point ran after the search, with these settings" in reason
     assert "once more" not in reason
     assert f"the largest batch that trained was {evidence.max_batch_size}" in reason
@@ -148,7 +148,7 @@ def test_the_batch_reason_states_exactly_what_was_done(
     assert ("margin" in reason) is (margin is not None)
     assert ("multiple of 8" in reason) is (multiple == 8)
     assert ("once more" in reason) is (confirmed == "ran again")
-    assert ("fastest batch measured" in reason) is fastest
+    assert ("fastest steady batch measured" in reason) is fastest
     assert ("compiled" in reason) is (compiled and fastest)
     # a compiled point came from the compiled model's own search, and the reason says so
     assert ("trained compiled was 1000" in reason) is (compiled and fastest)
@@ -352,3 +352,23 @@ def test_the_best_rate_said_beside_the_batch_is_the_chosen_variants_own() -> Non
         160,
         365.7,
     )
+
+
+@pytest.mark.parametrize(
+    ("blocks", "said"),
+    [
+        (1, "only 1 timed block ran in its time"),
+        (2, "only 2 timed blocks ran in its time"),
+        (3, "its timed blocks differed by more than 5%"),
+        (0, "noisy"),  # a record from before the blocks were kept
+    ],
+)
+def test_a_point_that_is_not_steady_says_why(blocks: int, said: str) -> None:
+    """Time that ran out before three timed blocks is not noise (a point of one block, spread
+    0%, was called noisy, and the warning said its blocks 'kept differing')."""
+    from torch_autotune.profile import ThroughputRecord
+
+    record = ThroughputRecord(
+        batch_size=8, samples_per_s=10.0, relative_spread=0.0, steady=False, blocks=blocks
+    )
+    assert record.unsteady == said

@@ -153,10 +153,10 @@ def _batch_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
         if re.search("with these settings(?! but)", words) and choice.compiled != compiles:
             ran = "compiled" if choice.compiled else "eager"
             found.append(f"the {where} says {batch} ran with these settings; it ran {ran} only")
-    fastest_claim = "fastest batch measured" in reason
+    fastest_claim = "fastest steady batch measured" in reason
     if fastest_claim and not _points(evidence, batch or 0, compiled=choice.compiled):
-        found.append(f"'the fastest batch measured' {batch}: no steady point of its kind")
-    rate = re.search(r"the fastest batch measured here \(" + _RATE, reason)
+        found.append(f"'the fastest steady batch measured' {batch}: no steady point of its kind")
+    rate = re.search(r"the fastest steady batch measured here \(" + _RATE, reason)
     if rate and not _same_rate(rate.group(1), choice.samples_per_s):
         found.append(f"the reason's rate {rate.group(1)} is not the point's")
     if (choice.chosen_by == "fastest point") != fastest_claim and not choice.fed:
@@ -603,7 +603,7 @@ def test_the_checker_finds_a_wrong_compile_claim(old: str, new: str, found: str)
             "a second run of 832 is claimed",
         ),
         (
-            lambda p: _with_reason(p, "batch.batch_size", "64: the fastest batch measured here"),
+            lambda p: _with_reason(p, "batch.batch_size", "64: the fastest steady batch measured here"),
             "is not the evidence's",
         ),
         (lambda p: _with_target(p, 4096), "accumulation reads"),
@@ -611,7 +611,7 @@ def test_the_checker_finds_a_wrong_compile_claim(old: str, new: str, found: str)
         (lambda p: _with_choice(p, chosen_by="largest point"), "chosen by largest point"),
         (
             lambda p: _with_reason(
-                p, "batch.batch_size", "832: the fastest batch measured here (9,999 samples/s)"
+                p, "batch.batch_size", "832: the fastest steady batch measured here (9,999 samples/s)"
             ),
             "the reason's rate 9,999 is not the point's",
         ),

@@ -277,7 +277,10 @@ def tune(
         budget_s=total,
         started=started,
         max_batch_size=compose.largest_asked(
-            max_batch_size, target_global_batch, rules_only.topology.world_size
+            max_batch_size,
+            target_global_batch,
+            rules_only.topology.world_size,
+            chosen.min_batch_size,
         ),
         progress=report,
         clock=clock,

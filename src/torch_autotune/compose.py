@@ -110,11 +110,14 @@ def preferences(
     )
 
 
-def largest_asked(max_batch_size: int | None, target: int | None, processes: int) -> int | None:
+def largest_asked(
+    max_batch_size: int | None, target: int | None, processes: int, smallest: int
+) -> int | None:
     """The largest batch a process may try: ``--max-batch-size``, and no more than its share of
-    the target global batch (``--target-batch`` over the job's processes, at least 1), which
-    accumulation then makes up; a larger batch would train a larger global batch than asked."""
-    share = None if target is None else max(1, target // max(1, processes))
+    the target global batch (``--target-batch`` over the job's processes; at least the
+    workload's ``smallest``), which accumulation then makes up; a larger batch would train a
+    larger global batch than asked."""
+    share = None if target is None else max(smallest, target // max(1, processes))
     asked = [size for size in (max_batch_size, share) if size is not None]
     return min(asked) if asked else None
 

@@ -90,6 +90,10 @@ class SearchTrialRecord(StrictModel):
     variant: VariantName = Field(default=EAGER, description="The probe's variant it ran with.")
 
 
+STEADY_BLOCKS = 3
+"""A point is steady where this many timed blocks in a row agree (within 5%)."""
+
+
 class ThroughputRecord(StrictModel):
     """Training throughput measured at one batch size."""
 
@@ -108,6 +112,14 @@ class ThroughputRecord(StrictModel):
     peak_memory_bytes: Bytes | None = Field(
         default=None, description="Allocator peak during the point, when known."
     )
+
+    @property
+    def unsteady(self) -> str:
+        """Why a point that is not steady is not: too few timed blocks ran in its time, or they
+        differed (a record from before ``blocks`` was kept: 'noisy')."""
+        if 0 < self.blocks < STEADY_BLOCKS:
+            return f"only {self.blocks} timed block{'s' * (self.blocks > 1)} ran in its time"
+        return "noisy" if not self.blocks else "its timed blocks differed by more than 5%"
 
     @property
     def compiled(self) -> bool:

@@ -67,7 +67,7 @@ from torch_autotune.probe.search_phase import Searched, search
 from torch_autotune.probe.smallest import Smallest
 from torch_autotune.probe.state import preserved
 from torch_autotune.probe.timemodel import TimeModel
-from torch_autotune.probe.trials import MAX_SPREAD, StepSettings
+from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.variant_phase import VariantOutcome, compile_record, measure_variant
 from torch_autotune.probe.variants import (
     BASE,
@@ -258,10 +258,10 @@ class _Run:
             )
         best = fastest(self.records)
         if best is None and self.records:
+            why = "; ".join(sorted({f"{r.unsteady} at {r.batch_size}" for r in self.records}))
             self.warnings.append(
-                "no throughput point was steady (timed blocks kept differing by more than "
-                f"{MAX_SPREAD:.0%}): the recommended batch is the largest that ran, not the "
-                "fastest; run autotune again on a quieter machine"
+                f"no throughput point was steady ({why}): the recommended batch is the largest"
+                " that ran, not the fastest; run autotune again on a quieter machine or longer"
             )
         return best
 

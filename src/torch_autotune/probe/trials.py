@@ -35,6 +35,7 @@ from torch_autotune.apply import (
     prepare_model,
 )
 from torch_autotune.errors import blame_user_code
+from torch_autotune.evidence import STEADY_BLOCKS
 from torch_autotune.probe.memory import device_memory_limit, peak_read, peak_reset
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.search import Agreement, TrialOutcome
@@ -102,7 +103,7 @@ class PointOutcome:
     seconds: float = 0.0  # wall time of the whole point, warm-up included
 
 
-MIN_BLOCKS = 3  # a point is steady when this many timed blocks in a row agree
+MIN_BLOCKS = STEADY_BLOCKS  # a point is steady when this many timed blocks in a row agree
 BLOCK_S = 0.25  # each block trains for about this long
 MAX_SPREAD = 0.05  # ... within 5% of their median
 

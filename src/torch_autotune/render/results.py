@@ -218,7 +218,7 @@ def _throughput_table(evidence: Evidence) -> Table:
     for record in evidence.throughput:
         notes = [evidence.kind_of(record.variant)]
         if not record.steady:
-            notes.append("noisy: not used to choose")
+            notes.append(f"{record.unsteady}: not used to choose")
         table.add_row(
             str(record.batch_size),
             f"{record.samples_per_s:.1f}",

@@ -89,10 +89,10 @@ def _rate(samples_per_s: float | None) -> str:
 
 
 _HOW = {
-    "fastest point": "the fastest batch measured here",
+    "fastest point": "the fastest steady batch measured here",
     "largest point": "no throughput point was steady, so the largest size a point measured, not"
-    " the fastest,",
-    "top candidate": "no throughput point ran, so the top candidate itself,",
+    " the fastest",
+    "top candidate": "no throughput point ran, so the top candidate itself",
 }
 _CONFIRMED = {
     "its point": "its throughput point ran after the search, with these settings",
