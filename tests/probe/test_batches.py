@@ -260,6 +260,31 @@ def test_samples_that_differ_only_beyond_the_first_ones_are_found() -> None:
     assert all(lengths[i] == 40 for i in labels.tolist())
 
 
+def test_samples_that_keep_their_text_are_ranked_by_their_tokens() -> None:
+    """A sample's text beside its tokens: the longest tokens are the largest sample, not the
+    longest text (the search trained at width 8, never on the one 64-token sample)."""
+
+    class Texts:
+        rows = [{"text": "w" * 500, "input_ids": [1] * 8}] * 20 + [
+            {"text": "short", "input_ids": [1] * 64}
+        ]
+
+        def __len__(self) -> int:
+            return len(self.rows)
+
+        def __getitem__(self, index: int) -> dict[str, Any]:
+            return self.rows[index]
+
+    def tokens_only(rows: list[dict[str, Any]]) -> torch.Tensor:
+        longest = max(len(row["input_ids"]) for row in rows)
+        return torch.tensor(
+            [row["input_ids"] + [0] * (longest - len(row["input_ids"])) for row in rows]
+        )
+
+    batches = DatasetBatches(Texts(), tokens_only, "texts")
+    assert batches.worst(2).shape == (2, 64)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 40), min_size=2, max_size=300).filter(

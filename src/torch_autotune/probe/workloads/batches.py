@@ -157,21 +157,24 @@ def describe_batch(batch: Any, *, depth: int = 0) -> str:
     return type(batch).__name__
 
 
-def _size(sample: Any) -> int:
-    """How large a sample is: the elements of its tensors and the items of its lists."""
+def _size(sample: Any) -> tuple[int, int]:
+    """How large a sample is: the elements of its tensors and the items of its lists first,
+    the characters of its text after (a sample that keeps its text beside its tokens is as
+    large as its tokens: its text's length breaks ties, and ranks samples of text alone)."""
     import torch
 
     if isinstance(sample, torch.Tensor):
-        return int(sample.numel())
-    if isinstance(sample, Mapping):
-        return sum(_size(v) for v in sample.values())
-    if isinstance(sample, (tuple, list)):
-        if sample and all(isinstance(v, (int, float, bool)) for v in sample):
-            return len(sample)
-        return sum(_size(v) for v in sample)
+        return int(sample.numel()), 0
     if isinstance(sample, str):
-        return len(sample)
-    return 1
+        return 0, len(sample)
+    if isinstance(sample, (tuple, list)) and sample and all(
+        isinstance(v, (int, float, bool)) for v in sample
+    ):
+        return len(sample), 0
+    if isinstance(sample, (Mapping, tuple, list)):
+        parts = [_size(v) for v in (sample.values() if isinstance(sample, Mapping) else sample)]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return 1, 0
 
 
 class DatasetBatches:
