@@ -603,7 +603,9 @@ def test_the_checker_finds_a_wrong_compile_claim(old: str, new: str, found: str)
             "a second run of 832 is claimed",
         ),
         (
-            lambda p: _with_reason(p, "batch.batch_size", "64: the fastest steady batch measured here"),
+            lambda p: _with_reason(
+                p, "batch.batch_size", "64: the fastest steady batch measured here"
+            ),
             "is not the evidence's",
         ),
         (lambda p: _with_target(p, 4096), "accumulation reads"),
@@ -611,7 +613,9 @@ def test_the_checker_finds_a_wrong_compile_claim(old: str, new: str, found: str)
         (lambda p: _with_choice(p, chosen_by="largest point"), "chosen by largest point"),
         (
             lambda p: _with_reason(
-                p, "batch.batch_size", "832: the fastest steady batch measured here (9,999 samples/s)"
+                p,
+                "batch.batch_size",
+                "832: the fastest steady batch measured here (9,999 samples/s)",
             ),
             "the reason's rate 9,999 is not the point's",
         ),

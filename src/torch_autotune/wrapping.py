@@ -15,6 +15,7 @@ __all__ = [
     "NotCheckpointable",
     "block_names",
     "checkpoint_blocks",
+    "checkpoints_itself",
     "is_checkpointed",
     "model_blocks",
     "parallelize",
@@ -192,7 +193,7 @@ def checkpoint_blocks(model: Any, names: str | None = None) -> int:
     there is no block, or where a
     block holds a norm that keeps running statistics (BatchNorm), which the recompute would
     update a second time each step."""
-    if names is not None and _checkpoints_itself(model):
+    if names is not None and checkpoints_itself(model):
         raise NotCheckpointable(
             "the model checkpoints its own layers already (a Hugging Face model's"
             " gradient_checkpointing_enable()): the blocks named would recompute inside what it"
@@ -289,7 +290,7 @@ def _norms(block: Any) -> set[str]:
     }
 
 
-def _checkpoints_itself(model: Any) -> bool:
+def checkpoints_itself(model: Any) -> bool:
     """Whether ``model`` is a Hugging Face model with its own checkpointing on."""
     if not getattr(model, "supports_gradient_checkpointing", False):
         return False

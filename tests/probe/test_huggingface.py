@@ -651,3 +651,16 @@ def test_a_hugging_face_model_checkpoints_its_own_layers_with_the_same_step() ->
     assert checkpoint_blocks(model) == 1
     assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     assert checkpoint_blocks(model) == 0
+
+
+def test_what_the_model_does_of_its_own_is_said_beside_the_profiles_settings() -> None:
+    """A model already in bf16, with Hugging Face's checkpointing turned on by the user: every
+    trial trained so, and the notes say it (the profile read 'float32' and 'off' alone)."""
+    model = gpt2().to(torch.bfloat16)
+    model.activation_checkpointing_enable()
+    details = resolve_workload(None, objects={"model": model, "dataset": token_rows()}).details()  # type: ignore[misc]
+    said = " ".join(details.notes)
+    assert "the model's parameters are bfloat16: every trial trained in it" in said
+    assert "the model checkpoints its activations itself" in said
+    plain = resolve_workload(None, objects={"model": gpt2(), "dataset": token_rows()}).details()  # type: ignore[misc]
+    assert not any("parameters are" in n or "checkpoints its" in n for n in plain.notes)

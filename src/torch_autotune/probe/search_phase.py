@@ -72,10 +72,9 @@ def search(
             f"the {name} workload's smallest batch ({start}) is above the largest it may try: {why}"
         )
     if device == "cpu":  # host RAM is the CPU's memory: --memory-limit caps it too
-        asked = runner.settings.memory_limit_bytes
+        guarded.ram_cap_bytes = asked = runner.settings.memory_limit_bytes
         known = [b for b in (ram_budget(machine), asked) if b is not None]
         guarded.ram_budget_bytes = min(known) if known else None
-        guarded.ram_cap_bytes = asked
     smallest = Smallest(1, None)
     with budget.phase("search"):
         runner.apply_flags(cudnn_benchmark=False)

@@ -61,6 +61,9 @@ def cpu_budget(ctx: Context) -> str:
 # --- DataLoader (F1-F12, S22) -------------------------------------------------------------------
 
 
+_ONE_CPU = "which shares the one CPU with the training process, loading while the GPU computes"
+
+
 def _workers(ctx: Context) -> tuple[int, str, str, Source]:
     """(num_workers, catalog id, why, source) for the DataLoader."""
     host = ctx.snapshot.host
@@ -92,12 +95,7 @@ def _workers(ctx: Context) -> tuple[int, str, str, Source]:
     cpus = ctx.topology.cpus_per_process
     if ctx.device in ("cuda", "mps"):
         workers = min(max(1, cpus - 1), MAX_GPU_WORKERS)
-        left = (
-            "leaving a CPU for the training process"
-            if cpus > 1
-            else "which shares the one CPU with the training process, loading while the GPU "
-            "computes"
-        )
+        left = "leaving a CPU for the training process" if cpus > 1 else _ONE_CPU
         return (
             workers,
             "F2",

@@ -167,8 +167,10 @@ def _size(sample: Any) -> tuple[int, int]:
         return int(sample.numel()), 0
     if isinstance(sample, str):
         return 0, len(sample)
-    if isinstance(sample, (tuple, list)) and sample and all(
-        isinstance(v, (int, float, bool)) for v in sample
+    if (
+        isinstance(sample, (tuple, list))
+        and sample
+        and all(isinstance(v, (int, float, bool)) for v in sample)
     ):
         return len(sample), 0
     if isinstance(sample, (Mapping, tuple, list)):

@@ -22,6 +22,7 @@ from torch_autotune.probe.workloads.batches import (
     describe_batch,
 )
 from torch_autotune.probe.workloads.copies import model_builder
+from torch_autotune.probe.workloads.given import as_it_is, loader_taken_apart
 from torch_autotune.probe.workloads.messages import _article, _exception, _listed, _perhaps
 from torch_autotune.probe.workloads.optimizers import optimizer_builder, probe_kind
 from torch_autotune.probe.workloads.steps import StructuredStep, UserStep
@@ -142,7 +143,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
     """Build the ``Workload`` from the protocol's fields, checking each."""
     if "model" not in fields:
         raise WorkloadError(f"'{name}' has no 'model'; {_README}")
-    fields = _loader_taken_apart(fields, name)
+    fields = loader_taken_apart(fields, name)
     fields, adapted = huggingface.adapt(fields, name, source)
     if "dataset" not in fields and "example_batch" not in fields:
         raise WorkloadError(
@@ -193,55 +194,6 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
         details=details,
         blocks=checked_blocks(fields.get("blocks"), template, name),
     )
-
-
-def _loader_taken_apart(fields: dict[str, Any], name: str) -> dict[str, Any]:
-    """A DataLoader given as ``loader`` (or as ``dataset``) becomes its dataset and its
-    collate_fn; its batch size is replaced by each trial's."""
-    from torch.utils.data import DataLoader
-
-    loader = fields.get("loader")
-    if loader is None and isinstance(fields.get("dataset"), DataLoader):
-        loader = fields["dataset"]
-    if loader is None:
-        return fields
-    if not isinstance(loader, DataLoader):
-        raise WorkloadError(
-            f"'{name}': 'loader' is {_article(loader)}, not a torch.utils.data.DataLoader"
-        )
-    if "dataset" in fields and fields["dataset"] is not loader:
-        raise WorkloadError(f"'{name}': give 'dataset' or 'loader', not both")
-    if loader.batch_size is None and loader.batch_sampler is None:  # no automatic batching
-        raise WorkloadError(
-            f"'{name}': the DataLoader has batch_size=None, so each item of its dataset is a"
-            " whole batch, which the probe cannot resize; give a dataset of single samples"
-            " (with its collate_fn), or example_batch=next(iter(loader))"
-        )
-    taken = {k: v for k, v in fields.items() if k != "loader"}
-    taken["dataset"] = loader.dataset
-    if "collate_fn" not in fields and not _is_default_collate(loader.collate_fn):
-        taken["collate_fn"] = loader.collate_fn
-    drawn = _sampled(loader)
-    if drawn is not None and "max_batch_size" not in fields:
-        taken["max_batch_size"] = drawn  # an epoch is what the sampler draws, not the dataset
-    return taken
-
-
-def _sampled(loader: Any) -> int | None:
-    """How many samples an epoch of ``loader`` draws, where its sampler says so and draws fewer
-    than its dataset holds (a SubsetRandomSampler, a WeightedRandomSampler's num_samples):
-    the largest batch it can train; None otherwise."""
-    try:
-        drawn, held = len(loader.sampler), len(loader.dataset)
-    except TypeError:  # no len(): an IterableDataset's sampler, a sampler of its own
-        return None
-    return drawn if 0 < drawn < held else None
-
-
-def _is_default_collate(collate: Any) -> bool:
-    from torch.utils.data import default_collate
-
-    return collate is default_collate or getattr(collate, "__name__", "") == "default_collate"
 
 
 def _step(fields: Mapping[str, Any], name: str) -> StructuredStep | UserStep:
@@ -422,6 +374,7 @@ class _Details:
                 f"batch keys the model's forward takes no argument for, left out:"
                 f" {_listed(sorted(step.dropped))}"
             )
+        notes += as_it_is(self.template)
         model = None if self.template is None else type(self.template).__qualname__
         structured = step if isinstance(step, StructuredStep) else None
         adapted = self.adapted
