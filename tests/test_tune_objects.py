@@ -173,6 +173,22 @@ def test_a_dataloader_whose_sampler_draws_a_subset_caps_the_batch_at_an_epoch() 
     assert capped.max_batch_size == 8  # the user's own cap stands
 
 
+def test_a_dataloader_over_a_stream_names_the_loader_and_the_fix() -> None:
+    """It said "'dataset' is a Stream", though the user gave no dataset, only the loader."""
+
+    class Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(Samples()[i] for i in range(8))
+
+    loader = torch.utils.data.DataLoader(Stream(), batch_size=4)
+    with pytest.raises(WorkloadError) as raised:
+        resolve_workload(objects={"model": Classifier(), "optimizer": SGD, "loader": loader})
+    said = str(raised.value)
+    assert "the DataLoader reads a Stream, a stream the probe cannot draw samples" in said
+    assert "example_batch=next(iter(loader))" in said
+    assert "'dataset' is" not in said
+
+
 def test_a_dataloader_over_whole_batches_asks_for_samples_or_an_example_batch() -> None:
     """batch_size=None turns batching off: each item is a batch, which no trial can resize."""
     loader = torch.utils.data.DataLoader(Samples(), batch_size=None)

@@ -493,5 +493,6 @@ def test_a_loss_that_is_no_scalar_to_minimise_is_our_one_line(value: Any, messag
 
 
 def test_loss_fn_results_are_checked_too() -> None:
-    with pytest.raises(WorkloadError, match="'w': loss_fn is a Tensor of shape \\(4,\\)"):
+    said = "'w': what loss_fn returned is a Tensor of shape \\(4,\\)"
+    with pytest.raises(WorkloadError, match=said):
         step(lambda out, y: F.cross_entropy(out, y, reduction="none"))(Recorder(), (X, Y))

@@ -40,7 +40,7 @@ def as_it_is(model: Any) -> list[str]:
 def loader_taken_apart(fields: dict[str, Any], name: str) -> dict[str, Any]:
     """A DataLoader given as ``loader`` (or as ``dataset``) becomes its dataset and its
     collate_fn; its batch size is replaced by each trial's."""
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, IterableDataset
 
     loader = fields.get("loader")
     if loader is None and isinstance(fields.get("dataset"), DataLoader):
@@ -58,6 +58,12 @@ def loader_taken_apart(fields: dict[str, Any], name: str) -> dict[str, Any]:
             f"'{name}': the DataLoader has batch_size=None, so each item of its dataset is a"
             " whole batch, which the probe cannot resize; give a dataset of single samples"
             " (with its collate_fn), or example_batch=next(iter(loader))"
+        )
+    if isinstance(loader.dataset, IterableDataset):  # a stream
+        raise WorkloadError(
+            f"'{name}': the DataLoader reads {_article(loader.dataset)}, a stream the probe"
+            " cannot draw samples of each size from; give a map-style dataset (with __len__"
+            " and __getitem__), or example_batch=next(iter(loader))"
         )
     taken = {k: v for k, v in fields.items() if k != "loader"}
     taken["dataset"] = loader.dataset

@@ -242,7 +242,7 @@ class StructuredStep:
                 _mark(error, f"loss_fn(outputs, {'batch' if targets is None else 'targets'})")
                 raise
             self.loss_source = f"loss_fn(outputs, {'batch' if targets is None else 'targets'})"
-            return _checked_loss(value, self.name, "loss_fn")
+            return _checked_loss(value, self.name, "what loss_fn returned")
         if isinstance(outputs, torch.Tensor) and isinstance(targets, torch.Tensor):
             default = _default_loss(targets)
             try:
@@ -255,7 +255,7 @@ class StructuredStep:
                     " loss_fn(outputs, targets)"
                 ) from None
             self.loss_source = f"{_loss_name(default)} (the default for these targets)"
-            return _checked_loss(value, self.name, "the default loss")
+            return _checked_loss(value, self.name, "what the default loss returned")
         raise WorkloadError(_no_loss(self.name, outputs, targets, call))
 
 
@@ -282,10 +282,9 @@ def model_loss(outputs: Any) -> Any:
 
 def _no_loss(name: str, outputs: Any, targets: Any, call: str) -> str:
     """Why no loss applies, in one line with the fix."""
-    kind = type(outputs).__name__
     fix = "give loss_fn(outputs, targets), or train_step(model, batch) -> loss"
     if hasattr(outputs, "loss") or (isinstance(outputs, Mapping) and "loss" in outputs):
-        why = f"the model returned a {kind} whose loss is None"
+        why = f"the model returned {_article(outputs)} whose loss is None"
         if targets is None:
             why += " (the batch has no 'labels' for the model to compute one)"
             fix = (
