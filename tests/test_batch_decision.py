@@ -210,10 +210,30 @@ def test_a_target_below_the_batch_that_fits_caps_the_search_and_is_kept() -> Non
     )
     assert profile.batch_size is not None
     assert profile.batch_size <= 24
-    assert profile.batch_size * profile.grad_accum_steps >= 24
+    assert profile.batch_size * profile.grad_accum_steps == 24  # halvings of 24 divide it
     assert profile.evidence is not None
     assert max(t.batch_size for t in profile.evidence.search) <= 24  # never tried past it
     assert profile.provenance.preferences.max_batch_size == 64  # the user's own, as asked
+
+
+SHARES = [  # (--max-batch-size, target, processes, smallest, multiple) -> the largest tried
+    ((None, 100, 3, 1, 1), 34),  # 34 x 1 x 3 = 102; 33 would take 2 steps: 198
+    ((None, 10, 4, 1, 1), 3),  # 3 x 1 x 4 = 12, not 2 x 2 x 4 = 16
+    ((None, 100, 1, 1, 8), 104),  # a GPU's multiple of 8: 104 x 1, not 96 x 2
+    ((64, 24, 1, 1, 1), 24),
+    ((16, 24, 1, 1, 1), 16),  # --max-batch-size below the share stands
+    ((None, 1, 1, 2, 1), 2),  # BatchNorm's smallest batch, above the share
+    ((None, None, 4, 1, 8), None),
+]
+
+
+@pytest.mark.parametrize(("asked", "largest"), SHARES)
+def test_the_largest_batch_a_process_tries_is_its_share_of_the_target_rounded_up(
+    asked: tuple[int | None, int | None, int, int, int], largest: int | None
+) -> None:
+    from torch_autotune.compose import largest_asked
+
+    assert largest_asked(*asked) == largest
 
 
 def test_a_run_with_a_target_batch_shows_the_accumulation_and_the_rounding() -> None:

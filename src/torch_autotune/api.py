@@ -281,6 +281,7 @@ def tune(
             target_global_batch,
             rules_only.topology.world_size,
             chosen.min_batch_size,
+            rules_only.topology.batch_multiple,
         ),
         progress=report,
         clock=clock,

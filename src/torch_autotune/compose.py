@@ -111,13 +111,17 @@ def preferences(
 
 
 def largest_asked(
-    max_batch_size: int | None, target: int | None, processes: int, smallest: int
+    max_batch_size: int | None, target: int | None, processes: int, smallest: int, multiple: int
 ) -> int | None:
     """The largest batch a process may try: ``--max-batch-size``, and no more than its share of
-    the target global batch (``--target-batch`` over the job's processes; at least the
-    workload's ``smallest``), which accumulation then makes up; a larger batch would train a
-    larger global batch than asked."""
-    share = None if target is None else max(smallest, target // max(1, processes))
+    the target global batch (``--target-batch`` over the job's processes, rounded up to whole
+    samples and to the batch's ``multiple``, at least the workload's ``smallest``), which
+    accumulation then makes up. A larger batch trains a larger global batch than asked; a
+    share rounded down would need a second accumulation step, nearly twice the target (100
+    over 3 processes: 33 x 2 x 3 = 198, where 34 x 1 x 3 = 102)."""
+    step = max(1, multiple)
+    share = None if target is None else max(smallest, -(-target // max(1, processes)))
+    share = None if share is None else -(-share // step) * step
     asked = [size for size in (max_batch_size, share) if size is not None]
     return min(asked) if asked else None
 
