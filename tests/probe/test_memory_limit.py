@@ -17,7 +17,7 @@ from torch_autotune import compose
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_USAGE
 from torch_autotune.probe.budget import Budget
-from torch_autotune.probe.guard import OVER_CAP, SearchGuard, search_with_guard
+from torch_autotune.probe.guard import OVER_CAP, Found, SearchGuard, search_with_guard
 from torch_autotune.probe.presets import preset
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.simulated import SimulatedMachine
@@ -69,31 +69,39 @@ def test_on_the_cpu_the_limit_caps_the_host_ram_the_search_may_fill() -> None:
 
 
 class _Superlinear:
-    """A CPU step whose peak grows faster than the batch, (200 + b²/8) MiB: the readings the
-    search predicts from say less than a larger size then takes."""
+    """A CPU step whose peak grows faster than the batch, (base + b²/8) MiB: the readings the
+    search predicts from say less than a larger size then takes. As the runner does, a trial
+    whose own peak passed ``cap`` does not fit."""
 
     settings = StepSettings()
 
+    def __init__(self, cap: int, base_mib: int = 200) -> None:
+        self.cap, self.base_mib = cap, base_mib
+
     def __call__(self, batch_size: int) -> TrialOutcome:
-        return TrialOutcome(True, (200 + batch_size**2 // 8) << 20, 0.03, 0.01, 0.01)
+        peak = (self.base_mib + batch_size**2 // 8) << 20
+        return TrialOutcome(peak <= self.cap, peak, 0.03, 0.01, 0.01)
 
 
-def test_on_the_cpu_a_trial_that_peaks_past_the_limit_does_not_fit() -> None:
-    """On a GPU the capped allocator raises; on the CPU nothing does, so a trial that ran and
-    peaked past --memory-limit is one that does not fit (it counted as fitting before)."""
-    guarded = SearchGuard(_Superlinear(), Budget(1e6, Ticks(0.001)), lambda *_: None, reserve_s=0)
-    cap = 512 << 20
-    guarded.ram_budget_bytes = guarded.ram_cap_bytes = cap
-    found = search_with_guard(guarded, cap=4096, limit=cap, cap_reason="the cap")
-    over = [t for t in guarded.records if t.peak_memory_bytes and t.peak_memory_bytes > cap]
+def _capped(runner: _Superlinear) -> tuple[SearchGuard, Found]:
+    guarded = SearchGuard(runner, Budget(1e6, Ticks(0.001)), lambda *_: None, reserve_s=0)
+    guarded.ram_budget_bytes = guarded.ram_cap_bytes = runner.cap
+    return guarded, search_with_guard(guarded, cap=4096, limit=runner.cap, cap_reason="the cap")
+
+
+def test_on_the_cpu_a_trial_that_peaked_past_the_limit_is_said_so() -> None:
+    """On a GPU the capped allocator raises; on the CPU nothing does: the runner counts a trial
+    whose own peak passed --memory-limit as one that does not fit, and the guard says so (not
+    'ran out of memory')."""
+    guarded, found = _capped(_Superlinear(cap=512 << 20, base_mib=200))
+    over = [t for t in guarded.records if t.peak_memory_bytes and t.peak_memory_bytes > 512 << 20]
     assert over
     assert all(not t.fits and t.step == OVER_CAP for t in over)
     assert found.largest is not None
-    assert (200 + found.largest**2 // 8) << 20 <= cap
-    bound = min((t for t in guarded.records if not t.fits), key=lambda t: t.batch_size)
-    if bound.step == OVER_CAP:
-        assert found.limited_by == "host RAM"
-        assert "more than the 0.5 GiB --memory-limit allows" in found.reason
+    assert (200 + found.largest**2 // 8) << 20 <= 512 << 20
+    _, at_once = _capped(_Superlinear(cap=512 << 20, base_mib=600))  # batch 1 past it
+    assert (at_once.largest, at_once.limited_by) == (None, "start")
+    assert at_once.reason == "batch 1 peaked past the 0.5 GiB --memory-limit allows"
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
@@ -127,3 +135,17 @@ def test_on_linux_each_trial_reads_its_own_peak_not_the_process_lifetimes() -> N
     assert before is not None
     assert after is not None
     assert after < before - (256 << 20)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_the_runner_on_the_cpu_counts_a_trial_past_the_limit_as_too_big() -> None:
+    """Real torch: a trial whose own peak (the whole process's resident memory) passed the
+    cap did not fit, its peak kept; with no cap the same trial fits."""
+    from torch_autotune.probe.trials import TrialRunner
+
+    workload = resolve_workload("mlp")
+    capped = TrialRunner(workload, StepSettings(memory_limit_bytes=64 << 20))(8)
+    assert not capped.fits
+    assert capped.peak_memory_bytes is not None
+    assert capped.peak_memory_bytes > 64 << 20  # torch alone holds more
+    assert TrialRunner(workload, StepSettings())(8).fits

@@ -18,7 +18,7 @@ EXTRAPOLATE = 4  # a time prediction past 4x the largest measured size is checke
 CLOSE_ENOUGH = 1.25  # a time-limited search stops within 25% of the size refused for time
 TIME_GUARD = "time-guard (not run)"
 NEAR_TIME_GUARD = "time-guard (not run: within 25% of the largest that ran, beside a size refused)"
-OVER_CAP = "over --memory-limit"  # CPU: it ran, and its peak passed the user's cap
+OVER_CAP = "over --memory-limit"  # CPU: it ran, and its own peak passed the user's cap
 
 
 class OutOfTime(Exception):
@@ -156,8 +156,8 @@ class SearchGuard:
         self.progress(self.phase, f"batch {batch_size}")
         outcome = self.runner(batch_size)
         cap, peak = self.ram_cap_bytes, outcome.peak_memory_bytes
-        if outcome.fits and cap is not None and peak is not None and peak > cap:
-            outcome, step = TrialOutcome(False, peak, outcome.seconds), OVER_CAP  # as on a GPU
+        if not outcome.fits and cap is not None and peak is not None and peak > cap:
+            step = OVER_CAP  # it ran, and peaked past the cap (the runner's peak, its own)
         if outcome.fits and outcome.step_s is not None:
             self.model.learn(StepTiming(batch_size, outcome.warmup_s or 0.0, outcome.step_s))
         self.records.append(
@@ -287,7 +287,12 @@ def search_with_guard(
             "were spent"
         ),
         "cap": cap_reason,
-        "start": f"batch {guarded.start} ran out of memory",
+        "start": f"batch {guarded.start} "
+        + (
+            f"peaked past the {gib(guarded.ram_cap_bytes)} --memory-limit allows"
+            if bound is not None and bound.step == OVER_CAP
+            else "ran out of memory"
+        ),
     }
     return Found(largest, limited_by, reasons.get(limited_by, limited_by))
 

@@ -18,15 +18,24 @@ __all__ = ["device_memory_limit", "memory_capped", "peak_read", "peak_reset", "p
 _PROC = Path("/proc/self")
 
 
-def peak_reset(torch: Any, device: str) -> None:
+def peak_reset(torch: Any, device: str) -> bool:
     """Start a trial's peak: the allocator's on CUDA; on Linux, the process's resident-set
     high-water mark (writing 5 to ``/proc/self/clear_refs``, Linux 4.0 and newer), which
-    otherwise never goes down."""
+    otherwise never goes down. Whether the peak read next is the trial's own: False where the
+    mark could not be reset (macOS, a read-only /proc), and it is the process's lifetime's.
+
+    The reset is the whole process's: its ``VmHWM`` and ``getrusage().ru_maxrss`` start again
+    from here, for the caller's own logging too (the reference says so)."""
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    elif device == "cpu":
-        with contextlib.suppress(OSError):
-            (_PROC / "clear_refs").write_text("5")
+        return True
+    if device != "cpu":
+        return False
+    try:
+        (_PROC / "clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def process_peak_rss() -> int | None:
