@@ -50,6 +50,19 @@ def test_a_driver_older_than_torchs_cuda_gets_no_gpu_profile_and_the_fix(
         assert "Install a driver for CUDA" in decision.reason
 
 
+def test_a_deep_detection_where_torch_itself_was_asked_is_not_second_guessed() -> None:
+    """A container's CUDA forward compatibility runs cu130 on a CUDA 12 driver: where torch
+    itself answered (a deep detection), the driver's version refuses nothing."""
+    machine = with_software(
+        "h100-80gb-hbm3",
+        torch_version="2.13.0+cu130",
+        torch_cuda_version="13.0",
+        cuda_driver_version="12.4",
+        torch_cuda_arch_list=("sm_90",),
+    ).model_copy(update={"detection_depth": "deep"})
+    assert _profile(machine).settings.device == "cuda"
+
+
 @pytest.mark.parametrize(
     ("cc", "arch_list", "covered"),
     [
@@ -59,6 +72,9 @@ def test_a_driver_older_than_torchs_cuda_gets_no_gpu_profile_and_the_fix(
         ((10, 3), ("sm_100a",), False),
         ((10, 3), ("sm_100f",), True),  # family: the major's later minors
         ((12, 1), ("compute_120",), True),  # PTX: any newer GPU
+        ((10, 3), ("compute_90a",), False),  # arch-specific PTX: that cc alone
+        ((10, 3), ("compute_100f",), True),  # family PTX: the major's later minors
+        ((12, 0), ("compute_100f",), False),
         ((9, 0), ("sm_80", "sm_9"), False),  # a malformed entry counts for nothing
         ((9, 0), ("", "sm_", "gfx942", "SM_90"), True),
     ],

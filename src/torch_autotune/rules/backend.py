@@ -22,8 +22,9 @@ def _covered(cc: tuple[int, int], arch_list: tuple[str, ...]) -> bool:
     A cubin for sm_XY runs on every GPU of major X with minor >= Y (NVIDIA's binary
     compatibility within a major version, torch's ``_check_cubins``), one for sm_XYa (features
     of that one architecture) on cc X.Y alone, one for sm_XYf on the family (major X, minor
-    >= Y); PTX (compute_XY) is compiled by the driver for any newer GPU. An entry in none of
-    these forms is not counted.
+    >= Y); PTX (compute_XY) is compiled by the driver for any newer GPU, arch-specific and
+    family PTX (compute_XYa, compute_XYf) as their cubins. An entry in none of these forms is
+    not counted.
     """
     for entry in arch_list:
         form = _ARCH.fullmatch(entry.strip().lower())
@@ -31,10 +32,13 @@ def _covered(cc: tuple[int, int], arch_list: tuple[str, ...]) -> bool:
             continue
         kind, number, suffix = form.groups()
         built = (int(number[:-1]), int(number[-1]))
-        if kind == "compute":
-            if built <= cc:
-                return True
-        elif built == cc if suffix == "a" else built[0] == cc[0] and built[1] <= cc[1]:
+        if suffix == "a":
+            runs = built == cc
+        elif suffix == "f" or kind == "sm":
+            runs = built[0] == cc[0] and built[1] <= cc[1]
+        else:  # plain PTX: compiled by the driver for any newer GPU
+            runs = built <= cc
+        if runs:
             return True
     return False
 
@@ -67,8 +71,8 @@ def _driver_gate(ctx: Context) -> str | None:
     software = ctx.snapshot.software
     built = _major_minor(software.torch_cuda_version)
     driver = _major_minor(software.cuda_driver_version)
-    if built is None or driver is None:
-        return None
+    if built is None or driver is None or ctx.snapshot.detection_depth == "deep":
+        return None  # deep: torch itself was asked (a container's CUDA forward compatibility)
     needed = built if built < (11, 0) else (built[0], 0)
     if driver >= needed:
         return None
@@ -76,7 +80,8 @@ def _driver_gate(ctx: Context) -> str | None:
     return (
         f"torch {software.torch_version} is built for CUDA {built[0]}.{built[1]}, but {named} "
         f"runs CUDA up to {driver[0]}.{driver[1]}: torch would find no usable GPU "
-        f"(torch.cuda.is_available() is False). Install a driver for CUDA "
+        f"(torch.cuda.is_available() False), unless a CUDA forward-compatibility package is "
+        f"installed ('autotune detect --deep' asks torch). Install a driver for CUDA "
         f"{needed[0]}.{needed[1]} or newer, or the torch build for your driver's CUDA "
         f"({driver[0]}.x)"
     )
