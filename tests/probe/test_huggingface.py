@@ -306,6 +306,26 @@ def test_a_collate_of_the_users_own_gets_the_columns_it_reads() -> None:
     assert not any("remove_unused_columns" in n for n in details.notes)
 
 
+def test_a_subclass_of_a_hugging_face_collator_is_one_of_theirs() -> None:
+    """A collator that derives from transformers' (TRL's do) pads tokens, not text: the
+    columns the model takes no argument for are removed for it, as for the Trainer's own."""
+
+    class Padding(transformers.DataCollatorWithPadding):
+        pass
+
+    workload = resolve_workload(
+        None,
+        objects={
+            "model": bert(),
+            "dataset": texts_of_many_lengths(),
+            "collate_fn": Padding(tokenizer()),
+        },
+    )
+    assert "text" not in workload.make_batch(4)
+    details = workload.details()  # type: ignore[misc]
+    assert any("remove_unused_columns does: text" in n for n in details.notes)
+
+
 def test_rows_of_many_lengths_without_a_collate_say_to_give_a_padding_one() -> None:
     rows = texts_of_many_lengths()
     with pytest.raises(WorkloadError, match="give a collate_fn that batches them"):

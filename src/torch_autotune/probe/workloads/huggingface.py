@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,10 +73,14 @@ def _comes_from(value: Any, package: str, name: str) -> bool:
 
 
 def _from_package(value: Any, package: str) -> bool:
-    """Whether ``value`` (a function, or an object such as a data collator) comes from
+    """Whether ``value`` (a function, an object such as a data collator, a subclass of one of
+    ``package``'s as TRL's collators are, a ``functools.partial`` of any) comes from
     ``package``; no import."""
-    module = getattr(value, "__module__", None) or type(value).__module__
-    return str(module).partition(".")[0] == package
+    while isinstance(value, functools.partial):
+        value = value.func
+    if inspect.isroutine(value):
+        return str(getattr(value, "__module__", "")).partition(".")[0] == package
+    return any(kind.__module__.partition(".")[0] == package for kind in type(value).__mro__)
 
 
 def is_trainer(value: Any) -> bool:
