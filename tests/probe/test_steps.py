@@ -168,6 +168,25 @@ def test_targets_a_forward_needs_go_to_it_and_to_loss_fn() -> None:
     assert structured.call == "model(**batch) with x, targets ('targets' is loss_fn's targets too)"
 
 
+def test_a_label_a_forward_needs_as_labels_goes_to_it_renamed_and_to_loss_fn() -> None:
+    """forward(x, labels) with no default and a batch's 'label': renamed, as Hugging Face's
+    collators do, before loss_fn takes its targets (it was taken first, and forward raised)."""
+
+    class NeedsLabels(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            return self.linear(x) + labels.float().unsqueeze(1)
+
+    calls: list[Any] = []
+    structured = step(lambda outputs, targets: calls.append(targets) or outputs.pow(2).mean())
+    structured(NeedsLabels(), {"x": X, "label": Y})
+    assert calls[0] is Y
+    assert structured.call == "model(**batch) with x, labels ('labels' is loss_fn's targets too)"
+
+
 def test_a_loss_the_model_returns_comes_before_loss_fn() -> None:
     """The issue's order: the model's own loss, else loss_fn, else the default; the summary
     says which trained (``loss_source``)."""

@@ -187,18 +187,18 @@ class StructuredStep:
     ) -> tuple[tuple[Any, ...], dict[str, Any], Any, str]:
         kwargs = {str(k): v for k, v in batch.items()}
         targets = shared = None
-        if self.loss_fn is not None and not targets_known:
-            key = next((k for k in LABEL_KEYS if k in kwargs), None)
-            if key is not None and key in self._keywords.required(model):
-                targets, shared = kwargs[key], key  # forward needs it too: teacher forcing
-            elif key is not None:
-                targets = kwargs.pop(key)
         named, extra = self._keywords.of(model)
         if named and "labels" in named and "labels" not in kwargs:
             for key in _RENAMED_TO_LABELS:
                 if key in kwargs and key not in named:
                     kwargs["labels"] = kwargs.pop(key)
                     break
+        if self.loss_fn is not None and not targets_known:
+            key = next((k for k in LABEL_KEYS if k in kwargs), None)
+            if key is not None and key in self._keywords.required(model):
+                targets, shared = kwargs[key], key  # forward needs it too: teacher forcing
+            elif key is not None:
+                targets = kwargs.pop(key)
         label = None
         if named and (not extra or _is_huggingface(model)):
             unused = [k for k in kwargs if k not in named]
