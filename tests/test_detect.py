@@ -201,13 +201,20 @@ def test_rocm_build_asks_torch_in_a_child_process_because_nothing_else_sees_amd_
     assert asked == [{"HIP_VISIBLE_DEVICES": "0"}]
 
 
-def test_torch_in_a_child_process_answers_or_says_why_not() -> None:
-    """The real child, with this machine's torch (no GPU here): its answer, then one that
-    cannot come in time, which costs the GPUs and says so."""
-    answered = read_torch_elsewhere(dict(os.environ))
+def test_torch_in_a_child_process_answers_or_says_why_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real child, with this machine's torch (no GPU here), run from a directory whose
+    torch.py would shadow torch: its answer, asked once for the same variables; then one
+    that cannot come in time, which costs the GPUs and says so."""
+    (tmp_path / "torch.py").write_text("raise ImportError('a torch.py that shadows torch')\n")
+    monkeypatch.chdir(tmp_path)
+    env = {**os.environ, "TORCH_AUTOTUNE_TEST_CHILD": str(tmp_path)}
+    answered = read_torch_elsewhere(env)
     assert answered.warnings == []
     assert answered.arch_list is not None
-    late = read_torch_elsewhere(dict(os.environ), timeout_s=0.001)
+    assert read_torch_elsewhere(env) is answered  # asked once
+    late = read_torch_elsewhere({**env, "TORCH_AUTOTUNE_TEST_CHILD": "late"}, timeout_s=0.001)
     assert late.accelerators == []
     (warning,) = late.warnings
     assert "did not answer (no answer within 0.001 s)" in warning.reason

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -75,15 +74,43 @@ _MARK = "torch_autotune reading: "
 def read_torch_elsewhere(env: Mapping[str, str], *, timeout_s: float = 60.0) -> TorchReading:
     """``read_torch`` in a child Python with ``env``: torch is imported and the GPU runtime
     started there, never here; free memory is not asked (it would start a context on every
-    GPU). Where the child fails or says nothing, a reading with no accelerators and a warning
-    that says why."""
+    GPU). Asked once per process and variables (``_ANSWERED``). Where the child fails, says
+    nothing, or cannot be started, a reading with no accelerators and a warning that says
+    why."""
+    key = tuple(sorted(env.items()))
+    if key not in _ANSWERED:
+        answer, why = _asked(env, timeout_s)
+        if answer is None:
+            reading = TorchReading()
+            reading.warnings.append(
+                DetectionWarning(
+                    field="accelerators",
+                    reason=f"torch, asked in a child process for the GPUs NVML does not see, did"
+                    f" not answer ({why}); 'autotune detect --deep' asks it in this process",
+                )
+            )
+            return reading
+        _ANSWERED[key] = answer
+    return _ANSWERED[key]
+
+
+def _asked(env: Mapping[str, str], timeout_s: float) -> tuple[TorchReading | None, str]:
+    """The child's reading, or None and why. It imports as this process would, this package
+    found after everything else on its path, and nothing from the current directory (a
+    ``torch.py`` there); a frozen application has no Python to run it (its interpreter is the
+    application itself)."""
+    if getattr(sys, "frozen", False):
+        return None, "a frozen application has no Python interpreter to run it"
     here = str(Path(__file__).resolve().parents[2])  # the directory torch_autotune is in
-    paths = [here, *filter(None, [env.get("PYTHONPATH")])]
-    child = "from torch_autotune.detect.torch_env import _answer; _answer()"
+    child = (
+        f"import sys; sys.path[:] = [p for p in sys.path if p] + [{here!r}]; "
+        "from torch_autotune.detect.torch_env import _answer; _answer()"
+    )
     try:
         done = subprocess.run(
             [sys.executable, "-c", child],
-            env={**env, "PYTHONPATH": os.pathsep.join(paths)},
+            env=dict(env),
+            cwd=here,
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -91,21 +118,16 @@ def read_torch_elsewhere(env: Mapping[str, str], *, timeout_s: float = 60.0) -> 
         )
         said = [line for line in done.stdout.splitlines() if line.startswith(_MARK)]
         if said:
-            return _reading_from(json.loads(said[-1].removeprefix(_MARK)))
-        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            return _reading_from(json.loads(said[-1].removeprefix(_MARK))), ""
+        return None, (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
     except subprocess.TimeoutExpired:
-        why = f"no answer within {timeout_s:g} s"
+        return None, f"no answer within {timeout_s:g} s"
     except (OSError, ValueError) as exc:  # ValueError: an answer that is not its JSON
-        why = f"{type(exc).__name__}: {exc}"
-    reading = TorchReading()
-    reading.warnings.append(
-        DetectionWarning(
-            field="accelerators",
-            reason=f"torch, asked in a child process for the GPUs NVML does not see, did not "
-            f"answer ({why}); 'autotune detect --deep' asks it in this process",
-        )
-    )
-    return reading
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+_ANSWERED: dict[tuple[tuple[str, str], ...], TorchReading] = {}
+"""The child's answers in this process, by the variables it ran with: asked once each."""
 
 
 def _answer() -> None:
