@@ -282,6 +282,12 @@ class WorkloadDetails(StrictModel):
         "settings (batch_size, num_workers, ...), for the exports.",
     )
 
+    @property
+    def raised_below(self) -> bool:
+        """The search started above 1 because a smaller batch raised (not as asked)."""
+        reason = self.min_batch_reason or ""
+        return self.min_batch_size > 1 and reason.startswith("batch ") and " raised " in reason
+
 
 class RanksRecord(StrictModel):
     """How the ranks of a job torchrun started probed together (``probe.ranks``): every rank

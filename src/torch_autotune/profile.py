@@ -243,10 +243,16 @@ class Profile(StrictModel):
         apply_torch_settings(self.settings)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for torch.utils.data.DataLoader."""
+        """Keyword arguments for torch.utils.data.DataLoader; ``drop_last=True`` where the probe
+        found that batch 1 raises (BatchNorm's one value per channel): an epoch's last batch
+        of 1 would raise it too."""
         from torch_autotune.apply import dataloader_kwargs
 
-        return dataloader_kwargs(self.settings)
+        kwargs = dataloader_kwargs(self.settings)
+        details = None if self.evidence is None else self.evidence.details
+        if details is not None and details.min_batch_size > 1 and details.raised_below:
+            kwargs["drop_last"] = True
+        return kwargs
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The autocast context for forward and loss (a no-op context when AMP is off)."""

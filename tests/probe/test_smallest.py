@@ -100,7 +100,7 @@ def test_the_reason_names_the_error_and_the_size_that_trained() -> None:
     assert found.reason == (
         f"batch 1 raised ValueError: {BATCHNORM}, got input size [1, 16]; batch 2 trained, so"
         " the search started at 2 (--min-batch-size sets the start). An epoch's last batch"
-        " below 2 raises it too: train with DataLoader(drop_last=True)"
+        " below 2 raises it too: profile.dataloader_kwargs() sets drop_last=True"
     )
     first = guarded.records[0]
     assert (first.batch_size, first.fits, first.step) == (1, False, "start")
@@ -329,8 +329,16 @@ def test_a_batchnorm_model_is_tuned_from_two(
     assert reason == (
         f"batch 1 raised ValueError: {BATCHNORM}, got input size torch.Size({shape}); batch 2"
         " trained, so the search started at 2 (--min-batch-size sets the start). An epoch's"
-        " last batch below 2 raises it too: train with DataLoader(drop_last=True)"
+        " last batch below 2 raises it too: profile.dataloader_kwargs() sets drop_last=True"
     )
+    assert profile.dataloader_kwargs()["drop_last"] is True  # the README's loop, every epoch
+    asked = evidence.details.model_copy(
+        update={"min_batch_reason": "asked for: the search started at 2"}
+    )
+    as_asked = profile.model_copy(
+        update={"evidence": evidence.model_copy(update={"details": asked})}
+    )
+    assert "drop_last" not in as_asked.dataloader_kwargs()
 
 
 class BatchNormOverBlocks(nn.Module):

@@ -91,7 +91,7 @@ def smallest_batch(guarded: SearchGuard, start: int, cap: int, *, name: str) -> 
         reason = (
             f"batch {start} raised {_error_text(first)}; batch {trains} trained, so the search"
             f" started at {trains} (--min-batch-size sets the start). An epoch's last batch"
-            f" below {trains} raises it too: train with DataLoader(drop_last=True)"
+            f" below {trains} raises it too: profile.dataloader_kwargs() sets drop_last=True"
         )
         return Smallest(trains, reason)
     raise first

@@ -194,11 +194,11 @@ class StructuredStep:
                     kwargs["labels"] = kwargs.pop(key)
                     break
         if self.loss_fn is not None and not targets_known:
-            key = next((k for k in LABEL_KEYS if k in kwargs), None)
-            if key is not None and key in self._keywords.required(model):
-                targets, shared = kwargs[key], key  # forward needs it too: teacher forcing
-            elif key is not None:
-                targets = kwargs.pop(key)
+            label_key = next((k for k in LABEL_KEYS if k in kwargs), None)
+            if label_key is not None and label_key in self._keywords.required(model):
+                targets, shared = kwargs[label_key], label_key  # forward needs it too
+            elif label_key is not None:
+                targets = kwargs.pop(label_key)
         label = None
         if named and (not extra or _is_huggingface(model)):
             unused = [k for k in kwargs if k not in named]
