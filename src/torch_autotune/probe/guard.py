@@ -18,7 +18,7 @@ EXTRAPOLATE = 4  # a time prediction past 4x the largest measured size is checke
 CLOSE_ENOUGH = 1.25  # a time-limited search stops within 25% of the size refused for time
 TIME_GUARD = "time-guard (not run)"
 NEAR_TIME_GUARD = "time-guard (not run: within 25% of the largest that ran, beside a size refused)"
-OVER_CAP = "over --memory-limit"  # CPU: it ran, and its own peak passed the user's cap
+OVER_CAP = "over --memory-limit"  # CPU: it ran, and took more host RAM than the user's cap
 
 
 class OutOfTime(Exception):
@@ -155,9 +155,8 @@ class SearchGuard:
         left = self.budget.left_in_run() - self.reserve_s
         self.progress(self.phase, f"batch {batch_size}")
         outcome = self.runner(batch_size)
-        cap, peak = self.ram_cap_bytes, outcome.peak_memory_bytes
-        if not outcome.fits and cap is not None and peak is not None and peak > cap:
-            step = OVER_CAP  # it ran, and peaked past the cap (the runner's peak, its own)
+        if not outcome.fits and self.ram_cap_bytes and outcome.peak_memory_bytes is not None:
+            step = OVER_CAP  # ran to a peak, so no error: it took more than the cap (the runner)
         if outcome.fits and outcome.step_s is not None:
             self.model.learn(StepTiming(batch_size, outcome.warmup_s or 0.0, outcome.step_s))
         self.records.append(
@@ -275,8 +274,8 @@ def search_with_guard(
     reasons = {
         "memory": f"batch {bound.batch_size if bound else '?'} ran out of memory",
         "host RAM": (
-            f"batch {bound.batch_size} peaked at {gib(bound.peak_memory_bytes)} of host RAM,"
-            f" more than the {gib(guarded.ram_cap_bytes)} --memory-limit allows"
+            f"batch {bound.batch_size} took more than the {gib(guarded.ram_cap_bytes)} of host"
+            " RAM --memory-limit allows, beyond what the process held before it"
             if bound is not None and bound.step == OVER_CAP
             else f"batch {bound.batch_size if bound else '?'} was predicted to need more than"
             f" the {gib(guarded.ram_budget_bytes)} of host RAM the probe may fill"
@@ -289,7 +288,7 @@ def search_with_guard(
         "cap": cap_reason,
         "start": f"batch {guarded.start} "
         + (
-            f"peaked past the {gib(guarded.ram_cap_bytes)} --memory-limit allows"
+            f"took more than the {gib(guarded.ram_cap_bytes)} of host RAM --memory-limit allows"
             if bound is not None and bound.step == OVER_CAP
             else "ran out of memory"
         ),
