@@ -188,6 +188,7 @@ def _two_ranks(
 
         where = Path(tempfile.gettempdir()) / f"torch_autotune_test_rendezvous_{port}"
         dist.init_process_group("gloo", init_method=f"file://{where}", rank=rank, world_size=2)
+        answers["rendezvous"] = str(where)  # the test removes it once both ranks are done
     else:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     workload = as_workload(made, name="mlp")

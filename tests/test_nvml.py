@@ -231,6 +231,16 @@ def test_a_mig_enabled_gpu_is_the_one_mig_device_a_cuda_process_enumerates() -> 
     assert (chosen.mig and chosen.mig.profile, chosen.sm_count) == ("3g.20gb", 42)
 
 
+def test_a_mig_instance_id_no_gpu_has_costs_that_id() -> None:
+    gpu = a100_40gb()
+    gpu.mig = [FakeMig("1g.5gb", 4864, 14, slot=0, gpu_instance_id=2_000_000)]
+    reading = read(gpu)
+    (slice_,) = reading.accelerators
+    assert slice_.mig is not None
+    assert (slice_.mig.gpu_instance_id, slice_.mig.compute_instance_id) == (None, 0)
+    assert fields_warned(reading) == {"accelerators[0].mig.gpu_instance_id"}
+
+
 class TestCudaVisibleDevices:
     def test_order_and_numbering_follow_the_variable(self) -> None:
         reading = read(h100(), a100_40gb(), env={"CUDA_VISIBLE_DEVICES": "1,0", **PCI_ORDER})

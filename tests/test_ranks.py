@@ -152,6 +152,7 @@ def test_checkpointing_that_raises_on_every_rank_is_the_leaders_to_handle() -> N
     from tests.ranks_workloads import checkpointed_raises_on_every_rank_in_the_users_group
 
     found, _ = _spawned(checkpointed_raises_on_every_rank_in_the_users_group)
+    Path(found.pop("rendezvous")).unlink(missing_ok=True)
     assert found[1] == "done", found
     caught, fits = found[0]
     assert caught.startswith("CheckpointError: torch.utils.checkpoint: Recomputed values"), found

@@ -25,6 +25,7 @@ __all__ = [
     "MAX_PREFETCH_FACTOR",
     "MAX_ROUNDS",
     "MAX_SECONDS",
+    "MAX_SMALL_COUNT",
     "MAX_WORKERS",
     "SEED_MAX",
     "SEED_MIN",
@@ -116,5 +117,6 @@ BlockNames = Annotated[
 """The classes of a model's blocks, each by its module and name (``pkg.model.Block``), joined
 by commas (a class made in a function has ``<locals>`` in its name): a workload's ``blocks``,
 held in a profile as text."""
-SmallCount = Annotated[int, Field(ge=0, le=1_000_000)]
+MAX_SMALL_COUNT = 1_000_000
+SmallCount = Annotated[int, Field(ge=0, le=MAX_SMALL_COUNT)]
 """Bookkeeping counts (timed blocks, MIG instance ids, compute-capability digits)."""

@@ -230,14 +230,19 @@ def their_traceback(error: BaseException) -> str:
     in it and in the errors it chains; every frame where all of them are ours."""
     import traceback
 
-    ours = str(Path(__file__).resolve().parent)
+    ours = Path(__file__).resolve().parent
+    seen: set[int] = set()
 
     def trimmed(shown: traceback.TracebackException) -> None:
+        if id(shown) in seen:
+            return
+        seen.add(id(shown))
         frames = list(shown.stack)
-        while frames and str(Path(frames[0].filename).resolve()).startswith(ours):
+        while frames and Path(frames[0].filename).resolve().is_relative_to(ours):
             frames.pop(0)
         shown.stack = traceback.StackSummary.from_list(frames or list(shown.stack))
-        for chained in (shown.__cause__, shown.__context__):
+        grouped = getattr(shown, "exceptions", None) or []  # an ExceptionGroup's own
+        for chained in (shown.__cause__, shown.__context__, *grouped):
             if chained is not None:
                 trimmed(chained)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from torch_autotune.bounds import MAX_SMALL_COUNT
 from torch_autotune.detect.visible import (
     Device,
     cuda_visible,
@@ -263,18 +264,19 @@ def _read_mig_slices(
             ("nvmlDeviceGetAttributes_v2", "nvmlDeviceGetAttributes"),
             mig_handle,
         )
-        mig = MigSlice(
-            profile=profile_match.group(1) if profile_match else "unknown",
-            parent_name=name,
-            gpu_instance_id=session.optional(
-                f"{mig_prefix}.mig.gpu_instance_id", ("nvmlDeviceGetGpuInstanceId",), mig_handle
-            ),
-            compute_instance_id=session.optional(
-                f"{mig_prefix}.mig.compute_instance_id",
-                ("nvmlDeviceGetComputeInstanceId",),
-                mig_handle,
-            ),
-        )
+        ids = {
+            f"{kind}_instance_id": _small(
+                session,
+                f"{mig_prefix}.mig.{kind}_instance_id",
+                session.optional(f"{mig_prefix}.mig.{kind}_instance_id", (function,), mig_handle),
+            )
+            for kind, function in (
+                ("gpu", "nvmlDeviceGetGpuInstanceId"),
+                ("compute", "nvmlDeviceGetComputeInstanceId"),
+            )
+        }
+        profile = profile_match.group(1) if profile_match else "unknown"
+        mig = MigSlice(profile=profile, parent_name=name, **ids)
         memory = session.optional(
             f"{mig_prefix}.memory_total_bytes", ("nvmlDeviceGetMemoryInfo",), mig_handle
         )
@@ -346,7 +348,19 @@ def _accelerator(
     return Accelerator(**values)
 
 
-_LEFT_OUT_WHEN_ODD = frozenset({"memory_total_bytes", "memory_free_bytes", "sm_count"})
+_LEFT_OUT_WHEN_ODD = frozenset(
+    {"memory_total_bytes", "memory_free_bytes", "sm_count", "compute_capability"}
+)
+
+
+def _small(session: _Session, field_path: str, value: Any) -> int | None:
+    """A MIG instance id as NVML gave it, or None with a warning where no id is that."""
+    if value is None or 0 <= int(value) <= MAX_SMALL_COUNT:
+        return None if value is None else int(value)
+    session.warnings.append(
+        DetectionWarning(field=field_path, reason=f"NVML answered {value!r}; left out")
+    )
+    return None
 
 
 def _sm_count(

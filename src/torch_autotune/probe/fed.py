@@ -159,6 +159,11 @@ def choose_fed(
         # is as fast, so the step's batch stays.
         chosen = next(t for t in run.trials if (t.batch_size, t.num_workers) == (at, workers))
         reason = _workers_reason(run, chosen, at, loader_rates)
+        if at != sizes[0]:
+            reason += (
+                f"; batch {sizes[0]}, the one recommended, was not fed (its passes would not"
+                f" fit in the time left): the count is the one measured at {at}"
+            )
         return FedChoice(workers, sizes[0], tuple(run.trials), reason, None)
     _feed_sizes(run, at, sizes, workers, step_rates)
     chosen = _pick_batch(run, at, workers)
