@@ -173,6 +173,24 @@ def test_a_dataloader_whose_sampler_draws_a_subset_caps_the_batch_at_an_epoch() 
     assert capped.max_batch_size == 8  # the user's own cap stands
 
 
+def test_a_loss_that_is_nan_is_said_in_the_notes() -> None:
+    """A step whose loss is NaN trains as fast and learns nothing: the notes say so (the
+    profile was saved as measured without a word)."""
+    import torch.nn.functional as F
+
+    def nan_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs, targets) * float("nan")
+
+    objects = {"model": Classifier(), "optimizer": SGD, "dataset": Samples(), "loss_fn": nan_loss}
+    workload = resolve_workload(objects=objects)
+    assert workload.details is not None
+    assert not any("loss was" in n for n in workload.details().notes)  # no step yet
+    model = workload.make_model()
+    workload.train_step(model, workload.make_batch(4))
+    (note,) = [n for n in workload.details().notes if "loss was" in n]
+    assert note.startswith("the last training step's loss was nan: ")
+
+
 def test_a_dataloader_over_a_stream_names_the_loader_and_the_fix() -> None:
     """It said "'dataset' is a Stream", though the user gave no dataset, only the loader."""
 

@@ -11,7 +11,7 @@ from torch_autotune.errors import WorkloadError
 from torch_autotune.probe.workloads.messages import _article
 from torch_autotune.wrapping import checkpoints_itself
 
-__all__ = ["as_it_is", "loader_taken_apart"]
+__all__ = ["as_it_is", "loader_taken_apart", "not_finite"]
 
 
 def as_it_is(model: Any) -> list[str]:
@@ -35,6 +35,20 @@ def as_it_is(model: Any) -> list[str]:
             " activation_checkpointing says; turn it off before tune() to measure without it"
         )
     return said
+
+
+def not_finite(loss: Any) -> list[str]:
+    """What the last training step's loss says where it is NaN or infinite (read once, after
+    the probe: a step of a model or data that trains to NaN is as fast, and learns nothing)."""
+    import torch
+
+    if not isinstance(loss, torch.Tensor) or bool(torch.isfinite(loss).all()):
+        return []
+    return [
+        f"the last training step's loss was {loss.item()}: a model or data that trains to NaN"
+        " learns nothing, and its speed is that of NaN arithmetic; check them (a loss finite"
+        " in float32 and not under fp16 autocast is the precision's)"
+    ]
 
 
 def loader_taken_apart(fields: dict[str, Any], name: str) -> dict[str, Any]:

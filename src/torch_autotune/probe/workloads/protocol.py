@@ -22,7 +22,7 @@ from torch_autotune.probe.workloads.batches import (
     describe_batch,
 )
 from torch_autotune.probe.workloads.copies import model_builder
-from torch_autotune.probe.workloads.given import as_it_is, loader_taken_apart
+from torch_autotune.probe.workloads.given import as_it_is, loader_taken_apart, not_finite
 from torch_autotune.probe.workloads.messages import _article, _exception, _listed, _perhaps
 from torch_autotune.probe.workloads.optimizers import optimizer_builder, probe_kind
 from torch_autotune.probe.workloads.steps import StructuredStep, UserStep
@@ -374,7 +374,7 @@ class _Details:
                 f"batch keys the model's forward takes no argument for, left out:"
                 f" {_listed(sorted(step.dropped))}"
             )
-        notes += as_it_is(self.template)
+        notes += as_it_is(self.template) + not_finite(getattr(step, "last_loss", None))
         model = None if self.template is None else type(self.template).__qualname__
         structured = step if isinstance(step, StructuredStep) else None
         adapted = self.adapted

@@ -145,6 +145,7 @@ class StructuredStep:
         self.dropped: set[str] = set()
         self.call: str | None = None  # how the model was last called, in words
         self.loss_source: str | None = None  # where the last loss came from, in words
+        self.last_loss: Tensor | None = None  # detached: read once, at the end (no sync here)
         self._keywords = _Keywords()
 
     def __call__(self, model: Module, batch: Any) -> Tensor:
@@ -155,7 +156,9 @@ class StructuredStep:
         except Exception as error:
             _mark(error, call)
             raise
-        return self.loss(outputs, targets, batch, call)
+        loss = self.loss(outputs, targets, batch, call)
+        self.last_loss = loss.detach()
+        return loss
 
     # --- calling the model -------------------------------------------------------------------
 
@@ -336,6 +339,7 @@ class UserStep:
     def __init__(self, step: Callable[[Any, Any], Any], name: str) -> None:
         self.step = step
         self.name = name
+        self.last_loss: Tensor | None = None  # detached: read once, at the end (no sync here)
 
     def __call__(self, model: Module, batch: Any) -> Tensor:
         try:
@@ -343,4 +347,6 @@ class UserStep:
         except Exception as error:
             _mark(error, "train_step(model, batch)")
             raise
-        return _checked_loss(value, self.name, "train_step's return value")
+        loss = _checked_loss(value, self.name, "train_step's return value")
+        self.last_loss = loss.detach()
+        return loss
