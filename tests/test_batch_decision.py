@@ -220,6 +220,8 @@ SHARES = [  # (--max-batch-size, target, processes, smallest, multiple) -> the l
     ((None, 100, 3, 1, 1), 34),  # 34 x 1 x 3 = 102; 33 would take 2 steps: 198
     ((None, 10, 4, 1, 1), 3),  # 3 x 1 x 4 = 12, not 2 x 2 x 4 = 16
     ((None, 100, 1, 1, 8), 104),  # a GPU's multiple of 8: 104 x 1, not 96 x 2
+    ((None, 16, 8, 1, 8), 2),  # a share below the multiple stays: 2 x 8 = 16, not 8 x 8
+    ((None, 4, 1, 1, 8), 4),
     ((64, 24, 1, 1, 1), 24),
     ((16, 24, 1, 1, 1), 16),  # --max-batch-size below the share stands
     ((None, 1, 1, 2, 1), 2),  # BatchNorm's smallest batch, above the share

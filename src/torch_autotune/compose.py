@@ -119,9 +119,9 @@ def largest_asked(
     accumulation then makes up. A larger batch trains a larger global batch than asked; a
     share rounded down would need a second accumulation step, nearly twice the target (100
     over 3 processes: 33 x 2 x 3 = 198, where 34 x 1 x 3 = 102)."""
-    step = max(1, multiple)
     share = None if target is None else max(smallest, -(-target // max(1, processes)))
-    share = None if share is None else -(-share // step) * step
+    if share is not None and share >= multiple > 1:  # below the multiple, K4 keeps the size
+        share = -(-share // multiple) * multiple
     asked = [size for size in (max_batch_size, share) if size is not None]
     return min(asked) if asked else None
 

@@ -158,12 +158,7 @@ def choose_fed(
         # (its step alone, or its loader alone where that is slower): nothing measured says it
         # is as fast, so the step's batch stays.
         chosen = next(t for t in run.trials if (t.batch_size, t.num_workers) == (at, workers))
-        reason = _workers_reason(run, chosen, at, loader_rates)
-        if at != sizes[0]:
-            reason += (
-                f"; batch {sizes[0]}, the one recommended, was not fed (its passes would not"
-                f" fit in the time left): the count is the one measured at {at}"
-            )
+        reason = _workers_reason(run, chosen, at, loader_rates) + _unfed(sizes[0], at)
         return FedChoice(workers, sizes[0], tuple(run.trials), reason, None)
     _feed_sizes(run, at, sizes, workers, step_rates)
     chosen = _pick_batch(run, at, workers)
@@ -173,6 +168,16 @@ def choose_fed(
         tuple(run.trials),
         _workers_reason(run, chosen, at, loader_rates),
         _batch_reason(run, chosen, sizes[0]),
+    )
+
+
+def _unfed(recommended: int, at: int) -> str:
+    """What the workers' reason adds where the batch recommended was not fed itself."""
+    if at == recommended:
+        return ""
+    return (
+        f"; batch {recommended}, the one recommended, was not fed (its passes would not fit in"
+        f" the time left): the count is the one measured at {at}"
     )
 
 
