@@ -18,7 +18,13 @@ from torch_autotune import compose
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_USAGE
 from torch_autotune.probe.budget import Budget
-from torch_autotune.probe.guard import OVER_CAP, Found, SearchGuard, search_with_guard
+from torch_autotune.probe.guard import (
+    OVER_CAP,
+    OVER_CAP_PREDICTED,
+    Found,
+    SearchGuard,
+    search_with_guard,
+)
 from torch_autotune.probe.presets import preset
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.simulated import SimulatedMachine
@@ -64,7 +70,7 @@ def test_on_the_cpu_the_limit_caps_the_host_ram_the_search_may_fill() -> None:
     profile = tune_on(machine, workload, LAPTOP, budget_s=60, memory_limit_gib=0.5)
     evidence = profile.evidence
     assert evidence is not None
-    refused = [t for t in evidence.search if t.step == "ram-guard (not run)"]
+    refused = [t for t in evidence.search if t.step == OVER_CAP_PREDICTED]
     assert refused  # sizes predicted past 0.5 GiB were not run
     assert evidence.max_batch_size * (4 << 20) + (200 << 20) <= 0.5 * GIB
 
@@ -170,3 +176,26 @@ def test_the_runner_on_the_cpu_counts_a_trial_past_the_limit_as_too_big() -> Non
     assert not capped.fits
     assert capped.peak_memory_bytes is not None
     assert TrialRunner(workload, StepSettings(memory_limit_bytes=1 << 30))(4).fits
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_a_process_that_holds_more_than_the_limit_still_searches_past_it() -> None:
+    """The script holds 320 MiB (a dataset in RAM) under --memory-limit 0.25: what the trials
+    take is counted, not the process (the search stopped at batch 8, 'predicted to need more
+    than the 0.25 GiB', and recommended batch 1)."""
+    import functools
+
+    from torch_autotune import tune
+
+    held = torch.ones(80 << 20)
+    held.add_(1)  # resident
+    profile = tune(
+        model=torch.nn.Linear(16, 3),
+        optimizer=functools.partial(torch.optim.SGD, lr=0.1),
+        dataset=[(torch.randn(16), i % 3) for i in range(64)],
+        budget_s=10,
+        memory_limit_gib=0.25,
+    )
+    assert profile.evidence is not None
+    assert profile.evidence.max_batch_size == 64  # the workload's largest
+    assert held.numel() == 80 << 20

@@ -19,6 +19,7 @@ CLOSE_ENOUGH = 1.25  # a time-limited search stops within 25% of the size refuse
 TIME_GUARD = "time-guard (not run)"
 NEAR_TIME_GUARD = "time-guard (not run: within 25% of the largest that ran, beside a size refused)"
 OVER_CAP = "over --memory-limit"  # CPU: it ran, and took more host RAM than the user's cap
+OVER_CAP_PREDICTED = "over --memory-limit (not run)"  # CPU: predicted to take more than it
 
 
 class OutOfTime(Exception):
@@ -42,7 +43,8 @@ class SearchGuard:
     model: TimeModel = field(default_factory=TimeModel)
     records: list[SearchTrialRecord] = field(default_factory=list)
     ram_budget_bytes: int | None = None  # CPU: never start a trial predicted to exceed it
-    ram_cap_bytes: int | None = None  # CPU: --memory-limit; a trial that peaks past it fits not
+    ram_cap_bytes: int | None = None  # CPU: --memory-limit, on what a trial takes
+    held: dict[int, int] = field(default_factory=dict)  # CPU: what the process held, by size
     refused: str | None = None  # why the smallest size refused for time was refused
     calls: list[int | None] = field(default_factory=list)  # per search call: its record
     start: int = 1  # the smallest batch the search tries
@@ -61,6 +63,25 @@ class SearchGuard:
         (b1, m1), (b2, m2) = points[-2], points[-1]
         per_sample = max(0.0, (m2 - m1) / (b2 - b1))
         return int(m2 + per_sample * (batch_size - b2))
+
+    def over_cap(self, batch_size: int) -> bool:
+        """CPU, --memory-limit: whether ``batch_size`` is predicted to take more host RAM than
+        the cap, beyond what the process holds (the secant through the two largest growths
+        measured); from its whole peak where no trial said what the process held (a simulated
+        machine's)."""
+        cap = self.ram_cap_bytes
+        if cap is None:
+            return False
+        grown = sorted(
+            (t.batch_size, t.peak_memory_bytes - self.held[t.batch_size])
+            for t in self.records
+            if t.fits and t.peak_memory_bytes is not None and t.batch_size in self.held
+        )
+        if len(grown) < 2:
+            predicted = None if self.held else self.predicted_peak(batch_size)
+            return predicted is not None and predicted > cap
+        (b1, m1), (b2, m2) = grown[-2], grown[-1]
+        return m2 + max(0.0, (m2 - m1) / (b2 - b1)) * (batch_size - b2) > cap
 
     def needed_s(self, batch_size: int) -> tuple[float, float] | None:
         """(the trial, the trial plus one throughput point after it), predicted; None: unknown."""
@@ -89,6 +110,9 @@ class SearchGuard:
             # Running out of host RAM does not raise: the kernel kills the process. A size
             # predicted to exceed the budget is treated as too big, and not run.
             self.refuse(refused_record(batch_size, "ram-guard (not run)"))
+            return TrialOutcome(False)
+        if self.over_cap(batch_size):
+            self.refuse(refused_record(batch_size, OVER_CAP_PREDICTED))
             return TrialOutcome(False)
         failed = [r.batch_size for r in self.records if not r.fits and r.seconds is not None]
         if failed and batch_size >= min(failed):  # monotone: it cannot fit either
@@ -155,6 +179,8 @@ class SearchGuard:
         left = self.budget.left_in_run() - self.reserve_s
         self.progress(self.phase, f"batch {batch_size}")
         outcome = self.runner(batch_size)
+        if outcome.fits and outcome.held_bytes is not None:
+            self.held[batch_size] = outcome.held_bytes
         if not outcome.fits and self.ram_cap_bytes and outcome.peak_memory_bytes is not None:
             step = OVER_CAP  # ran to a peak, so no error: it took more than the cap (the runner)
         if outcome.fits and outcome.step_s is not None:
@@ -267,16 +293,18 @@ def search_with_guard(
     if bound is not None and limited_by == "memory":  # the smallest size above: not run?
         step = bound.step  # TIME_GUARD, or NEAR_TIME_GUARD: not run for time either
         timed = step in (TIME_GUARD, NEAR_TIME_GUARD)
-        ram = step in ("ram-guard (not run)", OVER_CAP)
+        ram = step in ("ram-guard (not run)", OVER_CAP, OVER_CAP_PREDICTED)
         limited_by = "time" if timed else "host RAM" if ram else "memory"
     if limited_by == "time" and guarded.budget.spent:
         limited_by = "budget"
     reasons = {
         "memory": f"batch {bound.batch_size if bound else '?'} ran out of memory",
         "host RAM": (
-            f"batch {bound.batch_size} took more than the {gib(guarded.ram_cap_bytes)} of host"
-            " RAM --memory-limit allows, beyond what the process held before it"
-            if bound is not None and bound.step == OVER_CAP
+            f"batch {bound.batch_size}"
+            f" {'took' if bound.step == OVER_CAP else 'was predicted to take'} more than the"
+            f" {gib(guarded.ram_cap_bytes)} of host RAM --memory-limit allows, beyond what the"
+            " process held before it"
+            if bound is not None and bound.step in (OVER_CAP, OVER_CAP_PREDICTED)
             else f"batch {bound.batch_size if bound else '?'} was predicted to need more than"
             f" the {gib(guarded.ram_budget_bytes)} of host RAM the probe may fill"
         ),

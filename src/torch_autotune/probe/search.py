@@ -36,6 +36,9 @@ class TrialOutcome:
     seconds: float | None = None  # wall time of the whole trial, when measured
     warmup_s: float | None = None  # its first step's cost beyond a steady step
     step_s: float | None = None  # one steady step
+    held_bytes: int | None = (
+        None  # CPU: what the process held as it began, where its peak is its own
+    )
 
 
 @dataclass(frozen=True)

@@ -71,10 +71,9 @@ def search(
         raise WorkloadError(
             f"the {name} workload's smallest batch ({start}) is above the largest it may try: {why}"
         )
-    if device == "cpu":  # host RAM is the CPU's memory: --memory-limit caps it too
-        guarded.ram_cap_bytes = asked = runner.settings.memory_limit_bytes
-        known = [b for b in (ram_budget(machine), asked) if b is not None]
-        guarded.ram_budget_bytes = min(known) if known else None
+    if device == "cpu":  # host RAM is the CPU's memory: --memory-limit caps what a trial takes
+        guarded.ram_cap_bytes = runner.settings.memory_limit_bytes
+        guarded.ram_budget_bytes = ram_budget(machine)
     smallest = Smallest(1, None)
     with budget.phase("search"):
         runner.apply_flags(cudnn_benchmark=False)

@@ -284,7 +284,12 @@ class TrialRunner:
             return TrialOutcome(False, peak)  # took more than --memory-limit: as a capped GPU
         warmup, step = timed
         return TrialOutcome(
-            True, peak, warmup + self.settings.steps * step, warmup_s=warmup, step_s=step
+            True,
+            peak,
+            warmup + self.settings.steps * step,
+            warmup_s=warmup,
+            step_s=step,
+            held_bytes=held if own else None,
         )
 
     def point(

@@ -163,6 +163,8 @@ def _search(
     guard = SearchGuard(runner, budget, progress, reserve_s=reserve_s, variant=name)
     guard.phase = variant.phase
     guard.ram_budget_bytes = bounds.ram_budget_bytes
+    if bounds.ram_budget_bytes is not None:  # the CPU's: --memory-limit caps what a trial takes
+        guard.ram_cap_bytes = runner.settings.memory_limit_bytes
     guard.start = max(bounds.floor, min(start, bounds.cap))
     runner.apply_flags(cudnn_benchmark=False)
     found = search_with_guard(
