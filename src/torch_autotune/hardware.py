@@ -36,6 +36,11 @@ SNAPSHOT_SCHEMA_VERSION: Literal[1] = 1
 """Version of the snapshot schema written by this release. Bumped on any incompatible change."""
 
 
+NO_GPU_FOR_TORCH = "torch.cuda.is_available() is False: torch itself sees no GPU"
+"""A deep detection's word that torch was asked and saw no GPU (the rules' driver gate reads
+it: where torch saw one, an old driver is no reason to refuse it)."""
+
+
 class _Frozen(BaseModel):
     model_config = STRICT
 

@@ -243,9 +243,10 @@ class Profile(StrictModel):
         apply_torch_settings(self.settings)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for torch.utils.data.DataLoader; ``drop_last=True`` where the probe
-        found that batch 1 raises (BatchNorm's one value per channel): an epoch's last batch
-        of 1 would raise it too."""
+        """Keyword arguments for the training ``torch.utils.data.DataLoader``;
+        ``drop_last=True`` where the probe found that batch 1 raises (BatchNorm's one value per
+        channel): an epoch's last batch of 1 would raise it too (an evaluation loader, whose
+        model is in eval mode, wants every sample: leave it out there)."""
         from torch_autotune.apply import dataloader_kwargs
 
         kwargs = dataloader_kwargs(self.settings)

@@ -8,7 +8,7 @@ import functools
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -283,6 +283,18 @@ def test_samples_that_keep_their_text_are_ranked_by_their_tokens() -> None:
 
     batches = DatasetBatches(Texts(), tokens_only, "texts")
     assert batches.worst(2).shape == (2, 64)
+
+    import numpy as np
+
+    class Arrays(Texts):  # a datasets.Dataset in numpy format
+        rows: ClassVar[list[dict[str, Any]]] = [
+            {"text": r["text"], "input_ids": np.array(r["input_ids"])} for r in Texts.rows
+        ]
+
+    def arrays_only(rows: list[dict[str, Any]]) -> torch.Tensor:
+        return tokens_only([{"input_ids": list(row["input_ids"])} for row in rows])
+
+    assert DatasetBatches(Arrays(), arrays_only, "arrays").worst(2).shape == (2, 64)
 
 
 @settings(max_examples=25, deadline=None)

@@ -199,3 +199,22 @@ def test_a_process_that_holds_more_than_the_limit_still_searches_past_it() -> No
     assert profile.evidence is not None
     assert profile.evidence.max_batch_size == 64  # the workload's largest
     assert held.numel() == 80 << 20
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_a_model_whose_first_trial_takes_more_than_the_limit_says_so_not_out_of_memory() -> None:
+    from torch_autotune import tune
+    from torch_autotune.errors import DoesNotFitError
+
+    with pytest.raises(DoesNotFitError) as raised:
+        tune(
+            model=_Hungry(),
+            optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+            example_batch=(torch.randn(4, 4), torch.randint(0, 2, (4,))),
+            budget_s=10,
+            memory_limit_gib=0.05,
+        )
+    said = str(raised.value)
+    assert "took more than the 0.05 GiB of host RAM --memory-limit allows" in said
+    assert "(raise it)" in said
+    assert "runs out of memory" not in said

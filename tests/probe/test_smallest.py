@@ -332,6 +332,9 @@ def test_a_batchnorm_model_is_tuned_from_two(
         " last batch below 2 raises it too: profile.dataloader_kwargs() sets drop_last=True"
     )
     assert profile.dataloader_kwargs()["drop_last"] is True  # the README's loop, every epoch
+    from torch_autotune.integrations import hf_training_arguments
+
+    assert hf_training_arguments(profile)["dataloader_drop_last"] is True  # the Trainer's
     asked = evidence.details.model_copy(
         update={"min_batch_reason": "asked for: the search started at 2"}
     )

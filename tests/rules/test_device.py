@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.rules.helpers import snapshot, with_software
-from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.hardware import NO_GPU_FOR_TORCH, DetectionWarning, HardwareSnapshot
 from torch_autotune.profile import Profile
 from torch_autotune.rules.backend import _covered
 from torch_autotune.rules.engine import build_profile
@@ -61,6 +61,10 @@ def test_a_deep_detection_where_torch_itself_was_asked_is_not_second_guessed() -
         torch_cuda_arch_list=("sm_90",),
     ).model_copy(update={"detection_depth": "deep"})
     assert _profile(machine).settings.device == "cuda"
+    torch_saw_none = machine.model_copy(
+        update={"warnings": (DetectionWarning(field="accelerators", reason=NO_GPU_FOR_TORCH),)}
+    )
+    assert _profile(torch_saw_none).settings.device == "cpu"  # and the driver is why
 
 
 @pytest.mark.parametrize(

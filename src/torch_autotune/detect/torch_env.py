@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from torch_autotune.hardware import (
+    NO_GPU_FOR_TORCH,
     Accelerator,
     Architecture,
     Backend,
@@ -78,27 +79,26 @@ def read_torch_elsewhere(env: Mapping[str, str], *, timeout_s: float = 60.0) -> 
     nothing, or cannot be started, a reading with no accelerators and a warning that says
     why."""
     key = tuple(sorted(env.items()))
-    if key not in _ANSWERED:
+    if key not in _ANSWERED:  # a failure is kept too: a child that timed out is not waited on again
         answer, why = _asked(env, timeout_s)
         if answer is None:
-            reading = TorchReading()
-            reading.warnings.append(
+            answer = TorchReading()
+            answer.warnings.append(
                 DetectionWarning(
                     field="accelerators",
                     reason=f"torch, asked in a child process for the GPUs NVML does not see, did"
                     f" not answer ({why}); 'autotune detect --deep' asks it in this process",
                 )
             )
-            return reading
         _ANSWERED[key] = answer
     return _ANSWERED[key]
 
 
 def _asked(env: Mapping[str, str], timeout_s: float) -> tuple[TorchReading | None, str]:
     """The child's reading, or None and why. It imports as this process would, this package
-    found after everything else on its path, and nothing from the current directory (a
-    ``torch.py`` there); a frozen application has no Python to run it (its interpreter is the
-    application itself)."""
+    found after everything else on its path, and nothing from the current directory (its
+    empty entry is dropped: a ``torch.py`` there); a frozen application has no Python to run
+    it (its interpreter is the application itself)."""
     if getattr(sys, "frozen", False):
         return None, "a frozen application has no Python interpreter to run it"
     here = str(Path(__file__).resolve().parents[2])  # the directory torch_autotune is in
@@ -110,7 +110,6 @@ def _asked(env: Mapping[str, str], timeout_s: float) -> tuple[TorchReading | Non
         done = subprocess.run(
             [sys.executable, "-c", child],
             env=dict(env),
-            cwd=here,
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -213,6 +212,7 @@ def _read_cuda_devices(
             number = None
         reading.cudnn_version = None if not number else cudnn_version_text(int(number))
     if not available:
+        reading.warnings.append(DetectionWarning(field="accelerators", reason=NO_GPU_FOR_TORCH))
         return
     for index in range(int(torch.cuda.device_count())):
         try:

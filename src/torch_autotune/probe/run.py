@@ -258,7 +258,7 @@ class _Run:
             )
         best = fastest(self.records)
         if best is None and self.records:
-            why = "; ".join(sorted({f"{r.unsteady} at {r.batch_size}" for r in self.records}))
+            why = "; ".join(f"{r.unsteady} at {r.batch_size}" for r in self.records)
             self.warnings.append(
                 f"no throughput point was steady ({why}): the recommended batch is the largest"
                 " that ran, not the fastest; run autotune again on a quieter machine or longer"

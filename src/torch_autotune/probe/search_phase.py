@@ -19,7 +19,7 @@ from torch_autotune.errors import DoesNotFitError, ProbeError, WorkloadError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.checkpoint_phase import checked_on
-from torch_autotune.probe.guard import Found, OutOfTime, SearchGuard, search_with_guard
+from torch_autotune.probe.guard import OVER_CAP, Found, OutOfTime, SearchGuard, search_with_guard
 from torch_autotune.probe.plan import CPU_CAP, GPU_CAP, cap_reason, ram_budget
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import Agreement
@@ -91,9 +91,10 @@ def search(
             f"step of the {name} workload finished; give it more with --budget"
         )
     if found.largest is None:
+        over = any(r.step == OVER_CAP for r in guarded.records)
         raise DoesNotFitError(
             f"the {name} workload does not train even at batch size {guarded.start} on"
-            f" {device}: it runs out of memory",
+            f" {device}: " + (f"{found.reason} (raise it)" if over else "it runs out of memory"),
             batch_size=guarded.start,
         )
     bounds = Bounds(

@@ -12,7 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from torch_autotune.hardware import Accelerator, Backend, Vendor
+from torch_autotune.hardware import (
+    NO_GPU_FOR_TORCH,
+    Accelerator,
+    Backend,
+    HardwareSnapshot,
+    Vendor,
+)
 from torch_autotune.rules.context import Context, Finding
 
 
@@ -71,8 +77,8 @@ def _driver_gate(ctx: Context) -> str | None:
     software = ctx.snapshot.software
     built = _major_minor(software.torch_cuda_version)
     driver = _major_minor(software.cuda_driver_version)
-    if built is None or driver is None or ctx.snapshot.detection_depth == "deep":
-        return None  # deep: torch itself was asked (a container's CUDA forward compatibility)
+    if built is None or driver is None or _torch_saw_a_gpu(ctx.snapshot):
+        return None  # torch itself drove one: a container's CUDA forward compatibility
     needed = built if built < (11, 0) else (built[0], 0)
     if driver >= needed:
         return None
@@ -85,6 +91,12 @@ def _driver_gate(ctx: Context) -> str | None:
         f"{needed[0]}.{needed[1]} or newer, or the torch build for your driver's CUDA "
         f"({driver[0]}.x)"
     )
+
+
+def _torch_saw_a_gpu(snapshot: HardwareSnapshot) -> bool:
+    """A deep detection in which torch was asked and did not say it sees no GPU."""
+    said = {w.reason for w in snapshot.warnings}
+    return snapshot.detection_depth == "deep" and NO_GPU_FOR_TORCH not in said
 
 
 def _major_minor(version: str | None) -> tuple[int, int] | None:

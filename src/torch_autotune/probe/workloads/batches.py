@@ -165,6 +165,8 @@ def _size(sample: Any) -> tuple[int, int]:
 
     if isinstance(sample, torch.Tensor):
         return int(sample.numel()), 0
+    if isinstance(getattr(sample, "size", None), int) and hasattr(sample, "shape"):
+        return int(sample.size), 0  # a NumPy array (a datasets.Dataset in numpy format)
     if isinstance(sample, str):
         return 0, len(sample)
     if (

@@ -42,10 +42,14 @@ def not_finite(loss: Any) -> list[str]:
     the probe: a step of a model or data that trains to NaN is as fast, and learns nothing)."""
     import torch
 
-    if not isinstance(loss, torch.Tensor) or bool(torch.isfinite(loss).all()):
+    try:
+        if not isinstance(loss, torch.Tensor) or bool(torch.isfinite(loss).all()):
+            return []
+        said = loss.item()
+    except RuntimeError:  # a CUDA graph's output, overwritten by later replays: nothing to say
         return []
     return [
-        f"the last training step's loss was {loss.item()}: a model or data that trains to NaN"
+        f"the last training step's loss was {said}: a model or data that trains to NaN"
         " learns nothing, and its speed is that of NaN arithmetic; check them (a loss finite"
         " in float32 and not under fp16 autocast is the precision's)"
     ]
