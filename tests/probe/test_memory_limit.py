@@ -195,6 +195,7 @@ def test_a_process_that_holds_more_than_the_limit_still_searches_past_it() -> No
         dataset=[(torch.randn(16), i % 3) for i in range(64)],
         budget_s=10,
         memory_limit_gib=0.25,
+        snapshot=LAPTOP,  # the CPU's limit, also on a machine with a GPU
     )
     assert profile.evidence is not None
     assert profile.evidence.max_batch_size == 64  # the workload's largest
@@ -213,6 +214,7 @@ def test_a_model_whose_first_trial_takes_more_than_the_limit_says_so_not_out_of_
             example_batch=(torch.randn(4, 4), torch.randint(0, 2, (4,))),
             budget_s=10,
             memory_limit_gib=0.05,
+            snapshot=LAPTOP,  # the CPU's limit, also on a machine with a GPU
         )
     said = str(raised.value)
     assert "took more than the 0.05 GiB of host RAM --memory-limit allows" in said
