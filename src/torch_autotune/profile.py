@@ -250,10 +250,16 @@ class Profile(StrictModel):
         from torch_autotune.apply import dataloader_kwargs
 
         kwargs = dataloader_kwargs(self.settings)
-        details = None if self.evidence is None else self.evidence.details
-        if details is not None and details.min_batch_size > 1 and details.raised_below:
+        if self.drops_last:
             kwargs["drop_last"] = True
         return kwargs
+
+    @property
+    def drops_last(self) -> bool:
+        """Whether the training loader should drop an epoch's last, smaller batch: the probe
+        found that batch 1 raises (``WorkloadDetails.raised_below``), and so would it."""
+        details = None if self.evidence is None else self.evidence.details
+        return details is not None and details.raised_below
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The autocast context for forward and loss (a no-op context when AMP is off)."""

@@ -335,6 +335,11 @@ def test_a_batchnorm_model_is_tuned_from_two(
     from torch_autotune.integrations import hf_training_arguments
 
     assert hf_training_arguments(profile)["dataloader_drop_last"] is True  # the Trainer's
+    from torch_autotune.integrations import lightning_notes
+
+    (loader,) = [n for n in lightning_notes(profile) if n.startswith("DataLoader(")]
+    assert "drop_last=True" in loader
+    assert "drop_last in train_dataloader() alone" in loader
     asked = evidence.details.model_copy(
         update={"min_batch_reason": "asked for: the search started at 2"}
     )

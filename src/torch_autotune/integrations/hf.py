@@ -65,8 +65,7 @@ def _hf_loader(profile: Profile) -> dict[str, Any]:
     args: dict[str, Any] = {"dataloader_num_workers": dl.num_workers}
     if dl.num_workers > 0 and dl.prefetch_factor is not None:
         args["dataloader_prefetch_factor"] = dl.prefetch_factor
-    details = None if profile.evidence is None else profile.evidence.details
-    if details is not None and details.raised_below:  # batch 1 raised: so would a last one
+    if profile.drops_last:  # batch 1 raised: so would an epoch's last batch of 1
         args["dataloader_drop_last"] = True
     return args
 

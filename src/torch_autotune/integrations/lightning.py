@@ -99,9 +99,10 @@ def _lightning_loader(profile: Profile) -> str | None:
     if not rest:
         return None
     loader = ", ".join(f"{k}={v!r}" for k, v in rest.items())
+    alone = "; drop_last in train_dataloader() alone" if rest.get("drop_last") else ""
     return (
         f"DataLoader(dataset, {loader}) in the DataModule's *_dataloader() methods"
-        f" ({_not_in_data(profile, data)})"
+        f" ({_not_in_data(profile, data)}{alone})"
     )
 
 
@@ -173,6 +174,8 @@ def _loader_kwargs(profile: Profile) -> dict[str, Any]:
         kwargs["persistent_workers"] = dl.persistent_workers
         if dl.prefetch_factor is not None:
             kwargs["prefetch_factor"] = dl.prefetch_factor
+    if profile.drops_last:  # batch 1 raised: so would an epoch's last batch of 1
+        kwargs["drop_last"] = True
     return kwargs
 
 
