@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch_autotune.bench import MIN_EFFECT
 from torch_autotune.probe.fed import (
     FED_WITHIN,
+    FedChoice,
     FedTrial,
     choose_fed,
     fed_order,
@@ -175,29 +176,10 @@ def test_when_every_pass_fails_there_is_no_choice() -> None:
     assert len(choice.trials) == 2  # recorded all the same
 
 
-def test_passes_that_do_not_fit_in_the_time_are_not_started() -> None:
-    fake = FakeFed({(512, 2): 100.0, (64, 2): 100.0, (64, 1): 60.0, (64, 0): 40.0})
-    needed = pass_seconds(64, 2, 100.0)
-    choice = choose_fed(
-        fake,
-        sizes=(512, 256, 128, 64),
-        counts=[2, 1, 0],
-        loader_rates={0: 45.0, 1: 70.0, 2: 120.0},
-        step_rates={512: 900.0},
-        threads_for=_threads,
-        until=needed * 2.5,  # two passes at 64; one at 512 takes ~20 s
-        clock=fake.clock,
-    )
-    assert fake.calls[0][:2] == (64, 2)  # the largest size whose passes fit
-    assert fake.now <= needed * 2.5
-    # 64 fed 100 samples/s; 512, never fed, could reach 120 (its loader alone): nothing
-    # measured says 64 is as fast, so the step's batch stays.
-    assert (choice.batch_size, choice.batch_reason) == (512, None)
-    assert choice.num_workers == 2
-
-
-def test_a_smaller_batch_fed_as_fast_as_the_unfed_one_could_train_is_chosen() -> None:
-    fake = FakeFed({(64, 2): 119.0, (128, 2): 119.0, (64, 1): 60.0, (64, 0): 40.0})
+def _little_time(rates: RatesTable) -> tuple[FakeFed, FedChoice, float]:
+    """A step of 900 samples/s at batch 512, loaders of 45-120 alone, and time for two passes
+    at 64 (one at 512 takes ~20 s): the fake, the choice, and the time two passes need."""
+    fake = FakeFed(rates)
     needed = pass_seconds(64, 2, 100.0)
     choice = choose_fed(
         fake,
@@ -209,6 +191,22 @@ def test_a_smaller_batch_fed_as_fast_as_the_unfed_one_could_train_is_chosen() ->
         until=needed * 2.5,
         clock=fake.clock,
     )
+    return fake, choice, needed
+
+
+def test_passes_that_do_not_fit_in_the_time_are_not_started() -> None:
+    rates = {(512, 2): 100.0, (64, 2): 100.0, (64, 1): 60.0, (64, 0): 40.0}
+    fake, choice, needed = _little_time(rates)
+    assert fake.calls[0][:2] == (64, 2)  # the largest size whose passes fit
+    assert fake.now <= needed * 2.5
+    # 64 fed 100 samples/s; 512, never fed, could reach 120 (its loader alone): nothing
+    # measured says 64 is as fast, so the step's batch stays.
+    assert (choice.batch_size, choice.batch_reason) == (512, None)
+    assert choice.num_workers == 2
+
+
+def test_a_smaller_batch_fed_as_fast_as_the_unfed_one_could_train_is_chosen() -> None:
+    _, choice, _ = _little_time({(64, 2): 119.0, (128, 2): 119.0, (64, 1): 60.0, (64, 0): 40.0})
     assert choice.batch_size == 64
     assert choice.batch_reason is not None
     assert "batch 512 itself was not fed" in choice.batch_reason

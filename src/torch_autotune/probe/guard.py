@@ -53,16 +53,9 @@ class SearchGuard:
 
     def predicted_peak(self, batch_size: int) -> int | None:
         """Peak memory at ``batch_size`` by the secant through the two largest readings."""
-        points = sorted(
-            (t.batch_size, t.peak_memory_bytes)
-            for t in self.records
-            if t.fits and t.peak_memory_bytes is not None
-        )
-        if len(points) < 2:
-            return None
-        (b1, m1), (b2, m2) = points[-2], points[-1]
-        per_sample = max(0.0, (m2 - m1) / (b2 - b1))
-        return int(m2 + per_sample * (batch_size - b2))
+        peaks = [(t.batch_size, t.peak_memory_bytes) for t in self.records if t.fits]
+        predicted = _secant([(b, m) for b, m in peaks if m is not None], batch_size)
+        return None if predicted is None else int(predicted)
 
     def over_cap(self, batch_size: int) -> bool:
         """CPU, --memory-limit: whether ``batch_size`` is predicted to take more host RAM than
@@ -78,10 +71,10 @@ class SearchGuard:
             if t.fits and t.peak_memory_bytes is not None and t.batch_size in self.held
         )
         if len(grown) < 2:
-            predicted = None if self.held else self.predicted_peak(batch_size)
-            return predicted is not None and predicted > cap
-        (b1, m1), (b2, m2) = grown[-2], grown[-1]
-        return m2 + max(0.0, (m2 - m1) / (b2 - b1)) * (batch_size - b2) > cap
+            whole = None if self.held else self.predicted_peak(batch_size)
+            return whole is not None and whole > cap
+        growth = _secant(grown, batch_size)
+        return growth is not None and growth > cap
 
     def needed_s(self, batch_size: int) -> tuple[float, float] | None:
         """(the trial, the trial plus one throughput point after it), predicted; None: unknown."""
@@ -334,6 +327,15 @@ def _time_reason(guarded: SearchGuard, bound: SearchTrialRecord | None) -> str:
             f" beside a size refused for time ({refused})"
         )
     return refused
+
+
+def _secant(points: list[tuple[int, int]], batch_size: int) -> float | None:
+    """Memory at ``batch_size`` by the secant through the two largest sizes of ``points``
+    ((batch, bytes)), never falling with the batch; None below two points."""
+    if len(points) < 2:
+        return None
+    (b1, m1), (b2, m2) = sorted(points)[-2:]
+    return m2 + max(0.0, (m2 - m1) / (b2 - b1)) * (batch_size - b2)
 
 
 def gib(value: int | None) -> str:

@@ -272,15 +272,15 @@ class TrialRunner:
         import torch
 
         device = self.settings.device
-        own = peak_reset(torch, device)
-        held = peak_read(torch, device) if device == "cpu" else None  # after the reset: now
+        own = peak_reset(torch, device)  # held: after the reset, what the process holds now
+        held = peak_read(torch, device) if own and device == "cpu" else None
         timed, oom = run_guarded(lambda: self.steps(batch_size))
         peak = None if oom is not None else peak_read(torch, device)
         release_memory(device)  # outside any except block: the failed step's frames are gone
         if oom is not None or timed is None:
             return TrialOutcome(False)
         cap = self.settings.memory_limit_bytes
-        if own and cap is not None and peak is not None and held is not None and peak - held > cap:
+        if cap is not None and peak is not None and held is not None and peak - held > cap:
             return TrialOutcome(False, peak)  # took more than --memory-limit: as a capped GPU
         warmup, step = timed
         return TrialOutcome(
@@ -289,7 +289,7 @@ class TrialRunner:
             warmup + self.settings.steps * step,
             warmup_s=warmup,
             step_s=step,
-            held_bytes=held if own else None,
+            held_bytes=held,
         )
 
     def point(
