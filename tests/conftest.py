@@ -190,6 +190,21 @@ def _own_profile_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _allocator_as_a_shell_starts_it(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Simulated runs start without the allocator's settings, whatever the shell that runs
+    the tests has (torch reads ``PYTORCH_ALLOC_CONF`` first from 2.9): the probe asks the real
+    environment whether this process started with ``expandable_segments``, and a developer's
+    ``PYTORCH_ALLOC_CONF=expandable_segments:True`` failed 7 allocator tests. A test that
+    wants the setting sets it; the GPU and system tiers keep the machine's own."""
+    if request.node.get_closest_marker("gpu") or request.node.get_closest_marker("system"):
+        return
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
 def _no_terminal_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """Output goes to a pipe that asks for no width, with or without ``pytest -n``: the
     workers of pytest-xdist 3.8 run with ``COLUMNS=80`` and ``LINES=24``, and ``autotune``

@@ -45,11 +45,6 @@ def _gpt2(machine: SimulatedMachine, **options: object) -> Profile:
     return tune_on(machine, workload, H100, mode="speed", **options)
 
 
-@pytest.fixture(autouse=True)
-def _process_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ALLOC_CONF, raising=False)  # as a user's shell starts autotune
-
-
 def test_kept_where_it_raises_the_largest_batch() -> None:
     profile = _tuned(_decoder((132, 1.0)))
     record = profile.evidence.allocator if profile.evidence is not None else None
