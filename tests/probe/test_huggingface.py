@@ -399,6 +399,10 @@ def test_a_trainer_s_optimizer_is_built_over_each_copy_with_its_weight_decay_gro
     assert any("bias" in names[id(p)] for p in plain["params"])
     assert trainer.optimizer is None
     assert workload.optimizer == "adamw"
+    (note,) = [n for n in workload.details().notes if n.startswith("optimizer:")]  # type: ignore[misc]
+    # what trained is the Trainer's optim, whatever the profile's fused setting reads
+    assert f"optim '{trainer.args.optim.value}'" in note
+    assert "the profile's optimizer.fused is for an optimizer built with" in note
 
 
 def test_a_trainer_s_own_optimizer_is_rebuilt_over_each_copy(tmp_path: Path) -> None:
