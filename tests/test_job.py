@@ -63,6 +63,18 @@ trial_outcomes = st.builds(
 )
 
 
+@st.composite
+def cpu_trials(draw: st.DrawFn) -> TrialOutcome:
+    """A rank's trial on the CPU: what it held as it began, and its peak above that; one that
+    failed with no peak ran out of memory, one with a peak took more than --memory-limit."""
+    held = draw(st.integers(0, 1 << 34))
+    peak = held + draw(st.integers(0, 1 << 34))
+    fits = draw(st.booleans())
+    if fits:
+        return TrialOutcome(True, peak, 1.0, step_s=0.1, held_bytes=held)
+    return TrialOutcome(False, draw(st.sampled_from([None, peak])))
+
+
 @given(st.lists(trial_outcomes, min_size=1, max_size=8))
 def test_a_trial_fits_only_where_it_fit_on_every_rank(found: list[TrialOutcome]) -> None:
     combined = combine_trials(found)
@@ -70,8 +82,26 @@ def test_a_trial_fits_only_where_it_fit_on_every_rank(found: list[TrialOutcome])
     if combined.fits:  # DDP steps at its slowest rank's pace, and the fullest GPU decides
         assert combined.step_s == max(t.step_s for t in found if t.step_s is not None)
         assert combined.peak_memory_bytes == max(t.peak_memory_bytes or 0 for t in found)
-    else:
-        assert combined == TrialOutcome(False)
+
+
+@given(st.lists(cpu_trials(), min_size=1, max_size=8))
+def test_the_cap_reads_the_rank_that_grew_most_and_a_rank_over_it_is_over_it(
+    found: list[TrialOutcome],
+) -> None:
+    """A rank over the cap made the job's trial read 'ran out of memory', and the job's
+    trials that fit said nothing of what the ranks held, so the cap was read against whole
+    processes: the search of a job stopped below the sizes one process reached."""
+    combined = combine_trials(found)
+    failed = [t for t in found if not t.fits]
+    if failed:
+        over_cap = all(t.peak_memory_bytes is not None for t in failed)
+        assert (combined.peak_memory_bytes is not None) == over_cap
+        return
+    peak, held = combined.peak_memory_bytes, combined.held_bytes
+    assert peak is not None
+    assert held is not None
+    assert peak == max(t.peak_memory_bytes or 0 for t in found)
+    assert peak - held == max((t.peak_memory_bytes or 0) - (t.held_bytes or 0) for t in found)
 
 
 def _point(rate: float, *, steady: bool = True, fits: bool = True) -> PointOutcome:

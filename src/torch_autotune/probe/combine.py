@@ -21,16 +21,32 @@ def _most(values: list[float | None]) -> float | None:
 
 def combine_trials(found: list[TrialOutcome]) -> TrialOutcome:
     """A search trial over every rank: it fits only where it fit on each; the largest peak,
-    the slowest time (DDP steps at the pace of its slowest rank)."""
-    if not all(t.fits for t in found):
-        return TrialOutcome(False)
+    the slowest time (DDP steps at the pace of its slowest rank).
+
+    On the CPU under ``--memory-limit``, a rank's trial that took more than the cap fails with
+    its peak, where one that ran out of memory has none: the job's trial failed over the cap
+    only where every rank that failed did, with the largest such peak. What the ranks held as
+    they began (``held_bytes``) is given as the largest peak less the largest growth over it,
+    so that the cap reads the rank that grew most and the RAM budget the fullest rank."""
+    failed = [t for t in found if not t.fits]
+    if failed:
+        over = [t.peak_memory_bytes for t in failed]
+        return TrialOutcome(False, max(over) if None not in over else None)  # type: ignore[type-var]
     peaks = [t.peak_memory_bytes for t in found]
+    peak = max(peaks) if None not in peaks else None  # type: ignore[type-var]
+    grown = [
+        t.peak_memory_bytes - t.held_bytes
+        for t in found
+        if t.peak_memory_bytes is not None and t.held_bytes is not None
+    ]
+    held = peak - max(grown) if peak is not None and len(grown) == len(found) else None
     return TrialOutcome(
         True,
-        max(peaks) if all(p is not None for p in peaks) else None,  # type: ignore[type-var]
+        peak,
         _most([t.seconds for t in found]),
         warmup_s=_most([t.warmup_s for t in found]),
         step_s=_most([t.step_s for t in found]),
+        held_bytes=held,
     )
 
 
