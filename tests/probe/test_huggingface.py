@@ -382,6 +382,24 @@ def test_a_trainer_s_precision_arguments_are_said_to_be_the_profiles_to_set(
     assert "the profile's precision instead" in note
 
 
+def test_a_trainer_whose_loss_is_nan_is_said_in_the_notes(tmp_path: Path) -> None:
+    """A Trainer's step that trains to NaN is as fast and learns nothing: the notes say so, as
+    for a step of the user's own (the Trainer's step kept no loss to read)."""
+
+    class NanTrainer(transformers.Trainer):  # type: ignore[misc]
+        def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            return model(**inputs).loss * float("nan")
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "trainer"), report_to="none", use_cpu=True
+    )
+    workload = resolve_workload(NanTrainer(model=gpt2(), args=args, train_dataset=token_rows()))
+    assert workload.details is not None
+    workload.train_step(workload.make_model(), workload.make_batch(2))
+    (note,) = [n for n in workload.details().notes if "loss was" in n]
+    assert note.startswith("the last training step's loss was nan: ")
+
+
 def test_a_trainer_s_optimizer_is_built_over_each_copy_with_its_weight_decay_groups(
     tmp_path: Path,
 ) -> None:

@@ -305,6 +305,23 @@ def test_the_step_takes_a_loss_tensor_or_a_dict_with_loss(returns: str) -> None:
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_a_training_step_whose_loss_is_nan_is_said_in_the_notes() -> None:
+    """training_step's loss is read as the probe trains: a NaN is said, as for a step of the
+    user's own (the notes read a step that never ran, and said nothing)."""
+    workload = resolve_workload(Classifier(), objects={"datamodule": Data()})
+    assert workload.details is not None
+    model = workload.make_model()
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    workload.train_step(model, workload.make_batch(4))
+    (note,) = [n for n in workload.details().notes if "loss was" in n]
+    assert note.startswith("the last training step's loss was nan: ")
+    plain = resolve_workload(Classifier(), objects={"datamodule": Data()})
+    assert plain.details is not None
+    plain.train_step(plain.make_model(), plain.make_batch(4))
+    assert not any("loss was" in n for n in plain.details().notes)
+
+
 # --- refusals, each in one line -----------------------------------------------------------------
 
 

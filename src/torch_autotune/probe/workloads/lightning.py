@@ -40,6 +40,7 @@ from torch import nn
 
 from torch_autotune.errors import WorkloadError
 from torch_autotune.evidence import WorkloadDetails
+from torch_autotune.probe.workloads.given import not_finite
 from torch_autotune.probe.workloads.lightning_step import (
     LightningStep,
     QuietStep,
@@ -294,11 +295,12 @@ def lightning_workload(
         elif isinstance(own["optimizer"], torch.optim.Optimizer):  # over the user's module
             own["optimizer"] = RebuiltOptimizer(own["optimizer"], module, name)
     workload = build(own)
-    details = _LightningDetails(workload.details, prepared, arguments, custom)
     if prepared is None or custom:
         step: Any = workload.train_step if prepared is None else QuietStep(workload.train_step)
     else:
         step = LightningStep(name)
+    details = _LightningDetails(workload.details, prepared, arguments, custom)
+    details.own_step = step if isinstance(step, LightningStep) else None
     return dataclasses.replace(workload, train_step=step, details=details)
 
 
@@ -317,6 +319,7 @@ class _LightningDetails:
         self.prepared = prepared
         self.arguments = arguments
         self.custom = custom
+        self.own_step: LightningStep | None = None  # training_step's, where it trains
 
     def __call__(self) -> WorkloadDetails:
         found = (
@@ -333,6 +336,8 @@ class _LightningDetails:
                     f"hooks of the module the probe does not call (it moves the batch and steps"
                     f" the optimizer itself): {_listed(uncalled)}"
                 )
+            if self.own_step is not None:  # the inner details read a step that never ran
+                notes += not_finite(self.own_step.last_loss)
             update["notes"] = tuple(notes)
             if not self.custom:
                 update["call"] = "training_step(batch, batch_idx)"

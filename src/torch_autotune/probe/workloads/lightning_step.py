@@ -156,8 +156,14 @@ class LightningStep:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.last_loss: torch.Tensor | None = None  # detached: read once, at the end
 
     def __call__(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        loss = self._loss(model, batch)
+        self.last_loss = loss.detach()
+        return loss
+
+    def _loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         with quiet_log():
             try:
                 output = model(batch, BATCH_IDX)
