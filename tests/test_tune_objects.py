@@ -173,6 +173,26 @@ def test_a_dataloader_whose_sampler_draws_a_subset_caps_the_batch_at_an_epoch() 
     assert capped.max_batch_size == 8  # the user's own cap stands
 
 
+def test_a_profile_for_several_processes_caps_the_batch_at_each_ones_share_of_the_data() -> None:
+    """Each rank's DistributedSampler draws its share of the dataset: a batch above it gives
+    an epoch one short step (none with drop_last). 40 samples over 3 processes: 14 a rank."""
+    profile = quick(
+        model=Classifier(), optimizer=SGD, dataset=Samples(), processes_per_node=3, budget_s=60
+    )
+    assert_measured(profile)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.max_batch_size == 14
+    assert evidence.limited_by == "cap"
+    assert evidence.limit_reason is not None
+    assert (
+        "each rank's share of the dataset's 40 samples over 3 ranks (14)" in evidence.limit_reason
+    )
+    alone = quick(model=Classifier(), optimizer=SGD, dataset=Samples(), max_batch_size=64)
+    assert alone.evidence is not None
+    assert alone.evidence.max_batch_size == 40  # one process: the whole dataset
+
+
 def test_a_loss_that_is_nan_is_said_in_the_notes() -> None:
     """A step whose loss is NaN trains as fast and learns nothing: the notes say so (the
     profile was saved as measured without a word)."""

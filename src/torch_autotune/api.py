@@ -259,6 +259,7 @@ def tune(
         ),
     )
     rules_only = build_profile(machine, preferences=preferences, host_id=host)
+    chosen = chosen.per_rank(rules_only.topology.world_size)
     total = budget_s if budget_s is not None else default_budget_s(rules_only)
     report("budget", f"{total:g} s")
 

@@ -65,7 +65,7 @@ def search(
     variant = search_name(BASE, settings)
     guarded = SearchGuard(runner, budget, report, reserve_s=reserve_s, variant=variant)
     device = settings.device
-    cap, why = _cap(device, max_batch_size, workload.max_batch_size)
+    cap, why = _cap(device, max_batch_size, workload)
     name, start = workload.name, workload.min_batch_size
     if start > cap:
         raise WorkloadError(
@@ -111,12 +111,20 @@ def search(
     return Searched(guarded, found, bounds, smallest, checked)
 
 
-def _cap(device: str, asked: int | None, dataset: int | None) -> tuple[int, str]:
+def _cap(device: str, asked: int | None, workload: Workload) -> tuple[int, str]:
     """The largest batch the search may try, and why: the device's cap, the user's maximum
-    or the workload's largest batch, whichever is smallest."""
+    or the workload's largest batch (its own, its dataset's samples, or each rank's share of
+    them), whichever is smallest."""
     caps = [(CPU_CAP if device == "cpu" else GPU_CAP, cap_reason(device))]
     if asked is not None:
         caps.append((asked, f"the largest batch asked for ({asked})"))
-    if dataset is not None:
-        caps.append((dataset, f"the workload's largest batch ({dataset})"))
+    own = workload.max_batch_size
+    if own is not None:
+        caps.append((own, f"the workload's largest batch ({own})"))
+    ranks, dataset = workload.ranks_sharing_data, workload.dataset
+    if ranks > 1 and own is not None and dataset is not None:
+        caps[-1] = (
+            own,
+            f"each rank's share of the dataset's {len(dataset)} samples over {ranks} ranks ({own})",
+        )
     return min(caps)

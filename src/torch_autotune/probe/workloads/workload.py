@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, get_args
 
 from torch_autotune.errors import WorkloadError
@@ -80,6 +80,7 @@ class Workload:
     details: Callable[[], WorkloadDetails] | None = None
     rebuild: str | None = None
     blocks: tuple[str, ...] = ()
+    ranks_sharing_data: int = 1  # ``per_rank``: the ranks its dataset's samples are spread over
 
     def __post_init__(self) -> None:
         where = f"workload '{self.name}'"
@@ -98,6 +99,16 @@ class Workload:
                 f"{where}: min_batch_size {self.min_batch_size} is above its largest batch, {size}"
                 f"{' (the number of samples in its dataset)' if self._sized_by_data() else ''}"
             )
+
+    def per_rank(self, ranks: int) -> Workload:
+        """The workload as each of ``ranks`` processes trains it: where its largest batch is
+        its dataset's length, no more than each rank's share of it (a DistributedSampler
+        gives each ``ceil(len / ranks)`` samples), so that an epoch has at least one step of
+        the batch the probe hands out, ``drop_last`` too. Itself where nothing changes."""
+        if ranks <= 1 or self.dataset is None or not self._sized_by_data():
+            return self
+        share = max(self.min_batch_size, -(-len(self.dataset) // ranks))
+        return replace(self, max_batch_size=share, ranks_sharing_data=ranks)
 
     def _sized_by_data(self) -> bool:
         """Whether ``max_batch_size`` is the dataset's length (a factory's or tune()'s default)."""
