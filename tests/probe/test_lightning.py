@@ -286,6 +286,26 @@ def test_configure_optimizers_in_each_form_gives_the_copys_optimizer(form: str) 
     assert Calls.configured[-1] == id(model.module)
 
 
+def test_a_ranks_model_in_ddp_gets_configure_optimizers_of_the_module_inside() -> None:
+    """A job's ranks train the model in DDP, which has no configure_optimizers: every
+    LightningModule failed `autotune --nproc-per-node 2` (exit 5, 'fix it')."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from torch_autotune.probe.trials import make_optimizer
+
+    workload = resolve_workload(Classifier(), objects={"datamodule": Data()})
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        wrapped = DistributedDataParallel(workload.make_model())
+        optimizer = make_optimizer(workload, wrapped, {"foreach": False})
+    finally:
+        dist.destroy_process_group()
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert held == {id(p) for p in wrapped.parameters()}
+    assert Calls.configured[-1] == id(wrapped.module.module)
+
+
 def test_the_probes_fused_option_rebuilds_the_configured_optimizer() -> None:
     workload = resolve_workload(Classifier(), objects={"datamodule": Data()})
     assert workload.optimizer == "adamw"
