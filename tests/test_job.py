@@ -245,6 +245,27 @@ def test_nproc_per_node_inside_a_torchrun_rank_is_refused(monkeypatch: pytest.Mo
     assert "already one of torchrun's ranks" in done.output
 
 
+def test_ctrl_c_to_the_launcher_is_an_interruption_not_a_bug(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchrun's agent takes Ctrl-C as its own exception once its ranks are ended: it was
+    reported as an internal error (exit 1, torch's traceback) where one process exits 130."""
+    import signal
+
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from torch_autotune.errors import EXIT_INTERRUPTED
+
+    def interrupted(_args: object) -> None:
+        raise SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)
+
+    monkeypatch.setattr(torch.distributed.run, "run", interrupted)
+    done = CliRunner().invoke(cli, ["-m", "mlp", "--nproc-per-node", "2", "--no-save"])
+    assert done.exit_code == EXIT_INTERRUPTED
+    assert done.output == "autotune: interrupted\n"
+
+
 def test_who_says_what(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(LAUNCHED, raising=False)
     killed = RankFailedError("a rank stopped without a word")

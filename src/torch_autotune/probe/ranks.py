@@ -382,6 +382,7 @@ def run_ranks(
     import logging
     import signal
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -401,6 +402,8 @@ def run_ranks(
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         run(args)
+    except SignalException as stopped:  # the agent's: its ranks are ended, as one process's
+        _end_as_one_process(stopped.sigval)
     except ChildFailedError as failed:
         rank, failure = failed.get_first_failure()
         if failure.exitcode >= 0:
@@ -408,3 +411,17 @@ def run_ranks(
         name = signal.Signals(-failure.exitcode).name
         return EXIT_PROBE, (int(rank), int(failure.local_rank), name)
     return 0, None
+
+
+def _end_as_one_process(number: int) -> None:
+    """The job ends on ``number``, which the agent took in place of the process: Ctrl-C
+    is ``KeyboardInterrupt`` (exit 130 and one line, as a probe in one process; it was an
+    internal error, exit 1 with torch's traceback), any other signal ends this process as its
+    default action does (SIGTERM: 143 to the shell)."""
+    import signal
+
+    if number == signal.SIGINT:
+        raise KeyboardInterrupt from None
+    signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    raise SystemExit(128 + number)  # where the default action does not end the process
