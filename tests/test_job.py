@@ -245,6 +245,23 @@ def test_nproc_per_node_inside_a_torchrun_rank_is_refused(monkeypatch: pytest.Mo
     assert "already one of torchrun's ranks" in done.output
 
 
+@pytest.mark.parametrize("asked", [1, 4])
+def test_processes_per_node_other_than_torchruns_is_refused(
+    asked: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 ranks told they were 1 failed an assertion after the whole probe (exit 1); told they
+    were 4, they saved a profile of a job of 4 that recommend() would serve as measured."""
+    for name, value in TORCHRUN_2.items():
+        monkeypatch.setenv(name, value)
+    done = CliRunner().invoke(cli, ["-m", "mlp", "--processes-per-node", str(asked)])
+    assert done.exit_code == EXIT_USAGE
+    assert done.output.splitlines()[-1] == (
+        f"autotune: error: --processes-per-node {asked}, but torchrun started 2 on this node:"
+        f" the job's ranks measure the job they are; leave it out, or start {asked}"
+    )
+    assert "Traceback" not in done.output
+
+
 def test_ctrl_c_to_the_launcher_is_an_interruption_not_a_bug(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -215,10 +215,18 @@ def _ranks_record(leader: Any, evidence: Any, rules_only: Profile, wait_s: float
 
 
 def job_preferences(ranks: Ranks | None, preferences: Preferences) -> Preferences:
-    """The preferences of a job torchrun started: its processes per node and nodes, unless the
-    user gave them."""
+    """The preferences of a job torchrun started: its processes per node and nodes, as
+    torchrun started them. ``LaunchError`` where the user asked for others: a profile
+    measured by 2 ranks was saved as a job of 4, or failed an assertion after the whole
+    probe."""
     if ranks is None:
         return preferences
+    given, started = preferences.processes_per_node, ranks.local_world_size
+    if given is not None and given != started:
+        raise LaunchError(
+            f"--processes-per-node {given}, but torchrun started {started} on this node: the"
+            f" job's ranks measure the job they are; leave it out, or start {given}"
+        )
     update: dict[str, int] = {}
     if preferences.processes_per_node is None:
         update["processes_per_node"] = ranks.local_world_size
