@@ -4,7 +4,8 @@ parameter no step uses) as one job; a rank that runs out of memory at a size the
 one that is killed and one whose model raises end the job within bounds, with one message;
 an error every rank raises (BatchNorm at batch 1, checkpointing whose recompute differs) is
 rank 0's to handle, as in one process; rank 0's point alone after checkpointing was measured
-does not hang the ranks.
+does not hang the ranks; a script that tunes in its ranks, then trains them in a group of its
+own, trains.
 
 System tier: the installed package in subprocesses, as a user runs it. Each job has a short
 budget; together these take about a minute on 2 cores.
@@ -59,6 +60,37 @@ def _job(*args: str, store: Path, torchrun: bool) -> subprocess.CompletedProcess
 
 
 _took: list[float] = [0.0]
+
+TUNE_THEN_TRAIN = """
+import functools, os, sys, time
+import torch, torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+import torch_autotune
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(200, 16), torch.randint(0, 4, (200,)))
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+sgd = functools.partial(torch.optim.SGD, lr=0.1)
+profile = torch_autotune.tune(model=model, optimizer=sgd, dataset=data, budget_s=8)
+if os.environ["RANK"] == "1":
+    time.sleep(3)  # the ranks reach their own group apart, as ranks of a real script do
+dist.init_process_group("gloo")
+trained = profile.prepare_model(model)
+optimizer = sgd(trained.parameters(), **profile.optimizer_kwargs())
+loader = DataLoader(data, batch_size=profile.batch_size, sampler=DistributedSampler(data),
+                    **profile.dataloader_kwargs())
+steps = torch.zeros(1)
+for x, y in loader:
+    nn.functional.cross_entropy(trained(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    steps += 1
+dist.all_reduce(steps)
+print(f"rank {os.environ['RANK']}: batch {profile.batch_size}, {int(steps)} steps together")
+dist.destroy_process_group()
+"""
 
 
 def _saved(store: Path) -> list[Profile]:
@@ -116,6 +148,38 @@ def test_two_ranks_tune_as_one_job(workload: str, torchrun: bool, tmp_path: Path
     batch = profile.settings.batch.batch_size
     assert batch is not None
     assert f"batch {batch} a rank, {2 * batch} a step together" in ranks_row
+
+
+def test_a_script_tunes_then_trains_in_a_group_of_its_own(tmp_path: Path) -> None:
+    """The README's loop under torchrun: tune() in each rank, then the script's own group,
+    DDP and a DistributedSampler. torch counts groups from 0 again once the probe's default
+    group is gone, and torchrun's store kept its keys: rank 0's group read rank 1's old
+    address and gloo refused the connection, in 2 runs of 2 where the ranks reached it apart.
+    The batch is at most each rank's share of the 200 samples, so the epoch trains."""
+    script = tmp_path / "train.py"
+    script.write_text(TUNE_THEN_TRAIN, encoding="utf-8")
+    start = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
+    start += ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--max-restarts=0"]
+    done = subprocess.run(
+        [*start, str(script)],
+        cwd=tmp_path,
+        env=env_importing_from(
+            ROOT / "src",
+            OMP_NUM_THREADS="1",
+            CUDA_VISIBLE_DEVICES="",
+            TORCH_AUTOTUNE_HOME=str(tmp_path / "home"),
+        ),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+    )
+    assert done.returncode == 0, done.stderr
+    said = re.findall(r"rank (\d): batch (\d+), (\d+) steps together", done.stdout)
+    assert sorted(rank for rank, _, _ in said) == ["0", "1"]
+    ((batch, steps),) = {(int(b), int(n)) for _, b, n in said}  # one profile, one count
+    assert batch <= 100
+    assert steps >= 2 * (100 // batch)
 
 
 def test_a_model_whose_batchnorm_cannot_train_batch_1_tunes_from_2_on_every_rank(

@@ -15,6 +15,7 @@ never reads an earlier one's.
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import pickle
 import time
@@ -208,7 +209,7 @@ def joined(ranks: Ranks, device: str, *, timeout_s: float) -> Iterator[Group]:
         torch.cuda.set_device(ranks.local_rank)
     made = not dist.is_initialized()
     if made:
-        dist.init_process_group(backend=backend, timeout=timeout)
+        _init_default_group(backend, timeout)
     control = dist.new_group(backend="gloo", timeout=timeout)
     data = dist.new_group(backend=backend, timeout=timeout)
     run = [uuid.uuid4().hex if ranks.rank == 0 else None]  # this join's keys, rank 0's name
@@ -221,6 +222,26 @@ def joined(ranks: Ranks, device: str, *, timeout_s: float) -> Iterator[Group]:
         else:
             for group in (data, control):
                 dist.destroy_process_group(group)
+
+
+def _init_default_group(backend: str, timeout: datetime.timedelta) -> None:
+    """The default process group, made as ``env://`` makes it but with its keys under a
+    prefix of this join's own (the joins' count, the same on every rank: each calls tune() as
+    often), where torch puts them under ``default_pg``. torch counts its groups from 0 again
+    once the default one is destroyed, and torchrun's store outlives it: a group the user's
+    script made after tune() read the probe's ranks' addresses there, and gloo failed to
+    connect (``Connection refused``) whenever its ranks did not start together."""
+    import torch.distributed as dist
+
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    store.set_timeout(timeout)
+    prefixed = dist.PrefixStore(f"torch_autotune/join-{next(_JOINS)}", store)
+    dist.init_process_group(
+        backend=backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout
+    )
+
+
+_JOINS = itertools.count(1)  # the default groups this process made, counted
 
 
 def _store(timeout: datetime.timedelta) -> Any:
