@@ -160,7 +160,10 @@ def test_when_no_point_is_steady_the_largest_that_ran_is_recommended_with_a_warn
     evidence = profile.evidence
     assert evidence is not None
     assert profile.settings.batch.batch_size == 1664
-    assert any("no throughput point was steady" in w for w in evidence.warnings)
+    (warning,) = [w for w in evidence.warnings if "no throughput point was steady" in w]
+    # true whatever later phases make of the batch (a margin, the fed passes): it said "the
+    # recommended batch is the largest that ran" where the fed passes recommended 64 of 512
+    assert "the step's fastest batch is not known, and the batch was not chosen for" in warning
 
 
 def test_a_size_too_slow_for_the_time_left_is_skipped_with_its_prediction() -> None:

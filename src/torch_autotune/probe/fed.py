@@ -398,8 +398,8 @@ def _batch_reason(run: _Passes, chosen: FedTrial, batch_size: int) -> str:
     text = (
         f"{chosen.batch_size}: training fed by the DataLoader runs below the step alone (at "
         f"best {_fmt(run.best)} samples/s; the step alone ran at {step} at batch {batch_size}, "
-        "its fastest: loading limits training, or takes CPUs from it), so the batch is the "
-        f"smallest within {FED_WITHIN:.0%} of the best rate of training fed by "
+        "the batch chosen for it: loading limits training, or takes CPUs from it), so the"
+        f" batch is the smallest within {FED_WITHIN:.0%} of the best rate of training fed by "
         f"{chosen.num_workers} worker(s): {trace} samples/s"
     )
     for note in run.notes:

@@ -260,8 +260,8 @@ class _Run:
         if best is None and self.records:
             why = "; ".join(f"{r.unsteady} at {r.batch_size}" for r in self.records)
             self.warnings.append(
-                f"no throughput point was steady ({why}): the recommended batch is the largest"
-                " that ran, not the fastest; run autotune again on a quieter machine or longer"
+                f"no throughput point was steady ({why}): the step's fastest batch is not known,"
+                " and the batch was not chosen for its speed; run autotune again, quieter or longer"
             )
         return best
 
