@@ -374,6 +374,32 @@ def test_recommend_under_torchrun_with_nothing_stored_gives_the_jobs_rules(
 # --- the summary's ranks row --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("together", "warned"), [(93_861.0, True), (400_000.0, False)])
+def test_a_job_slower_than_one_rank_alone_is_warned_of(together: float, warned: bool) -> None:
+    """0.13 of 2 x rank 0 alone was said in the ranks row alone, with no word that one
+    process trains faster than the job."""
+    from torch_autotune.together import _slower_together
+
+    record = RanksRecord(
+        world_size=2,
+        nodes=1,
+        backend="gloo",
+        devices=("cpu", "cpu"),
+        group_samples_per_s=together,
+        one_rank_samples_per_s=371_565.0,
+        unused_parameters=0,
+        wait_s=1.0,
+    )
+    said = _slower_together(record)
+    assert (said is not None) == warned
+    if said is not None:
+        assert said == (
+            "the 2 ranks together trained 93,861 samples/s, fewer than rank 0 alone at the same"
+            " batch (371,565 samples/s): on this machine one process trains faster than this"
+            " job (its ranks share the CPU's cores)"
+        )
+
+
 def test_the_summary_says_the_global_batch_and_the_scaling() -> None:
     job = _ranks(2)
     assert job.evidence is not None

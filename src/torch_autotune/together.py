@@ -140,11 +140,29 @@ def _job_profile(
     from torch_autotune import compose
 
     evidence = result.evidence.model_copy(update={"ranks": record})
+    slower = _slower_together(record)
+    if slower is not None:
+        evidence = evidence.model_copy(update={"warnings": (*evidence.warnings, slower)})
     update: dict[str, object] = {"unused_parameters": record.unused_parameters}
     if record.ddp_did_not_fit is not None:
         reason = _fsdp_reason(record.ddp_did_not_fit, evidence, record.world_size)
         update["fsdp_reason"] = reason
     return build(compose.measurements(result).model_copy(update=update), evidence)
+
+
+def _slower_together(record: RanksRecord) -> str | None:
+    """A warning where the ranks together trained fewer samples a second than rank 0 alone
+    at the same batch and settings (0.13 of 2 x one rank on a 2-core CPU): there the job is
+    slower than one process, whatever its settings."""
+    together, alone = record.group_samples_per_s, record.one_rank_samples_per_s
+    if together is None or alone is None or together >= alone:
+        return None
+    shared = " (its ranks share the CPU's cores)" if set(record.devices) == {"cpu"} else ""
+    return (
+        f"the {record.world_size} ranks together trained {together:,.0f} samples/s, fewer than"
+        f" rank 0 alone at the same batch ({alone:,.0f} samples/s): on this machine one"
+        f" process trains faster than this job{shared}"
+    )
 
 
 def _ddp_or_fsdp(
