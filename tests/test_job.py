@@ -333,6 +333,27 @@ def test_a_jobs_profile_is_stored_beside_the_single_process_one(tmp_path: Path) 
     assert store.load(fingerprint, "mlp", world=4) is None
 
 
+def test_show_outside_the_job_says_where_the_jobs_profile_is(tmp_path: Path) -> None:
+    """After `autotune --nproc-per-node 2 -m mlp`, `autotune show -m mlp` said 'no profile
+    measured on mlp (measured here: mlp)': the job's machine file counted as one process's,
+    and nothing said where the job's profile was."""
+    from tests.conftest import SNAPSHOT_DIR
+
+    job = _job_profile(2)
+    saved = ProfileStore(tmp_path).save(job)
+    laptop = str(SNAPSHOT_DIR / "cpu-laptop-linux.json")
+    done = CliRunner().invoke(
+        cli, ["show", "-m", "mlp", "--snapshot", laptop, "--store", str(tmp_path)]
+    )
+    assert done.exit_code == 0
+    note = next(line for line in done.output.splitlines() if "no profile measured" in line)
+    assert "measured here" not in note
+    assert f"a job of 2 ranks measured it ({saved})" in note
+    given = CliRunner().invoke(cli, ["export", "--profile", str(saved), "--format", "lightning"])
+    assert given.exit_code == 0, given.output
+    assert "devices: 2" in given.output
+
+
 def test_recommend_under_torchrun_returns_the_jobs_profile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -216,12 +216,26 @@ class ProfileStore:
         return profile if profile is not None and profile.topology.world_size == world else None
 
     def measured_workloads(self, fingerprint_hex: str) -> list[str]:
-        """The workloads with a measured profile for this fingerprint, sorted by name."""
-        found = {measured_on(p) for p in self._profiles_in(self.profiles_dir / fingerprint_hex)}
+        """The workloads with a measured profile of one process for this fingerprint, sorted by
+        name (a job's machine file, ``world-2.json``, lies beside them and is not one)."""
+        mine = self._profiles_in(self.profiles_dir / fingerprint_hex)
+        found = {measured_on(p) for p in mine if p.topology.world_size == 1}
         machine = self._read_or_skip(self.path_for(fingerprint_hex))
         if machine is not None:
             found.add(measured_on(machine))
         return sorted(name for name in found if name is not None)
+
+    def measured_by_jobs(self, fingerprint_hex: str, workload: str) -> list[tuple[int, Path]]:
+        """Where ``workload`` was measured by a job of several ranks for this fingerprint:
+        (its ranks, its file), fewest ranks first."""
+        key = workload_key(workload)
+        found = []
+        for path in (self.profiles_dir / fingerprint_hex).glob(f"world-*/{key}.json"):
+            profile = self._read_or_skip(path)
+            world = 1 if profile is None else profile.topology.world_size
+            if profile is not None and measured_on(profile) == workload and world > 1:
+                found.append((world, path))
+        return sorted(found)
 
     def lookup(
         self,

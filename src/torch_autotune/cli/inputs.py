@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from torch_autotune.errors import InputFileError, ProfileFileError, SnapshotFileError
+from torch_autotune.store import ProfileStore
 
 
 def is_stdin(path: Path) -> bool:
@@ -172,7 +173,15 @@ def _nothing_stored(
 
     measured = api.measured_workloads(profile, store)
     text = f"no profile measured on {workload} for {machine}"
+    jobs = ProfileStore(store).measured_by_jobs(profile.provenance.fingerprint, workload)
     close = difflib.get_close_matches(workload, [w for w in measured if w != workload], n=1)
+    if jobs:
+        world, path = jobs[0]
+        return (
+            f"{text} in one process; a job of {world} ranks measured it ({path}):"
+            " recommend() returns it in each rank under torchrun, and 'autotune export"
+            " --profile' that file exports it; showing the rules-only profile of one process"
+        )
     if close:
         text += f"; perhaps you meant '{close[0]}'?"
     elif measured:
