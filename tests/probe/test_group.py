@@ -174,3 +174,29 @@ def test_ours_and_ctrl_c_end_the_job_whatever_rank_0_did(
         ranks._made(_group(1, store), _raises(error), _call(7))
     assert exits == [error]
     assert store.waited == []  # not even asked
+
+
+def test_a_rank_whose_peers_never_call_tune_is_told_so_in_a_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only rank 0 of 2 called tune(): torch's DistStoreError (the keys it waited on, and its
+    traceback from our frames) after the whole timeout; now one line that says every rank must
+    call it. Rank 0 of a job of 2 alone, on a store of its own, with a 1 s bound."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    environment = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0"}
+    for name, value in {**environment, "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    alone = Ranks(rank=0, local_rank=0, world_size=2, local_world_size=2, node_rank=0)
+    with (
+        pytest.raises(RankFailedError, match="every rank torchrun started must call tune"),
+        group_module.joined(alone, "cpu", timeout_s=1.0),
+    ):
+        pass
+    assert not dist.is_initialized()

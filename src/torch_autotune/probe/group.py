@@ -208,10 +208,16 @@ def joined(ranks: Ranks, device: str, *, timeout_s: float) -> Iterator[Group]:
     if device == "cuda":
         torch.cuda.set_device(ranks.local_rank)
     made = not dist.is_initialized()
-    if made:
-        _init_default_group(backend, timeout)
-    control = dist.new_group(backend="gloo", timeout=timeout)
-    data = dist.new_group(backend=backend, timeout=timeout)
+    try:
+        if made:
+            _init_default_group(backend, timeout)
+        control = dist.new_group(backend="gloo", timeout=timeout)
+        data = dist.new_group(backend=backend, timeout=timeout)
+    except dist.DistStoreError as error:  # a rank that never came: its store keys never did
+        raise RankFailedError(
+            f"the job's other ranks did not join rank {ranks.rank}'s tune() within"
+            f" {timeout_s:g} s: every rank torchrun started must call tune() (or none)"
+        ) from error
     run = [uuid.uuid4().hex if ranks.rank == 0 else None]  # this join's keys, rank 0's name
     dist.broadcast_object_list(run, src=0, group=control)
     try:
