@@ -372,12 +372,18 @@ class TrialRunner:
 
 def make_optimizer(workload: Workload, model: Any, options: Mapping[str, Any]) -> Any:
     """The workload's optimizer over ``model``'s parameters with ``options`` (``fused=True``),
-    or without them when the user's optimizer does not take them."""
+    or without them when the user's optimizer does not take them. A model in DDP is given as
+    the module inside, as the user's own code builds its optimizer (the same parameters): a
+    LightningModule's ``configure_optimizers`` or a Trainer's ``create_optimizer(model)`` is
+    asked of their model, not of the wrapper, which has neither."""
+    from torch.nn.parallel import DistributedDataParallel
+
     kwargs = dict(options)
     accepts = getattr(workload, "optimizer_accepts", None)
     if kwargs and accepts is not None and not accepts(**kwargs):
         kwargs = {}
-    return workload.make_optimizer(model, **kwargs)
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    return workload.make_optimizer(inner, **kwargs)
 
 
 def train_step(
