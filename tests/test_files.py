@@ -76,6 +76,37 @@ def test_an_unwritable_place_is_a_store_error(tmp_path: Path) -> None:
         write_atomically(blocker / "profile.yaml", "a: 1\n")
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        PermissionError(13, "Permission denied"),  # a directory on the way not searchable
+        OSError(36, "File name too long"),
+    ],
+    ids=["not-searchable", "name-too-long"],
+)
+def test_a_path_that_cannot_even_be_looked_at_is_a_store_error(
+    tmp_path: Path, error: OSError, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asking whether the path is a link raised before the write's own handling: an internal
+    error, after a whole probe for a store inside a directory that cannot be searched."""
+    target = tmp_path / "sub" / "profile.yaml"
+    real_lstat = Path.lstat
+
+    def refused(self: Path) -> os.stat_result:
+        if self == target:
+            raise error
+        return real_lstat(self)
+
+    monkeypatch.setattr(Path, "lstat", refused)
+    with pytest.raises(StoreError, match=f"cannot write {target}: {error.strerror}"):
+        write_atomically(target, "a: 1\n")
+
+
+def test_a_name_too_long_is_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="File name too long"):
+        write_atomically(tmp_path / f"{'a' * 300}.yaml", "a: 1\n")
+
+
 # --- what is not a regular file is written in place, never replaced (issue 11) ---------------
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and /dev are POSIX")

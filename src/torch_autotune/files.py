@@ -97,10 +97,12 @@ def write_atomically(path: Path, data: str | bytes) -> None:
     if writes_in_place(path):
         _write_in_place(path, payload)
         return
-    # Follow a symbolic link, so that the file it points to is replaced, not the link.
-    target = Path(os.path.realpath(path)) if path.is_symlink() else path
-    directory = target.parent if str(target.parent) else Path(".")
     try:
+        # Follow a symbolic link, so that the file it points to is replaced, not the link.
+        # Asking raises too, for a directory on the way that cannot be searched or a name
+        # too long: that is the place that cannot be written, not a bug.
+        target = Path(os.path.realpath(path)) if path.is_symlink() else path
+        directory = target.parent if str(target.parent) else Path(".")
         directory.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(directory)
         mode = _mode_for(target)
