@@ -3,12 +3,20 @@ exit 4, nothing measured for nothing and nothing on disk lost."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 
+from torch_autotune import api
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_STORE
+from torch_autotune.errors import EXIT_STORE, StoreError
+from torch_autotune.profile import Profile
+from torch_autotune.profile_io import load_profile
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def run(*args: str) -> Result:
@@ -16,9 +24,9 @@ def run(*args: str) -> Result:
 
 
 def error_line(text: str) -> str:
-    """The one line of the error (a note may stand above it), with no traceback."""
+    """The one line of the error (notes may stand above it), with no traceback."""
     assert "Traceback" not in text, text
-    lines = [line for line in text.splitlines() if not line.startswith("autotune: note:")]
+    lines = [line for line in text.splitlines() if "error" in line]
     assert len(lines) == 1, text
     assert lines[0].startswith("autotune: error: "), text
     return lines[0]
@@ -30,3 +38,82 @@ def test_an_output_name_too_long_is_exit_4_on_one_line(tmp_path: Path, snapshot_
     result = run("export", "--snapshot", machine, "-o", str(output))
     assert result.exit_code == EXIT_STORE, result.output
     assert error_line(result.stderr).endswith(f"cannot write {output}: File name too long")
+
+
+# --- a store or an output that cannot be written: found before anything is measured ---------------
+
+
+def unwritable(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory under which nothing can be written: ``kind`` 'file' (a file on the way) or
+    'denied' (a directory this user may not write in; root may, so access(2) says no)."""
+    if kind == "file":
+        blocker = tmp_path / "blocker"
+        blocker.write_text("")
+        return blocker / "sub"
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    real_access = os.access
+
+    def denied(path: Any, mode: int, **kwargs: Any) -> bool:
+        if Path(path) == locked and mode & os.W_OK:
+            return False
+        return real_access(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "access", denied)
+    return locked / "sub"
+
+
+@pytest.fixture
+def nothing_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*_args: object, **_kwargs: object) -> Profile:
+        raise AssertionError("measured before the place to write was checked")
+
+    monkeypatch.setattr(api, "tune", never)
+    monkeypatch.setattr(api, "bench", never)
+
+
+@pytest.mark.usefixtures("nothing_measured")
+@pytest.mark.parametrize("kind", ["file", "denied"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m", "mlp", "--store", "{place}"],
+        ["bench", "-m", "mlp", "--store", "{place}"],
+        ["-m", "mlp", "--no-save", "--plot", "{place}/p.png"],
+        ["bench", "-m", "mlp", "--no-save", "--plot", "{place}/p.png"],
+        ["bench", "-m", "mlp", "--no-save", "-o", "{place}/p.yaml"],
+    ],
+    ids=["store", "bench-store", "plot", "bench-plot", "bench-o"],
+)
+def test_a_place_that_cannot_be_written_is_exit_4_before_the_probe(
+    tmp_path: Path, kind: str, command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store was found unwritable only after the whole probe (minutes on a GPU), and the
+    run's summary was not shown either."""
+    place = unwritable(tmp_path, kind, monkeypatch)
+    result = run(*(part.format(place=place) for part in command))
+    assert result.exit_code == EXIT_STORE, result.output
+    assert f"cannot write {place}" in error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [(["-m", "mlp"], "measured profile"), (["bench", "-m", "mlp"], "bench results")],
+    ids=["autotune", "bench"],
+)
+def test_a_save_that_fails_after_the_probe_still_shows_what_was_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], shown: str
+) -> None:
+    """A store that fails only when written (a full disk): the summary, then the one line."""
+    profile = load_profile(FIXTURES / "profiles" / "schema-2.yaml")
+
+    def disk_full(*_args: object, **_kwargs: object) -> Path:
+        raise StoreError("cannot write the profile: No space left on device")
+
+    monkeypatch.setattr(api, "tune", lambda *_args, **_kwargs: profile)
+    monkeypatch.setattr(api, "bench", lambda *_args, **_kwargs: profile)
+    monkeypatch.setattr(api, "save", disk_full)
+    result = run(*command, "--store", str(tmp_path / "store"))
+    assert result.exit_code == EXIT_STORE, result.output
+    assert shown in result.stdout
+    assert "No space left on device" in error_line(result.stderr)

@@ -125,6 +125,48 @@ def write_atomically(path: Path, data: str | bytes) -> None:
         raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def check_writable(path: Path, *, make_parents: bool = True) -> None:
+    """StoreError now, before anything is measured, when ``path`` cannot be written: a file
+    there this user may not write, a path that cannot be looked at (a directory on the way
+    that cannot be searched, a name too long), or a nearest existing directory that is no
+    directory or that this user may not write in or search. With ``make_parents`` the
+    directories still missing on the way are ones the write makes; without, a missing one is
+    refused too.
+
+    Asks the system's permission check (``access(2)``) and writes nothing; a write can still
+    fail later (a full disk), and says so itself."""
+    target = Path(os.path.realpath(path))  # a link's file is the one written
+    if _exists(path, target):
+        wanted = os.W_OK | os.X_OK if target.is_dir() else os.W_OK  # a directory: to write in
+        if not os.access(target, wanted):
+            raise StoreError(f"cannot write {path}: Permission denied")
+        return
+    directory = target.parent
+    while not _exists(path, directory):
+        if not make_parents:
+            raise StoreError(
+                f"cannot write {path}: the directory {path.parent} does not exist; "
+                "create it first, or name a file in one that does"
+            )
+        directory = directory.parent
+    if not directory.is_dir():
+        raise StoreError(f"cannot write {path}: {directory} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise StoreError(f"cannot write {path}: Permission denied in {directory}")
+
+
+def _exists(path: Path, candidate: Path) -> bool:
+    """Whether ``candidate`` (``path`` or a directory above it) exists; StoreError for
+    ``path`` when it cannot be looked at."""
+    try:
+        os.stat(candidate)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return True
+
+
 def _write_in_place(path: Path, payload: bytes) -> None:
     """Write to a pipe, FIFO, device or descriptor path as ``open()`` would, without truncating:
     a regular file behind ``/dev/stdout`` is appended to, so ``>> log`` keeps the log."""

@@ -54,11 +54,12 @@ from torch_autotune.errors import (
     StoredProfileError,
     StoreError,
 )
-from torch_autotune.files import write_atomically
+from torch_autotune.files import check_writable, write_atomically
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile, fingerprint
 
 ENV_HOME = "TORCH_AUTOTUNE_HOME"
+_ELSEWHERE = f"choose another place with --store DIR or {ENV_HOME}"
 
 
 def machine_id() -> str:
@@ -164,10 +165,16 @@ class ProfileStore:
             try:
                 write_atomically(target, text)
             except StoreError as exc:
-                raise StoreError(
-                    f"{exc}; choose another place with --store DIR or {ENV_HOME}"
-                ) from None
+                raise StoreError(f"{exc}; {_ELSEWHERE}") from None
         return targets[0]
+
+    def check_writable(self) -> None:
+        """StoreError now when the store cannot be written (``files.check_writable`` on the
+        directory of its profiles, made where it is missing): before a probe, not after it."""
+        try:
+            check_writable(self.profiles_dir)
+        except StoreError as exc:
+            raise StoreError(f"{exc}; {_ELSEWHERE}") from None
 
     def _check_replaceable(self, machine: Path) -> None:
         """MeasuredProfileExistsError when a rules-only profile would replace a measured one in
