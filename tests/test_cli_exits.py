@@ -3,6 +3,7 @@ the user's bug told apart from ours."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -336,6 +337,41 @@ def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
     assert process.returncode == EXIT_BROKEN_PIPE
     assert "Traceback" not in stderr
     assert "error" not in stderr  # a note that no profile is stored may stand there
+
+
+def closed_stdout(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """The command started with standard output closed (``autotune recommend >&-``): Python
+    sets ``sys.stdout`` to None."""
+    env = env_importing_from(SRC, TORCH_AUTOTUNE_HOME=str(home))
+    line = ["sh", "-c", 'exec 1>&-; exec "$0" "$@"', sys.executable, "-m", "torch_autotune"]
+    return subprocess.run(
+        [*line, *args], env=env, stderr=subprocess.PIPE, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.slow  # a command in a subprocess
+@pytest.mark.parametrize("command", [["recommend"], ["detect", "--json"], ["show"]])
+def test_a_command_started_with_stdout_closed_is_141_and_quiet(
+    snapshot_path: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """Every command that printed raised AttributeError on the None that sys.stdout is then:
+    an internal error, exit 1, a traceback."""
+    done = closed_stdout(
+        *command, "--snapshot", str(snapshot_path / "tesla-t4.json"), home=tmp_path
+    )
+    assert done.returncode == EXIT_BROKEN_PIPE, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "error" not in done.stderr
+
+
+@pytest.mark.slow  # a real probe on the CPU, for seconds
+def test_a_measuring_run_with_stdout_closed_saves_its_profile_then_is_141(tmp_path: Path) -> None:
+    done = closed_stdout("-m", "mlp", "--budget", "8", "--workers", "0", home=tmp_path)
+    assert done.returncode == EXIT_BROKEN_PIPE, done.stderr
+    assert "Traceback" not in done.stderr
+    saved = list((tmp_path / "profiles").glob("*/mlp.json"))
+    assert len(saved) == 1, done.stderr
+    assert json.loads(saved[0].read_text())["evidence"]["workload"] == "mlp"
 
 
 # --- the user's bug is 5, ours is 1 ---------------------------------------------------------------

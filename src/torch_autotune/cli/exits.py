@@ -11,6 +11,8 @@ a report, 1. An exception of the user's own code in a training step is handled w
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import sys
 import warnings
@@ -50,6 +52,7 @@ class Group(click.Group):
         **extra: Any,
     ) -> Any:
         self.arguments = list(sys.argv[1:] if args is None else args)  # for --nproc-per-node
+        _stand_in_for_closed_streams()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
@@ -94,6 +97,43 @@ class Group(click.Group):
                 ctx.exit(EXIT_INTERRUPTED)
             _report_bug(error)
             ctx.exit(EXIT_INTERNAL)
+
+
+class _ClosedStdout(io.TextIOBase):
+    """Standard output for a command started with it closed (``autotune recommend >&-``),
+    where Python sets ``sys.stdout`` to None: writing says so as a closed pipe does
+    (BrokenPipeError: nothing more is said, exit 141), after whatever the command did first
+    (a measuring run saves its profile before it shows it)."""
+
+    encoding = "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            raise BrokenPipeError(errno.EPIPE, "standard output is closed")
+        return 0
+
+    def flush(self) -> None:
+        return
+
+
+def _stand_in_for_closed_streams() -> None:
+    """Where the command started with standard output or error closed: the null device holds
+    descriptor 1 or 2, so that no file the command opens (a profile's temporary file) takes
+    it and gets what torch or a worker writes there; a closed standard output is
+    ``_ClosedStdout``."""
+    for descriptor in (1, 2):
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            null = os.open(os.devnull, os.O_WRONLY)  # the lowest free descriptor: 1 or 2
+            if null != descriptor:
+                os.dup2(null, descriptor)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
 
 
 def _quiet(error: AutotuneError) -> bool:
