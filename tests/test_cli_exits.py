@@ -28,6 +28,7 @@ from torch_autotune.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
+    EXIT_PROBE,
     EXIT_STORE,
     EXIT_USAGE,
     EXIT_WORKLOAD,
@@ -372,6 +373,37 @@ def test_a_measuring_run_with_stdout_closed_saves_its_profile_then_is_141(tmp_pa
     saved = list((tmp_path / "profiles").glob("*/mlp.json"))
     assert len(saved) == 1, done.stderr
     assert json.loads(saved[0].read_text())["evidence"]["workload"] == "mlp"
+
+
+# --- a torch that fails to import: 6, as no torch is ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command", [["-m", "mlp", "--budget", "15", "--no-save"], ["bench", "--no-save"]]
+)
+def test_a_torch_that_fails_to_import_is_exit_6_with_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Only a torch that is not installed was looked for: one that is, but whose import raises
+    (a missing library, a half-removed install), was an internal error, exit 1, a traceback."""
+    broken = tmp_path / "site" / "torch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("simulated: torch broken")\n')
+    env = env_importing_from(tmp_path / "site", TORCH_AUTOTUNE_HOME=str(tmp_path / "home"))
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(SRC), env["PYTHONPATH"]])
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_autotune", *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == EXIT_PROBE, done.stderr
+    assert "Traceback" not in done.stderr
+    line = done.stderr.splitlines()[-1]  # after the bench's note that it tunes first
+    assert "torch is installed but fails to import (ImportError: simulated: torch broken)" in line
+    assert "reinstall" in line
 
 
 # --- the user's bug is 5, ours is 1 ---------------------------------------------------------------
