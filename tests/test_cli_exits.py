@@ -562,3 +562,48 @@ def test_torchs_numpy_warning_does_not_open_the_output(
         result = run("--no-save")
     assert result.exit_code == 0, result.output
     assert [str(w.message) for w in caught] == ([message] if shown else [])
+
+
+# --- standard output that cannot write Unicode: ASCII, never an error ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "environment"),
+    [
+        (["report", "--profile", "{profile}"], {"PYTHONIOENCODING": "ascii"}),
+        (
+            ["report", "--profile", "{profile}"],
+            {"PYTHONUTF8": "0", "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0"},
+        ),
+        (["detect", "--snapshot", "{snapshot}"], {"PYTHONIOENCODING": "ascii", "COLUMNS": "80"}),
+    ],
+    ids=["report-ascii", "report-c-locale", "detect-long-name"],
+)
+def test_a_stdout_that_cannot_write_unicode_gets_ascii(
+    tmp_path: Path, command: list[str], environment: dict[str, str]
+) -> None:
+    """The charts' bars and marks, and the '…' rich cuts a long GPU name with, raised
+    UnicodeEncodeError on an ASCII stdout: an internal error, exit 1."""
+    snapshot = json.loads((SRC.parent / "tests/fixtures/snapshots/tesla-t4.json").read_text())
+    snapshot["accelerators"][0]["name"] += " " + "X" * 300
+    (tmp_path / "long.json").write_text(json.dumps(snapshot))
+    profile = SRC.parent / "tests/fixtures/profiles/schema-2.yaml"
+    arguments = [part.format(profile=profile, snapshot=tmp_path / "long.json") for part in command]
+    env = env_importing_from(SRC, TORCH_AUTOTUNE_HOME=str(tmp_path), **environment)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_autotune", *arguments],
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    text = done.stdout.decode("ascii")  # nothing but ASCII
+    marks = {"report": "########  ", "detect": "XXXXXXXX~ |"}[command[0]]
+    assert marks in text  # bars as '#', a cut name as '~' (one cell: the columns stay aligned)
+
+
+def test_every_character_drawn_has_one_ascii_character_of_the_same_width() -> None:
+    from torch_autotune.render.console import _IN_ASCII
+
+    assert all(len(ascii_) == 1 and ascii_.isascii() for ascii_ in _IN_ASCII.values())

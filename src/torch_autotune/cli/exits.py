@@ -123,7 +123,8 @@ def _stand_in_for_closed_streams() -> None:
     """Where the command started with standard output or error closed: the null device holds
     descriptor 1 or 2, so that no file the command opens (a profile's temporary file) takes
     it and gets what torch or a worker writes there; a closed standard output is
-    ``_ClosedStdout``."""
+    ``_ClosedStdout``. A stream that cannot write Unicode (``LC_ALL=C``) writes the charts'
+    and tables' characters in ASCII (``render.console.write_in_ascii_where_needed``)."""
     for descriptor in (1, 2):
         try:
             os.fstat(descriptor)
@@ -134,6 +135,16 @@ def _stand_in_for_closed_streams() -> None:
                 os.close(null)
     if sys.stdout is None:
         sys.stdout = _ClosedStdout()
+    if not _writes_unicode(sys.stdout) or not _writes_unicode(sys.stderr):  # LC_ALL=C
+        from torch_autotune.render.console import write_in_ascii_where_needed
+
+        write_in_ascii_where_needed(sys.stdout, sys.stderr)
+
+
+def _writes_unicode(stream: Any) -> bool:
+    """Whether ``stream`` (None: a closed one) writes any character: its encoding is UTF."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return stream is None or encoding.lower().replace("_", "-").startswith("utf")
 
 
 def _quiet(error: AutotuneError) -> bool:
