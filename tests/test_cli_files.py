@@ -117,3 +117,63 @@ def test_a_save_that_fails_after_the_probe_still_shows_what_was_measured(
     assert result.exit_code == EXIT_STORE, result.output
     assert shown in result.stdout
     assert "No space left on device" in error_line(result.stderr)
+
+
+# --- -o and --plot: as open() would, no missing directory made, no read-only file replaced -------
+
+
+@pytest.mark.usefixtures("nothing_measured")
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "--snapshot", "{machine}", "-o", "{path}"],
+        ["report", "--profile", "{profile}", "--plot", "{path}"],
+        ["-m", "mlp", "--no-save", "--plot", "{path}"],
+        ["bench", "-m", "mlp", "--no-save", "-o", "{path}"],
+    ],
+    ids=["export-o", "report-plot", "autotune-plot", "bench-o"],
+)
+def test_an_output_in_a_directory_that_does_not_exist_is_exit_4(
+    tmp_path: Path, snapshot_path: Path, command: list[str]
+) -> None:
+    """The missing directories were made (export -o /nonexistent/dir/x.yaml made both)."""
+    path = tmp_path / "nonexistent" / "dir" / "x.png"
+    profile = FIXTURES / "profiles" / "schema-2.yaml"
+    machine = snapshot_path / "tesla-t4.json"
+    result = run(*(part.format(path=path, machine=machine, profile=profile) for part in command))
+    assert result.exit_code == EXIT_STORE, result.output
+    line = error_line(result.stderr)
+    assert f"the directory {path.parent} does not exist; create it first" in line
+    assert not (tmp_path / "nonexistent").exists()
+
+
+@pytest.mark.usefixtures("nothing_measured")
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "--snapshot", "{machine}", "-o", "{path}"],
+        ["-m", "mlp", "--no-save", "--plot", "{path}"],
+    ],
+    ids=["export-o", "autotune-plot"],
+)
+def test_a_read_only_output_is_exit_4_and_left_alone(
+    tmp_path: Path, snapshot_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file mode 444 was replaced (exit 0): the rename needs only the directory writable."""
+    path = tmp_path / "out.yaml"
+    path.write_text("mine\n")
+    path.chmod(0o444)
+    real_access = os.access
+    if os.geteuid() == 0:  # root may write any file: ask as a user who may not
+
+        def as_a_user(target: Any, mode: int, **kwargs: Any) -> bool:
+            if Path(target) == path and mode & os.W_OK:
+                return False
+            return real_access(target, mode, **kwargs)
+
+        monkeypatch.setattr(os, "access", as_a_user)
+    machine = snapshot_path / "tesla-t4.json"
+    result = run(*(part.format(path=path, machine=machine) for part in command))
+    assert result.exit_code == EXIT_STORE, result.output
+    assert "read-only for this user" in error_line(result.stderr)
+    assert path.read_text() == "mine\n"

@@ -16,6 +16,7 @@ older than ``STALE_TEMPORARY_S``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import platform
@@ -86,12 +87,14 @@ def _leads_to_a_descriptor(path: Path) -> bool:
     return False
 
 
-def write_atomically(path: Path, data: str | bytes) -> None:
+def write_atomically(path: Path, data: str | bytes, *, make_parents: bool = False) -> None:
     """Write ``data`` (text as UTF-8) to ``path``: a regular file through a temporary file in
     the same directory and a rename, anything else (pipe, FIFO, device, ``/dev/stdout``) in
     place.
 
-    The old file stays intact until the new one is complete. Raises StoreError on failure.
+    The old file stays intact until the new one is complete. As ``open()`` would, a file this
+    user may not write is not replaced (the rename alone would), and a missing directory is
+    not made, unless ``make_parents`` (the store's own). Raises StoreError on failure.
     """
     payload = data.encode("utf-8") if isinstance(data, str) else data
     if writes_in_place(path):
@@ -103,7 +106,10 @@ def write_atomically(path: Path, data: str | bytes) -> None:
         # too long: that is the place that cannot be written, not a bug.
         target = Path(os.path.realpath(path)) if path.is_symlink() else path
         directory = target.parent if str(target.parent) else Path(".")
-        directory.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(target) and not os.access(target, os.W_OK):
+            raise PermissionError(errno.EACCES, "the file is read-only for this user")
+        if make_parents:
+            directory.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(directory)
         mode = _mode_for(target)
         handle, temporary = tempfile.mkstemp(
@@ -137,9 +143,14 @@ def check_writable(path: Path, *, make_parents: bool = True) -> None:
     fail later (a full disk), and says so itself."""
     target = Path(os.path.realpath(path))  # a link's file is the one written
     if _exists(path, target):
-        wanted = os.W_OK | os.X_OK if target.is_dir() else os.W_OK  # a directory: to write in
-        if not os.access(target, wanted):
-            raise StoreError(f"cannot write {path}: Permission denied")
+        if target.is_dir():  # the store's: written in
+            if not os.access(target, os.W_OK | os.X_OK):
+                raise StoreError(f"cannot write {path}: Permission denied")
+        elif not os.access(target, os.W_OK):
+            raise StoreError(
+                f"cannot write {path}: the file is read-only for this user; make it writable "
+                "(chmod u+w) or name another file"
+            )
         return
     directory = target.parent
     while not _exists(path, directory):

@@ -81,10 +81,11 @@ class UnwritableOutput(click.BadParameter):
 
 class OutputFile(click.Path):
     """A file torch-autotune writes: a regular file atomically, a pipe or device in place
-    (``files.write_atomically``). A directory, or a place this user cannot write
-    (``files.check_writable``), is refused while the arguments are read, before anything is
-    measured, with exit code 4 (an output that cannot be written); a failure found only when
-    writing (a full disk) is reported by the write itself."""
+    (``files.write_atomically``). A directory, a file this user may not write, a directory
+    that does not exist or that this user cannot write in (``files.check_writable``) is
+    refused while the arguments are read, before anything is measured, with exit code 4 (an
+    output that cannot be written); a failure found only when writing (a full disk) is
+    reported by the write itself."""
 
     def __init__(self) -> None:
         super().__init__(path_type=Path)  # click's dir_okay=False check would exit 2
@@ -97,7 +98,7 @@ class OutputFile(click.Path):
                 f"{value} is a directory; name the file to write inside it", ctx, param
             )
         try:
-            check_writable(path)
+            check_writable(path, make_parents=False)
         except StoreError as exc:
             raise UnwritableOutput(str(exc), ctx, param) from None
         return path
