@@ -258,10 +258,12 @@ class ProfileStore:
         text = _read_stored_text(path, workload)
         if text is None:
             return None
-        try:
-            return parse_profile(text, source=str(path), fmt="json")
+        fix = _fix(workload)  # not the user's file's 'regenerate it with autotune export':
+        try:  # export reads this very file
+            return parse_profile(text, source=str(path), fmt="json", remedy=fix)
         except ProfileFileError as exc:
-            raise StoredProfileError(f"{exc}; {_fix(workload)}") from None
+            said = str(exc)
+            raise StoredProfileError(said if said.endswith(fix) else f"{said}; {fix}") from None
 
     def _read_for(self, wanted: str, path: Path, workload: str | None) -> Profile | None:
         """The profile in ``path``, checked to be the one made for fingerprint ``wanted``."""
