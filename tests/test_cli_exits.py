@@ -375,6 +375,35 @@ def test_a_measuring_run_with_stdout_closed_saves_its_profile_then_is_141(tmp_pa
     assert json.loads(saved[0].read_text())["evidence"]["workload"] == "mlp"
 
 
+# --- a current directory that was removed: 2, before torch starts -------------------------------
+
+
+@pytest.mark.parametrize("command", [["-m", "mlp", "--budget", "15", "--no-save"], ["detect"]])
+def test_a_current_directory_that_was_removed_is_exit_2_with_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """torch's start-up there printed only oneMKL's 'FATAL ERROR: Cannot load libtorch_cpu.so'
+    and exited 2; nothing said why."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    env = env_importing_from(SRC, TORCH_AUTOTUNE_HOME=str(tmp_path / "home"))
+    line = 'cd "$0" && rmdir "$0" && exec "$@"'
+    done = subprocess.run(
+        ["sh", "-c", line, str(gone), sys.executable, "-m", "torch_autotune", *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert done.stdout == ""
+    assert one_line(done.stderr) == (
+        "autotune: error: the current directory no longer exists (it was removed while in use); "
+        "cd to a directory that exists and run autotune again"
+    )
+
+
 # --- a torch that fails to import: 6, as no torch is ----------------------------------------------
 
 

@@ -7,7 +7,7 @@ Exit codes (documented in the README):
     0  success
     1  an unexpected internal error (a bug: please report it with the traceback)
     2  usage error: unknown option, bad argument (click's own code); ranks a node cannot run,
-       torchrun's variables not as torchrun sets them
+       torchrun's variables not as torchrun sets them; a current directory that was removed
     3  an input file is missing, unreadable, or not valid (snapshot, profile)
     4  the profile store cannot be read or written (location, permissions, disk), a stored
        profile is corrupt or was made for another machine, or a write would replace a

@@ -53,6 +53,13 @@ class Group(click.Group):
     ) -> Any:
         self.arguments = list(sys.argv[1:] if args is None else args)  # for --nproc-per-node
         _stand_in_for_closed_streams()
+        if not _current_directory_exists():
+            click.echo(
+                "autotune: error: the current directory no longer exists (it was removed while "
+                "in use); cd to a directory that exists and run autotune again",
+                err=True,
+            )
+            sys.exit(EXIT_USAGE)
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
@@ -145,6 +152,17 @@ def _writes_unicode(stream: Any) -> bool:
     """Whether ``stream`` (None: a closed one) writes any character: its encoding is UTF."""
     encoding = getattr(stream, "encoding", None) or "utf-8"
     return stream is None or encoding.lower().replace("_", "-").startswith("utf")
+
+
+def _current_directory_exists() -> bool:
+    """Whether the current directory still exists: one removed under the shell ends every
+    relative path, and torch's start-up with it (oneMKL printed 'FATAL ERROR: Cannot load
+    libtorch_cpu.so' and exited 2, before Python could say why)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _quiet(error: AutotuneError) -> bool:
