@@ -186,6 +186,27 @@ def test_a_count_beyond_any_machine_is_a_usage_error(args: list[str]) -> None:
     assert "is not in the range" in one_line(result.stderr)
 
 
+def test_a_smallest_batch_above_the_largest_is_a_usage_error_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It was found in the search, after detection and torch's start-up, and read as the
+    workload's fault: exit 5."""
+
+    def never(*_args: object, **_kwargs: object) -> Profile:
+        raise AssertionError("measured with no batch to search")
+
+    monkeypatch.setattr(api, "tune", never)
+    result = run("-m", "mlp", "--min-batch-size", "64", "--max-batch-size", "8", "--no-save")
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert one_line(result.stderr) == (
+        "autotune: error: --min-batch-size 64 is above --max-batch-size 8; give a smallest "
+        "batch at or below the largest; see 'autotune --help'"
+    )
+    monkeypatch.undo()  # the library refuses it too, before anything starts
+    with pytest.raises(ValueError, match=r"min_batch_size \(64\) must be at most max_batch_size"):
+        api.tune("mlp", min_batch_size=64, max_batch_size=8)
+
+
 def test_the_library_refuses_the_same_numbers() -> None:
     for budget in (float("nan"), float("inf"), 0.0, 1e300, MAX_SECONDS + 1):
         with pytest.raises(ValueError, match="budget_s must be a number of seconds > 0"):

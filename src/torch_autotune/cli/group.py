@@ -91,6 +91,7 @@ def cli(  # click passes options by name
     """
     if ctx.invoked_subcommand is not None:
         return
+    options.check_batch_range(ctx, min_batch_size, max_batch_size)
     from torch_autotune import api
     from torch_autotune.cli.launch import launch, quiet_rank
     from torch_autotune.launch import ranks_from_environment

@@ -222,6 +222,17 @@ def min_batch_size() -> Decorator:
     )
 
 
+def check_batch_range(ctx: click.Context, smallest: int | None, largest: int | None) -> None:
+    """A usage error (exit 2) where ``--min-batch-size`` is above ``--max-batch-size``: no
+    batch can be searched, whatever the workload (it read as the workload's fault, exit 5)."""
+    if smallest is not None and largest is not None and smallest > largest:
+        raise click.UsageError(
+            f"--min-batch-size {smallest} is above --max-batch-size {largest}; give a smallest "
+            "batch at or below the largest",
+            ctx,
+        )
+
+
 def target_batch() -> Decorator:
     """``--target-batch N``: the global batch gradient accumulation keeps."""
     return click.option(
