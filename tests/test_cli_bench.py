@@ -129,6 +129,36 @@ def test_a_bad_baseline_is_one_line_and_exit_code_3(
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(("workers", "refused"), [(8000, True), (9, True), (8, False)])
+def test_a_baseline_asking_more_workers_than_the_machine_can_run_is_refused(
+    tmp_path: Path,
+    measured_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
+    refused: bool,
+) -> None:
+    """num_workers: 8000 was accepted, and the bench hung starting 8000 DataLoader workers; the
+    bound is 4 a usable CPU (thresholds.BASELINE_WORKERS_PER_CPU)."""
+    from torch_autotune.cli import inputs
+
+    started: list[object] = []
+    monkeypatch.setattr(inputs, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(api, "bench", lambda *args, **_kwargs: started.append(args))
+    baseline = tmp_path / "mine.yaml"
+    baseline.write_text(f"num_workers: {workers}\n")
+    result = run("bench", "--profile", str(measured_file), "--baseline", str(baseline))
+    if not refused:
+        assert started  # past the check (the faked bench returns nothing to show)
+        return
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert result.stderr.splitlines() == [
+        f"autotune: error: {baseline}: num_workers {workers} is more than this machine can run: "
+        "2 usable CPUs, at most 8 DataLoader workers (4 a CPU, for a loader that waits on "
+        "storage); ask for 8 or fewer"
+    ]
+    assert not started
+
+
 def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:
     rules_only = tmp_path / "rules.yaml"
     rules_only.write_text(dump_profile(build_profile(snapshot("cpu-laptop-linux"))))

@@ -3,6 +3,7 @@ the user's bug told apart from ours."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ from torch_autotune.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
+    EXIT_PROBE,
     EXIT_STORE,
     EXIT_USAGE,
     EXIT_WORKLOAD,
@@ -184,6 +186,27 @@ def test_a_count_beyond_any_machine_is_a_usage_error(args: list[str]) -> None:
     assert "is not in the range" in one_line(result.stderr)
 
 
+def test_a_smallest_batch_above_the_largest_is_a_usage_error_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It was found in the search, after detection and torch's start-up, and read as the
+    workload's fault: exit 5."""
+
+    def never(*_args: object, **_kwargs: object) -> Profile:
+        raise AssertionError("measured with no batch to search")
+
+    monkeypatch.setattr(api, "tune", never)
+    result = run("-m", "mlp", "--min-batch-size", "64", "--max-batch-size", "8", "--no-save")
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert one_line(result.stderr) == (
+        "autotune: error: --min-batch-size 64 is above --max-batch-size 8; give a smallest "
+        "batch at or below the largest; see 'autotune --help'"
+    )
+    monkeypatch.undo()  # the library refuses it too, before anything starts
+    with pytest.raises(ValueError, match=r"min_batch_size \(64\) must be at most max_batch_size"):
+        api.tune("mlp", min_batch_size=64, max_batch_size=8)
+
+
 def test_the_library_refuses_the_same_numbers() -> None:
     for budget in (float("nan"), float("inf"), 0.0, 1e300, MAX_SECONDS + 1):
         with pytest.raises(ValueError, match="budget_s must be a number of seconds > 0"):
@@ -336,6 +359,101 @@ def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
     assert process.returncode == EXIT_BROKEN_PIPE
     assert "Traceback" not in stderr
     assert "error" not in stderr  # a note that no profile is stored may stand there
+
+
+def closed_stdout(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """The command started with standard output closed (``autotune recommend >&-``): Python
+    sets ``sys.stdout`` to None."""
+    env = env_importing_from(SRC, TORCH_AUTOTUNE_HOME=str(home))
+    line = ["sh", "-c", 'exec 1>&-; exec "$0" "$@"', sys.executable, "-m", "torch_autotune"]
+    return subprocess.run(
+        [*line, *args], env=env, stderr=subprocess.PIPE, text=True, timeout=120, check=False
+    )
+
+
+@pytest.mark.slow  # a command in a subprocess
+@pytest.mark.parametrize("command", [["recommend"], ["detect", "--json"], ["show"]])
+def test_a_command_started_with_stdout_closed_is_141_and_quiet(
+    snapshot_path: Path, tmp_path: Path, command: list[str]
+) -> None:
+    """Every command that printed raised AttributeError on the None that sys.stdout is then:
+    an internal error, exit 1, a traceback."""
+    done = closed_stdout(
+        *command, "--snapshot", str(snapshot_path / "tesla-t4.json"), home=tmp_path
+    )
+    assert done.returncode == EXIT_BROKEN_PIPE, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "error" not in done.stderr
+
+
+@pytest.mark.slow  # a real probe on the CPU, for seconds
+def test_a_measuring_run_with_stdout_closed_saves_its_profile_then_is_141(tmp_path: Path) -> None:
+    done = closed_stdout("-m", "mlp", "--budget", "8", "--workers", "0", home=tmp_path)
+    assert done.returncode == EXIT_BROKEN_PIPE, done.stderr
+    assert "Traceback" not in done.stderr
+    saved = list((tmp_path / "profiles").glob("*/mlp.json"))
+    assert len(saved) == 1, done.stderr
+    assert json.loads(saved[0].read_text())["evidence"]["workload"] == "mlp"
+
+
+# --- a current directory that was removed: 2, before torch starts -------------------------------
+
+
+@pytest.mark.parametrize("command", [["-m", "mlp", "--budget", "15", "--no-save"], ["detect"]])
+def test_a_current_directory_that_was_removed_is_exit_2_with_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """torch's start-up there printed only oneMKL's 'FATAL ERROR: Cannot load libtorch_cpu.so'
+    and exited 2; nothing said why."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    env = env_importing_from(SRC, TORCH_AUTOTUNE_HOME=str(tmp_path / "home"))
+    line = 'cd "$0" && rmdir "$0" && exec "$@"'
+    done = subprocess.run(
+        ["sh", "-c", line, str(gone), sys.executable, "-m", "torch_autotune", *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert done.stdout == ""
+    assert one_line(done.stderr) == (
+        "autotune: error: the current directory no longer exists (it was removed while in use); "
+        "cd to a directory that exists and run autotune again"
+    )
+
+
+# --- a torch that fails to import: 6, as no torch is ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command", [["-m", "mlp", "--budget", "15", "--no-save"], ["bench", "--no-save"]]
+)
+def test_a_torch_that_fails_to_import_is_exit_6_with_one_line(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Only a torch that is not installed was looked for: one that is, but whose import raises
+    (a missing library, a half-removed install), was an internal error, exit 1, a traceback."""
+    broken = tmp_path / "site" / "torch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("simulated: torch broken")\n')
+    env = env_importing_from(tmp_path / "site", TORCH_AUTOTUNE_HOME=str(tmp_path / "home"))
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(SRC), env["PYTHONPATH"]])
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_autotune", *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == EXIT_PROBE, done.stderr
+    assert "Traceback" not in done.stderr
+    line = done.stderr.splitlines()[-1]  # after the bench's note that it tunes first
+    assert "torch is installed but fails to import (ImportError: simulated: torch broken)" in line
+    assert "reinstall" in line
 
 
 # --- the user's bug is 5, ours is 1 ---------------------------------------------------------------
@@ -494,3 +612,48 @@ def test_torchs_numpy_warning_does_not_open_the_output(
         result = run("--no-save")
     assert result.exit_code == 0, result.output
     assert [str(w.message) for w in caught] == ([message] if shown else [])
+
+
+# --- standard output that cannot write Unicode: ASCII, never an error ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "environment"),
+    [
+        (["report", "--profile", "{profile}"], {"PYTHONIOENCODING": "ascii"}),
+        (
+            ["report", "--profile", "{profile}"],
+            {"PYTHONUTF8": "0", "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0"},
+        ),
+        (["detect", "--snapshot", "{snapshot}"], {"PYTHONIOENCODING": "ascii", "COLUMNS": "80"}),
+    ],
+    ids=["report-ascii", "report-c-locale", "detect-long-name"],
+)
+def test_a_stdout_that_cannot_write_unicode_gets_ascii(
+    tmp_path: Path, command: list[str], environment: dict[str, str]
+) -> None:
+    """The charts' bars and marks, and the '…' rich cuts a long GPU name with, raised
+    UnicodeEncodeError on an ASCII stdout: an internal error, exit 1."""
+    snapshot = json.loads((SRC.parent / "tests/fixtures/snapshots/tesla-t4.json").read_text())
+    snapshot["accelerators"][0]["name"] += " " + "X" * 300
+    (tmp_path / "long.json").write_text(json.dumps(snapshot))
+    profile = SRC.parent / "tests/fixtures/profiles/schema-2.yaml"
+    arguments = [part.format(profile=profile, snapshot=tmp_path / "long.json") for part in command]
+    env = env_importing_from(SRC, TORCH_AUTOTUNE_HOME=str(tmp_path), **environment)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_autotune", *arguments],
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    text = done.stdout.decode("ascii")  # nothing but ASCII
+    marks = {"report": "########  ", "detect": "XXXXXXXX~ |"}[command[0]]
+    assert marks in text  # bars as '#', a cut name as '~' (one cell: the columns stay aligned)
+
+
+def test_every_character_drawn_has_one_ascii_character_of_the_same_width() -> None:
+    from torch_autotune.render.console import _IN_ASCII
+
+    assert all(len(ascii_) == 1 and ascii_.isascii() for ascii_ in _IN_ASCII.values())

@@ -76,6 +76,68 @@ def test_an_unwritable_place_is_a_store_error(tmp_path: Path) -> None:
         write_atomically(blocker / "profile.yaml", "a: 1\n")
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        PermissionError(13, "Permission denied"),  # a directory on the way not searchable
+        OSError(36, "File name too long"),
+    ],
+    ids=["not-searchable", "name-too-long"],
+)
+def test_a_path_that_cannot_even_be_looked_at_is_a_store_error(
+    tmp_path: Path, error: OSError, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asking whether the path is a link raised before the write's own handling: an internal
+    error, after a whole probe for a store inside a directory that cannot be searched."""
+    target = tmp_path / "sub" / "profile.yaml"
+    real_lstat = Path.lstat
+
+    def refused(self: Path) -> os.stat_result:
+        if self == target:
+            raise error
+        return real_lstat(self)
+
+    monkeypatch.setattr(Path, "lstat", refused)
+    with pytest.raises(StoreError, match=f"cannot write {target}: {error.strerror}"):
+        write_atomically(target, "a: 1\n")
+
+
+def test_a_name_too_long_is_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="File name too long"):
+        write_atomically(tmp_path / f"{'a' * 300}.yaml", "a: 1\n")
+
+
+def test_a_read_only_file_is_not_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename replaced a file mode 444 where open() would have refused it."""
+    target = tmp_path / "profile.yaml"
+    target.write_text("old\n")
+    target.chmod(0o444)
+    real_access = os.access
+    if os.geteuid() == 0:  # root may write any file: ask as a user who may not
+
+        def as_a_user(path: object, mode: int, **kwargs: object) -> bool:
+            if Path(str(path)) == target and mode & os.W_OK:
+                return False
+            return real_access(path, mode, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(os, "access", as_a_user)
+    with pytest.raises(StoreError, match="read-only"):
+        write_atomically(target, "new\n")
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.yaml"]
+
+
+def test_a_missing_directory_is_made_only_when_asked(tmp_path: Path) -> None:
+    """An output (-o, --plot) into a directory that does not exist is refused, as open()
+    refuses it; the store makes its own directories."""
+    target = tmp_path / "missing" / "dir" / "x.yaml"
+    with pytest.raises(StoreError, match="No such file or directory"):
+        write_atomically(target, "a: 1\n")
+    assert not (tmp_path / "missing").exists()
+    write_atomically(target, "a: 1\n", make_parents=True)
+    assert target.read_text() == "a: 1\n"
+
+
 # --- what is not a regular file is written in place, never replaced (issue 11) ---------------
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and /dev are POSIX")

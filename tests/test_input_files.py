@@ -343,6 +343,17 @@ def test_a_json_integer_python_will_not_convert_is_one_error() -> None:
         parse_snapshot('{"schema_version": ' + "1" * 5_000 + "}")
 
 
+def test_a_profile_given_as_a_snapshot_is_named_a_profile(tmp_path: Path, profile: Profile) -> None:
+    """Its schema_version (2, the profile's) read as a snapshot's from a newer release: 'upgrade
+    with pip install -U', which changes nothing."""
+    path = tmp_path / "profile.json"
+    path.write_text(profile.model_dump_json())
+    line = one_error_line(run("recommend", "--snapshot", str(path)))
+    assert f"{path} is a profile, not a hardware snapshot; --snapshot takes a machine " in line
+    assert "autotune detect --json > FILE" in line
+    assert "upgrade" not in line
+
+
 # --- JSON or YAML ---------------------------------------------------------------------------
 
 

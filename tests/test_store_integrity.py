@@ -131,6 +131,18 @@ def test_the_store_raises_one_error_naming_the_file(tmp_path: Path, bad: str) ->
     assert str(path) in str(caught.value)
 
 
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_a_stored_file_gets_the_stores_fix_alone(tmp_path: Path, bad: str) -> None:
+    """A stored file that was not JSON read 'regenerate it with autotune export; it cannot be
+    used: delete it, or run autotune': export fails on that very file."""
+    laptop_store(tmp_path, BAD[bad]())
+    with pytest.raises(StoredProfileError) as caught:
+        ProfileStore(tmp_path).load(fingerprint(snapshot(CPU_ONLY)))
+    message = str(caught.value)
+    assert "autotune export" not in message
+    assert message.count("delete it, or run 'autotune' to measure again") == 1
+
+
 def test_a_foreign_profile_says_which_machine_it_was_made_on(tmp_path: Path) -> None:
     laptop_store(tmp_path, v100_profile())
     with pytest.raises(StoredProfileError, match=r"made for another machine .*Tesla V100"):

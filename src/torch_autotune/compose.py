@@ -56,7 +56,7 @@ def check_tune_arguments(
 ) -> None:
     """ValueError for a number no run can use: a budget that is not finite and positive, a
     count that is not an int or is outside what a machine can have (``torch_autotune.bounds``),
-    a memory limit that is not finite and positive."""
+    a memory limit that is not finite and positive, a smallest batch above the largest."""
     if budget_s is not None and not (math.isfinite(budget_s) and 0 < budget_s <= MAX_SECONDS):
         raise ValueError(
             f"budget_s must be a number of seconds > 0 and at most {MAX_SECONDS:g}, got {budget_s}"
@@ -78,6 +78,10 @@ def check_tune_arguments(
             raise ValueError(f"{name} must be an int, got {value!r}")
         if not low <= value <= high:
             raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    if (min_batch_size or 0) > (max_batch_size or MAX_BATCH_SIZE):
+        raise ValueError(
+            f"min_batch_size ({min_batch_size}) must be at most max_batch_size ({max_batch_size})"
+        )
 
 
 def preferences(

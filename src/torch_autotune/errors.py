@@ -7,7 +7,7 @@ Exit codes (documented in the README):
     0  success
     1  an unexpected internal error (a bug: please report it with the traceback)
     2  usage error: unknown option, bad argument (click's own code); ranks a node cannot run,
-       torchrun's variables not as torchrun sets them
+       torchrun's variables not as torchrun sets them; a current directory that was removed
     3  an input file is missing, unreadable, or not valid (snapshot, profile)
     4  the profile store cannot be read or written (location, permissions, disk), a stored
        profile is corrupt or was made for another machine, or a write would replace a
@@ -24,8 +24,8 @@ Exit codes (documented in the README):
        gives what a step needs, what was tried and what is left (sharding, an 8-bit
        optimizer, the optimizer's state in host memory, a shorter sequence), each estimated
   130  interrupted (Ctrl-C): one line, no traceback
-  141  standard output was closed early (``autotune show | head -1``): quietly, as a process
-       that SIGPIPE ends (128 + 13)
+  141  standard output was closed early (``autotune show | head -1``), or from the start
+       (``autotune show >&-``): quietly, as a process that SIGPIPE ends (128 + 13)
 
 ``autotune diff`` follows diff(1): 0 when the profiles have the same settings, 1 when they
 differ; its errors keep the codes above (a bad input file is 3), never 1.

@@ -16,6 +16,7 @@ older than ``STALE_TEMPORARY_S``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import platform
@@ -86,22 +87,29 @@ def _leads_to_a_descriptor(path: Path) -> bool:
     return False
 
 
-def write_atomically(path: Path, data: str | bytes) -> None:
+def write_atomically(path: Path, data: str | bytes, *, make_parents: bool = False) -> None:
     """Write ``data`` (text as UTF-8) to ``path``: a regular file through a temporary file in
     the same directory and a rename, anything else (pipe, FIFO, device, ``/dev/stdout``) in
     place.
 
-    The old file stays intact until the new one is complete. Raises StoreError on failure.
+    The old file stays intact until the new one is complete. As ``open()`` would, a file this
+    user may not write is not replaced (the rename alone would), and a missing directory is
+    not made, unless ``make_parents`` (the store's own). Raises StoreError on failure.
     """
     payload = data.encode("utf-8") if isinstance(data, str) else data
     if writes_in_place(path):
         _write_in_place(path, payload)
         return
-    # Follow a symbolic link, so that the file it points to is replaced, not the link.
-    target = Path(os.path.realpath(path)) if path.is_symlink() else path
-    directory = target.parent if str(target.parent) else Path(".")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        # Follow a symbolic link, so that the file it points to is replaced, not the link.
+        # Asking raises too, for a directory on the way that cannot be searched or a name
+        # too long: that is the place that cannot be written, not a bug.
+        target = Path(os.path.realpath(path)) if path.is_symlink() else path
+        directory = target.parent if str(target.parent) else Path(".")
+        if os.path.lexists(target) and not os.access(target, os.W_OK):
+            raise PermissionError(errno.EACCES, "the file is read-only for this user")
+        if make_parents:
+            directory.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(directory)
         mode = _mode_for(target)
         handle, temporary = tempfile.mkstemp(
@@ -121,6 +129,53 @@ def write_atomically(path: Path, data: str | bytes) -> None:
             raise
     except OSError as exc:
         raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def check_writable(path: Path, *, make_parents: bool = True) -> None:
+    """StoreError now, before anything is measured, when ``path`` cannot be written: a file
+    there this user may not write, a path that cannot be looked at (a directory on the way
+    that cannot be searched, a name too long), or a nearest existing directory that is no
+    directory or that this user may not write in or search. With ``make_parents`` the
+    directories still missing on the way are ones the write makes; without, a missing one is
+    refused too.
+
+    Asks the system's permission check (``access(2)``) and writes nothing; a write can still
+    fail later (a full disk), and says so itself."""
+    target = Path(os.path.realpath(path))  # a link's file is the one written
+    if _exists(path, target):
+        if target.is_dir():  # the store's: written in
+            if not os.access(target, os.W_OK | os.X_OK):
+                raise StoreError(f"cannot write {path}: Permission denied")
+        elif not os.access(target, os.W_OK):
+            raise StoreError(
+                f"cannot write {path}: the file is read-only for this user; make it writable "
+                "(chmod u+w) or name another file"
+            )
+        return
+    directory = target.parent
+    while not _exists(path, directory):
+        if not make_parents:
+            raise StoreError(
+                f"cannot write {path}: the directory {path.parent} does not exist; "
+                "create it first, or name a file in one that does"
+            )
+        directory = directory.parent
+    if not directory.is_dir():
+        raise StoreError(f"cannot write {path}: {directory} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise StoreError(f"cannot write {path}: Permission denied in {directory}")
+
+
+def _exists(path: Path, candidate: Path) -> bool:
+    """Whether ``candidate`` (``path`` or a directory above it) exists; StoreError for
+    ``path`` when it cannot be looked at."""
+    try:
+        os.stat(candidate)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return True
 
 
 def _write_in_place(path: Path, payload: bytes) -> None:

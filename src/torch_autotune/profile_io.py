@@ -134,15 +134,20 @@ def _explain(error: ValidationError, root: type[BaseModel] = Profile) -> str:
     return message + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
 
 
-def parse_profile(text: str, source: str = "profile", fmt: Format | None = None) -> Profile:
+def parse_profile(
+    text: str, source: str = "profile", fmt: Format | None = None, *, remedy: str = _REGENERATE
+) -> Profile:
     """Validate profile text; every failure is one ProfileFileError naming the problem.
 
     ``fmt=None`` tells JSON from YAML by the content (see ``input_files.parse_data``).
+    ``remedy`` ends the message where the file is broken (not JSON or YAML, not a mapping, a
+    migration that cannot read it): for a file of the user's, regenerate it with 'autotune
+    export'; the store gives its own, since export reads the very file that is broken.
     """
-    raw = parse_data(text, source, ProfileFileError, _REGENERATE, fmt)
+    raw = parse_data(text, source, ProfileFileError, remedy, fmt)
     if not isinstance(raw, dict):
-        raise ProfileFileError(f"{source} is {kind_of(raw)}, not a profile; {_REGENERATE}")
-    data = migrate(raw, source)
+        raise ProfileFileError(f"{source} is {kind_of(raw)}, not a profile; {remedy}")
+    data = migrate(raw, source, remedy=remedy)
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
@@ -161,6 +166,7 @@ def migrate(
     *,
     current: int = PROFILE_SCHEMA_VERSION,
     steps: Mapping[int, Migration] = MIGRATIONS,
+    remedy: str = _REGENERATE,
 ) -> dict[str, Any]:
     """A profile's parsed data brought to schema ``current`` through ``steps``, one per version.
 
@@ -183,7 +189,7 @@ def migrate(
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProfileFileError(
                 f"{source}: a schema-{step} profile that cannot be brought to schema {step + 1} "
-                f"({type(exc).__name__}: {exc}); {_REGENERATE}"
+                f"({type(exc).__name__}: {exc}); {remedy}"
             ) from None
     return data
 

@@ -54,11 +54,12 @@ from torch_autotune.errors import (
     StoredProfileError,
     StoreError,
 )
-from torch_autotune.files import write_atomically
+from torch_autotune.files import check_writable, write_atomically
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile, fingerprint
 
 ENV_HOME = "TORCH_AUTOTUNE_HOME"
+_ELSEWHERE = f"choose another place with --store DIR or {ENV_HOME}"
 
 
 def machine_id() -> str:
@@ -162,12 +163,18 @@ class ProfileStore:
             targets.insert(0, self.path_for(profile.provenance.fingerprint, workload, world))
         for target in targets:
             try:
-                write_atomically(target, text)
+                write_atomically(target, text, make_parents=True)
             except StoreError as exc:
-                raise StoreError(
-                    f"{exc}; choose another place with --store DIR or {ENV_HOME}"
-                ) from None
+                raise StoreError(f"{exc}; {_ELSEWHERE}") from None
         return targets[0]
+
+    def check_writable(self) -> None:
+        """StoreError now when the store cannot be written (``files.check_writable`` on the
+        directory of its profiles, made where it is missing): before a probe, not after it."""
+        try:
+            check_writable(self.profiles_dir)
+        except StoreError as exc:
+            raise StoreError(f"{exc}; {_ELSEWHERE}") from None
 
     def _check_replaceable(self, machine: Path) -> None:
         """MeasuredProfileExistsError when a rules-only profile would replace a measured one in
@@ -265,10 +272,12 @@ class ProfileStore:
         text = _read_stored_text(path, workload)
         if text is None:
             return None
-        try:
-            return parse_profile(text, source=str(path), fmt="json")
+        fix = _fix(workload)  # not the user's file's 'regenerate it with autotune export':
+        try:  # export reads this very file
+            return parse_profile(text, source=str(path), fmt="json", remedy=fix)
         except ProfileFileError as exc:
-            raise StoredProfileError(f"{exc}; {_fix(workload)}") from None
+            said = str(exc)
+            raise StoredProfileError(said if said.endswith(fix) else f"{said}; {fix}") from None
 
     def _read_for(self, wanted: str, path: Path, workload: str | None) -> Profile | None:
         """The profile in ``path``, checked to be the one made for fingerprint ``wanted``."""

@@ -29,3 +29,11 @@ an older torch raises."""
 FP32_PRECISION_API_MIN_TORCH = (2, 9)
 """Catalog B2, Q: torch 2.9 introduced torch.backends.*.fp32_precision (mixing it with the old
 allow_tf32 flags raises)."""
+
+BASELINE_WORKERS_PER_CPU = 4
+"""The most DataLoader workers a bench baseline may ask for, per usable CPU of the machine that
+runs it. torch's DataLoader already warns above one worker per CPU of the process's affinity
+mask (``_check_worker_number_rationality``); a loader that waits on storage or the network can
+use a few per CPU, so the user's own baseline may go past one. Beyond four every worker is a
+process holding a copy of the dataset and its prefetched batches with no CPU to run on, and at
+thousands the bench hung starting them."""

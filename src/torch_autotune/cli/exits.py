@@ -11,6 +11,8 @@ a report, 1. An exception of the user's own code in a training step is handled w
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import sys
 import warnings
@@ -50,6 +52,14 @@ class Group(click.Group):
         **extra: Any,
     ) -> Any:
         self.arguments = list(sys.argv[1:] if args is None else args)  # for --nproc-per-node
+        _stand_in_for_closed_streams()
+        if not _current_directory_exists():
+            click.echo(
+                "autotune: error: the current directory no longer exists (it was removed while "
+                "in use); cd to a directory that exists and run autotune again",
+                err=True,
+            )
+            sys.exit(EXIT_USAGE)
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
@@ -94,6 +104,65 @@ class Group(click.Group):
                 ctx.exit(EXIT_INTERRUPTED)
             _report_bug(error)
             ctx.exit(EXIT_INTERNAL)
+
+
+class _ClosedStdout(io.TextIOBase):
+    """Standard output for a command started with it closed (``autotune recommend >&-``),
+    where Python sets ``sys.stdout`` to None: writing says so as a closed pipe does
+    (BrokenPipeError: nothing more is said, exit 141), after whatever the command did first
+    (a measuring run saves its profile before it shows it)."""
+
+    encoding = "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            raise BrokenPipeError(errno.EPIPE, "standard output is closed")
+        return 0
+
+    def flush(self) -> None:
+        return
+
+
+def _stand_in_for_closed_streams() -> None:
+    """Where the command started with standard output or error closed: the null device holds
+    descriptor 1 or 2, so that no file the command opens (a profile's temporary file) takes
+    it and gets what torch or a worker writes there; a closed standard output is
+    ``_ClosedStdout``. A stream that cannot write Unicode (``LC_ALL=C``) writes the charts'
+    and tables' characters in ASCII (``render.console.write_in_ascii_where_needed``)."""
+    for descriptor in (1, 2):
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            null = os.open(os.devnull, os.O_WRONLY)  # the lowest free descriptor: 1 or 2
+            if null != descriptor:
+                os.dup2(null, descriptor)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
+    if not _writes_unicode(sys.stdout) or not _writes_unicode(sys.stderr):  # LC_ALL=C
+        from torch_autotune.render.console import write_in_ascii_where_needed
+
+        write_in_ascii_where_needed(sys.stdout, sys.stderr)
+
+
+def _writes_unicode(stream: Any) -> bool:
+    """Whether ``stream`` (None: a closed one) writes any character: its encoding is UTF."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return stream is None or encoding.lower().replace("_", "-").startswith("utf")
+
+
+def _current_directory_exists() -> bool:
+    """Whether the current directory still exists: one removed under the shell ends every
+    relative path, and torch's start-up with it (oneMKL printed 'FATAL ERROR: Cannot load
+    libtorch_cpu.so' and exited 2, before Python could say why)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _quiet(error: AutotuneError) -> bool:

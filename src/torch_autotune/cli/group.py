@@ -13,8 +13,8 @@ import click
 
 from torch_autotune.cli import options
 from torch_autotune.cli.exits import Group
-from torch_autotune.cli.output import console, plot_after_run, warn_unused_gpu
-from torch_autotune.errors import EXIT_WORKLOAD, raised_by_user_code, their_traceback
+from torch_autotune.cli.output import check_can_save, console, plot_after_run, warn_unused_gpu
+from torch_autotune.errors import EXIT_WORKLOAD, StoreError, raised_by_user_code, their_traceback
 from torch_autotune.version import __version__
 
 T = TypeVar("T")
@@ -91,14 +91,17 @@ def cli(  # click passes options by name
     """
     if ctx.invoked_subcommand is not None:
         return
+    options.check_batch_range(ctx, min_batch_size, max_batch_size)
     from torch_autotune import api
     from torch_autotune.cli.launch import launch, quiet_rank
     from torch_autotune.launch import ranks_from_environment
-    from torch_autotune.render import progress_reporter, render_run
+    from torch_autotune.render import progress_reporter
 
     if nproc_per_node is not None or nnodes > 1:  # start the job's ranks, or print the line
         ctx.exit(launch(ctx, nproc_per_node or 1, nnodes, rdzv_endpoint))
     quiet = quiet_rank(ranks_from_environment(os.environ))  # a rank other than 0: no report
+    if not (quiet or no_save):
+        check_can_save(store)  # now, not after the probe
     total = budget or api.default_tune_budget_s()
 
     def run() -> Any:
@@ -121,7 +124,20 @@ def cli(  # click passes options by name
     if quiet:  # rank 0 saves the job's profile and reports it
         return
     warn_unused_gpu(profile)
-    saved = None if no_save else api.save(profile, store)
+    _save_and_show(profile, store, plot_file, save=not no_save)
+
+
+def _save_and_show(profile: Any, store: Path | None, plot_file: Path | None, *, save: bool) -> None:
+    """Save what the run measured, then show it; where the save fails, show it all the same
+    before the store's one line (the summary is all that is left of the run)."""
+    from torch_autotune import api
+    from torch_autotune.render import render_run
+
+    try:
+        saved = api.save(profile, store) if save else None
+    except StoreError:
+        render_run(profile, console(), None)
+        raise
     render_run(profile, console(), saved)
     if plot_file is not None:
         plot_after_run(profile, plot_file)

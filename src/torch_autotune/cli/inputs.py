@@ -76,8 +76,36 @@ def load_baseline(path: Path | None) -> Any:
     if path is None:
         return None
     if is_stdin(path):
-        return parse_baseline(stdin_text(ProfileFileError), source="standard input")
-    return load_baseline(path)
+        source = "standard input"
+        baseline = parse_baseline(stdin_text(ProfileFileError), source=source)
+    else:
+        source, baseline = str(path), load_baseline(path)
+    _check_workers(baseline, source)
+    return baseline
+
+
+def _check_workers(baseline: Any, source: str) -> None:
+    """ProfileFileError where the baseline asks for more DataLoader workers than this machine
+    can run (``thresholds.BASELINE_WORKERS_PER_CPU`` a usable CPU): 8000 workers on 2 CPUs
+    hung the bench while it started them."""
+    from torch_autotune.thresholds import BASELINE_WORKERS_PER_CPU
+
+    cpus = usable_cpus()
+    most = BASELINE_WORKERS_PER_CPU * cpus
+    if baseline.num_workers > most:
+        raise ProfileFileError(
+            f"{source}: num_workers {baseline.num_workers} is more than this machine can run: "
+            f"{cpus} usable CPU{'s' if cpus > 1 else ''}, at most {most} DataLoader workers "
+            f"({BASELINE_WORKERS_PER_CPU} a CPU, for a loader that waits on storage); ask for "
+            f"{most} or fewer"
+        )
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use, quota and affinity included (``detect.host``)."""
+    from torch_autotune.detect.host import read_host
+
+    return read_host()[0].cpus_usable
 
 
 def current_profile(

@@ -10,8 +10,8 @@ import click
 
 from torch_autotune.cli import inputs, options
 from torch_autotune.cli.group import cli, user_code
-from torch_autotune.cli.output import console, plot_after_run, write_profile
-from torch_autotune.errors import ProfileFileError
+from torch_autotune.cli.output import check_can_save, console, plot_after_run, write_profile
+from torch_autotune.errors import ProfileFileError, StoreError
 
 
 @cli.command("bench")
@@ -72,6 +72,8 @@ def bench_command(  # click passes options by name
     from torch_autotune.render import progress_reporter
 
     baseline = inputs.load_baseline(baseline_file)
+    if profile_file is None and not no_save:
+        check_can_save(store)  # now, not after the bench
     profile = _profile_to_bench(profile_file, store, workload)
     estimate = api.bench_estimate_s(profile, rounds, seconds, budget)
 
@@ -89,10 +91,14 @@ def bench_command(  # click passes options by name
 
     benched = user_code(ctx, run)
     saved = None
-    if profile_file is None and not no_save:
-        saved = api.save(benched, store)
-    if output is not None:
-        write_profile(benched, output)
+    try:
+        if profile_file is None and not no_save:
+            saved = api.save(benched, store)
+        if output is not None:
+            write_profile(benched, output)
+    except StoreError:  # what was measured is shown before the file's one line
+        _render_bench(benched, saved, as_json=as_json)
+        raise
     _render_bench(benched, saved, as_json=as_json)
     if plot_file is not None:
         plot_after_run(benched, plot_file)

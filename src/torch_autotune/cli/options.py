@@ -25,7 +25,8 @@ from torch_autotune.bounds import (
     MAX_SECONDS,
     MAX_WORKERS,
 )
-from torch_autotune.errors import EXIT_STORE
+from torch_autotune.errors import EXIT_STORE, StoreError
+from torch_autotune.files import check_writable
 from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -80,20 +81,26 @@ class UnwritableOutput(click.BadParameter):
 
 class OutputFile(click.Path):
     """A file torch-autotune writes: a regular file atomically, a pipe or device in place
-    (``files.write_atomically``). A directory is refused while the arguments are read, before
-    anything is measured, with exit code 4 (an output that cannot be written); any other
-    failure to write is reported by the write itself."""
+    (``files.write_atomically``). A directory, a file this user may not write, a directory
+    that does not exist or that this user cannot write in (``files.check_writable``) is
+    refused while the arguments are read, before anything is measured, with exit code 4 (an
+    output that cannot be written); a failure found only when writing (a full disk) is
+    reported by the write itself."""
 
     def __init__(self) -> None:
         super().__init__(path_type=Path)  # click's dir_okay=False check would exit 2
         self.name = "file"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        path = super().convert(value, param, ctx)
+        path = Path(os.fsdecode(super().convert(value, param, ctx)))
         if os.path.isdir(path):
             raise UnwritableOutput(
                 f"{value} is a directory; name the file to write inside it", ctx, param
             )
+        try:
+            check_writable(path, make_parents=False)
+        except StoreError as exc:
+            raise UnwritableOutput(str(exc), ctx, param) from None
         return path
 
 
@@ -213,6 +220,17 @@ def min_batch_size() -> Decorator:
         "cannot train on one sample, as BatchNorm in training mode cannot, is searched from "
         "the smallest size it trains at anyway).",
     )
+
+
+def check_batch_range(ctx: click.Context, smallest: int | None, largest: int | None) -> None:
+    """A usage error (exit 2) where ``--min-batch-size`` is above ``--max-batch-size``: no
+    batch can be searched, whatever the workload (it read as the workload's fault, exit 5)."""
+    if smallest is not None and largest is not None and smallest > largest:
+        raise click.UsageError(
+            f"--min-batch-size {smallest} is above --max-batch-size {largest}; give a smallest "
+            "batch at or below the largest",
+            ctx,
+        )
 
 
 def target_batch() -> Decorator:

@@ -16,6 +16,14 @@ def console() -> Any:
     return make_console()
 
 
+def check_can_save(store: Path | None) -> None:
+    """StoreError (exit 4) now when the profile store cannot be written: before a probe or a
+    bench that would measure for minutes and then fail to save."""
+    from torch_autotune.store import ProfileStore
+
+    ProfileStore(store).check_writable()
+
+
 def write_profile(profile: Any, output: Path) -> None:
     """Write ``profile`` to ``output`` atomically: JSON for a .json name, else YAML."""
     from torch_autotune.files import write_atomically

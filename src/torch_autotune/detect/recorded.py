@@ -15,6 +15,8 @@ from torch_autotune.hardware import SNAPSHOT_SCHEMA_VERSION, HardwareSnapshot
 from torch_autotune.input_files import kind_of, parse_json, read_input
 
 _REMEDY = "write a new one with 'autotune detect --json > FILE'"
+# Keys every profile has at its top level and no snapshot has (``profile.Profile``).
+_PROFILE_KEYS = {"settings", "decisions", "provenance"}
 
 
 def _describe(error: ValidationError) -> str:
@@ -32,6 +34,12 @@ def parse_snapshot(text: str, source: str = "snapshot") -> HardwareSnapshot:
     raw = parse_json(text, source, SnapshotFileError, _REMEDY)
     if not isinstance(raw, dict):
         raise SnapshotFileError(f"{source} is {kind_of(raw)}, not a snapshot; {_REMEDY}")
+    if raw.keys() >= _PROFILE_KEYS:  # its schema_version is the profile's, not a snapshot's
+        raise SnapshotFileError(
+            f"{source} is a profile, not a hardware snapshot; --snapshot takes a machine "
+            f"recorded with 'autotune detect --json > FILE' (a profile goes to --profile of "
+            "export, bench and report, or to validate)"
+        )
     version = raw.get("schema_version")
     if isinstance(version, int) and version > SNAPSHOT_SCHEMA_VERSION:
         raise SnapshotFileError(

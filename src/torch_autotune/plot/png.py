@@ -104,11 +104,13 @@ def save_png(profile: Profile, path: Path) -> Path:
 
     The image is rendered in memory first and then written through a temporary file in the
     same directory and a rename, so a failure never leaves a partial file and never harms a
-    file already at ``path``. Raises ProfileFileError when the profile was not measured,
-    PlotUnavailableError without matplotlib, StoreError when the file cannot be written.
+    file already at ``path``; the directories on the way are made (the command line's --plot
+    refuses a missing one before it runs). Raises ProfileFileError when the profile was not
+    measured, PlotUnavailableError without matplotlib, StoreError when the file cannot be
+    written.
     """
     figure = build_figure(profile)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI)
-    write_atomically(path, buffer.getvalue())
+    write_atomically(path, buffer.getvalue(), make_parents=True)
     return path

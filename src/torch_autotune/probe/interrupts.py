@@ -21,7 +21,7 @@ import sys
 import threading
 from types import FrameType, ModuleType
 
-from torch_autotune.errors import ProbeError
+from torch_autotune.errors import ProbeError, said_in_one_line
 
 __all__ = ["import_holding_ctrl_c", "import_torch"]
 
@@ -51,10 +51,19 @@ def import_holding_ctrl_c(name: str) -> ModuleType:
 
 def import_torch() -> None:
     """Import torch before anything is measured, with Ctrl-C held (its start-up would lose
-    one); ProbeError, naming the fix, where torch is not installed."""
+    one); ProbeError, naming the fix, where torch is not installed or is installed but fails
+    to import (a missing shared library, a half-removed install, a build for another Python)."""
+    install = "the build for this machine (https://pytorch.org/get-started/locally/)"
     if importlib.util.find_spec("torch") is None:
         raise ProbeError(
-            "torch is not installed, so nothing can be probed; install the build for this "
-            "machine (https://pytorch.org/get-started/locally/) and run autotune again"
+            f"torch is not installed, so nothing can be probed; install {install} and run "
+            "autotune again"
         )
-    import_holding_ctrl_c("torch")
+    try:
+        import_holding_ctrl_c("torch")
+    except Exception as exc:  # a broken install raises anything: ImportError, OSError, ...
+        raise ProbeError(
+            f"torch is installed but fails to import ({said_in_one_line(exc)}), so nothing "
+            f"can be probed; check 'python -c \"import torch\"', reinstall {install} and run "
+            "autotune again"
+        ) from None

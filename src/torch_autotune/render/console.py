@@ -69,6 +69,56 @@ class _TrimmedLines(io.TextIOBase):
         return False
 
 
+# What the charts and tables draw, in ASCII for a stream that cannot write them (``LC_ALL=C``,
+# ``PYTHONIOENCODING=ascii``): one character for one, so that columns and bars stay aligned
+# (rich cut a long name to its column with one '…').
+_IN_ASCII = {
+    "…": "~",
+    "◀": "<",
+    "✗": "x",
+    "│": "|",
+    "→": ">",
+    "×": "x",
+    "█": "#",
+    "▐": "#",
+    **dict.fromkeys("▏▎▍", " "),  # under half a cell: rounded down
+    **dict.fromkeys("▌▋▊▉", "#"),
+}
+IN_ASCII_ERRORS = "torch_autotune.in_ascii"
+"""The codec error handler ``write_in_ascii_where_needed`` gives a stream."""
+
+
+def _in_ascii(error: UnicodeError) -> tuple[str, int]:
+    """A codec error handler: the characters ``error`` could not encode, as ``_IN_ASCII``
+    spells them, else '?'."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    failed = error.object[error.start : error.end]
+    return "".join(_IN_ASCII.get(c, "?") for c in failed), error.end
+
+
+def write_in_ascii_where_needed(*streams: object) -> None:
+    """Let each of ``streams`` that cannot encode what the charts and tables draw write it in
+    ASCII (``_IN_ASCII``) instead of raising UnicodeEncodeError: a report or a truncated name
+    ('…') on a stream in the C locale was an internal error, exit 1."""
+    import codecs
+
+    try:
+        codecs.lookup_error(IN_ASCII_ERRORS)
+    except LookupError:
+        codecs.register_error(IN_ASCII_ERRORS, _in_ascii)
+    for stream in streams:
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            "".join(_IN_ASCII).encode(encoding)
+        except UnicodeEncodeError:
+            reconfigure = getattr(stream, "reconfigure", None)
+            if reconfigure is not None:
+                reconfigure(errors=IN_ASCII_ERRORS)
+        except LookupError:  # an encoding Python does not know: leave the stream as it is
+            continue
+
+
 def is_terminal(console: Console) -> bool:
     """Whether a person watches ``console`` live: a terminal that can redraw a line."""
     return console.is_terminal and not console.is_dumb_terminal
