@@ -220,3 +220,63 @@ def test_a_model_whose_first_trial_takes_more_than_the_limit_says_so_not_out_of_
     assert "took more than the 0.05 GiB of host RAM --memory-limit allows" in said
     assert "(raise it)" in said
     assert "runs out of memory" not in said
+
+
+class _PerSample(torch.nn.Module):
+    """A step that takes 4 MiB of fresh host RAM per sample (written, so resident)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.ones(x.shape[0], 1 << 20)  # 4 MiB a sample
+        return self.linear(x) + scratch[:, :1]
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_the_bench_on_the_cpu_holds_every_arm_to_the_limit() -> None:
+    """A profile tuned under --memory-limit hands out batch 1; the bench's baseline trains at
+    32, 128 MiB of activations against a 48 MiB cap: it fails as an arm over the cap of a GPU
+    does, so it gives no number to go back to (it trained, and the bench reverted the profile
+    to batch 32 and saved it under the limit)."""
+    from torch_autotune.bench import TrainConfig, plan_arms
+    from torch_autotune.compose import bench_evidence
+    from torch_autotune.probe.ablation import run_arms
+    from torch_autotune.probe.workloads import as_workload
+    from torch_autotune.settings import torch_defaults
+
+    workload = as_workload(
+        {
+            "model": _PerSample,
+            "optimizer": lambda params: torch.optim.SGD(params, lr=0.1),
+            "example_batch": (torch.randn(4, 4), torch.randint(0, 2, (4,))),
+        },
+        name="per-sample",
+    )
+    plan = plan_arms(TrainConfig(), TrainConfig(batch_size=1))
+    results = run_arms(
+        plan,
+        workload,
+        torch_defaults("cpu"),
+        mode="balanced",
+        rounds=3,
+        seconds=0.02,
+        memory_limit_bytes=48 << 20,
+    )
+    baseline, tuned = (results.records[plan.index(c)] for c in (plan.baseline, plan.tuned))
+    assert baseline.samples_per_s == (None, None, None)
+    assert baseline.error is not None
+    assert "more than the 0.047 GiB --memory-limit allows" in baseline.error
+    assert all(tuned.samples_per_s)
+    evidence = bench_evidence(
+        results,
+        workload="per-sample",
+        device="cpu",
+        rounds=3,
+        seconds=0.02,
+        not_ablated=(),
+        elapsed_s=1.0,
+    )
+    assert not evidence.reverted
+    assert 32 not in evidence.ran()
