@@ -73,6 +73,13 @@ def test_on_the_cpu_the_limit_caps_the_host_ram_the_search_may_fill() -> None:
     refused = [t for t in evidence.search if t.step == OVER_CAP_PREDICTED]
     assert refused  # sizes predicted past 0.5 GiB were not run
     assert evidence.max_batch_size * (4 << 20) + (200 << 20) <= 0.5 * GIB
+    # the user's limit is memory's: the batch is memory-bound, so checkpointing is measured
+    assert evidence.limited_by == "memory"
+    assert "0.5 GiB of host RAM --memory-limit allows" in (evidence.limit_reason or "")
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert "checkpointed at batch" in decision.reason
+    assert "not memory-bound" not in decision.reason
 
 
 class _Superlinear:
@@ -92,7 +99,7 @@ class _Superlinear:
 
 def _capped(runner: _Superlinear) -> tuple[SearchGuard, Found]:
     guarded = SearchGuard(runner, Budget(1e6, Ticks(0.001)), lambda *_: None, reserve_s=0)
-    guarded.ram_budget_bytes = guarded.ram_cap_bytes = runner.cap
+    guarded.ram_budget_bytes, guarded.ram_cap_bytes = 64 * GIB, runner.cap  # host RAM: more
     return guarded, search_with_guard(guarded, cap=4096, limit=runner.cap, cap_reason="the cap")
 
 
@@ -106,6 +113,8 @@ def test_on_the_cpu_a_trial_that_peaked_past_the_limit_is_said_so() -> None:
     assert all(not t.fits and t.step == OVER_CAP for t in over)
     assert found.largest is not None
     assert (60 + found.largest**2 // 8) << 20 <= 512 << 20
+    assert found.limited_by == "memory"  # the user's limit: memory-bound, as on a capped GPU
+    assert "--memory-limit allows" in found.reason
     _, at_once = _capped(_Superlinear(cap=512 << 20, base_mib=600))  # batch 1 past it
     assert (at_once.largest, at_once.limited_by) == (None, "start")
     assert at_once.reason == "batch 1 took more than the 0.5 GiB of host RAM --memory-limit allows"
@@ -295,7 +304,7 @@ def test_on_the_cpu_the_search_predicts_from_the_limit_not_from_host_ram() -> No
         model=_PerSample(),
         optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
         example_batch=(torch.randn(4, 4), torch.randint(0, 2, (4,))),
-        budget_s=4,
+        budget_s=5,
         max_batch_size=64,
         memory_limit_gib=0.03,
         snapshot=LAPTOP,  # the CPU's limit, also on a machine with a GPU
@@ -304,7 +313,7 @@ def test_on_the_cpu_the_search_predicts_from_the_limit_not_from_host_ram() -> No
     assert evidence is not None
     held = min(t.peak_memory_bytes or 0 for t in evidence.search if t.fits)
     assert evidence.memory_limit_bytes is not None
-    assert evidence.memory_limit_bytes <= held + int(0.03 * GIB)
+    assert evidence.memory_limit_bytes <= held + int(0.03 * GIB), evidence.search
     ran = [t.batch_size for t in evidence.search if t.seconds is not None]
-    assert ran[:2] == [1, 2]  # batch 1's peak is most of the limit: 8 could pass it
+    assert ran[1:2] == [2]  # batch 1's peak is most of the limit: 8 could pass it
     assert len([t for t in evidence.search if t.step == OVER_CAP]) <= 1
