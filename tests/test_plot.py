@@ -368,6 +368,15 @@ def test_the_chart_data_is_what_both_renderings_draw() -> None:
         (832, "out of memory", ()),
     ]
     assert data.first_misfit(evidence) == (832, "out of memory")
+    over = evidence.model_copy(  # the CPU's --memory-limit: it ran, and took more than the cap
+        update={
+            "search": [
+                t.model_copy(update={"step": "over --memory-limit"}) if not t.fits else t
+                for t in evidence.search
+            ]
+        }
+    )
+    assert data.first_misfit(over) == (832, "over --memory-limit")
     assert data.step_rate(evidence) == 2300.0
     assert data.memory_peaks(evidence) == [
         (1, pytest.approx(2.1)),

@@ -229,7 +229,7 @@ def test_a_model_that_fits_only_with_checkpointing_gets_it_with_the_numbers() ->
         "forward recomputed in backward, the largest batch that trained was 12; its recomputed"
         " blocks matched their plain forward and backward (one block trained alone on the inputs"
         " it got in a step at batch 1: outputs and gradients within 0.0e+00, relative; the whole"
-        " plain step ran out of memory in the check)"
+        " plain step ran out of memory, or took more than --memory-limit, in the check)"
     )
     memory = {v.settings.get("activation_checkpointing") for v in evidence.variants}
     assert memory == {"on"}  # every size the profile's batch came from ran checkpointed
@@ -505,8 +505,8 @@ def test_a_recompute_that_could_not_be_checked_says_so() -> None:
     decision = profile.decision("activation_checkpointing")
     assert decision is not None
     assert decision.reason.startswith(
-        "on: its recomputed step was not checked (the plain step at batch 1 ran out of memory,"
-        " and no block could be trained alone)"
+        "on: its recomputed step was not checked (the plain step at batch 1 ran out of memory"
+        " or took more than --memory-limit, and no block could be trained alone)"
     )
 
 

@@ -73,6 +73,13 @@ def test_on_the_cpu_the_limit_caps_the_host_ram_the_search_may_fill() -> None:
     refused = [t for t in evidence.search if t.step == OVER_CAP_PREDICTED]
     assert refused  # sizes predicted past 0.5 GiB were not run
     assert evidence.max_batch_size * (4 << 20) + (200 << 20) <= 0.5 * GIB
+    # the user's limit is memory's: the batch is memory-bound, so checkpointing is measured
+    assert evidence.limited_by == "memory"
+    assert "0.5 GiB of host RAM --memory-limit allows" in (evidence.limit_reason or "")
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert "checkpointed at batch" in decision.reason
+    assert "not memory-bound" not in decision.reason
 
 
 class _Superlinear:
@@ -92,7 +99,7 @@ class _Superlinear:
 
 def _capped(runner: _Superlinear) -> tuple[SearchGuard, Found]:
     guarded = SearchGuard(runner, Budget(1e6, Ticks(0.001)), lambda *_: None, reserve_s=0)
-    guarded.ram_budget_bytes = guarded.ram_cap_bytes = runner.cap
+    guarded.ram_budget_bytes, guarded.ram_cap_bytes = 64 * GIB, runner.cap  # host RAM: more
     return guarded, search_with_guard(guarded, cap=4096, limit=runner.cap, cap_reason="the cap")
 
 
@@ -100,12 +107,14 @@ def test_on_the_cpu_a_trial_that_peaked_past_the_limit_is_said_so() -> None:
     """On a GPU the capped allocator raises; on the CPU nothing does: the runner counts a trial
     whose own peak passed --memory-limit as one that does not fit, and the guard says so (not
     'ran out of memory')."""
-    guarded, found = _capped(_Superlinear(cap=512 << 20, base_mib=200))
+    guarded, found = _capped(_Superlinear(cap=512 << 20, base_mib=60))
     over = [t for t in guarded.records if t.peak_memory_bytes and t.peak_memory_bytes > 512 << 20]
     assert over
     assert all(not t.fits and t.step == OVER_CAP for t in over)
     assert found.largest is not None
-    assert (200 + found.largest**2 // 8) << 20 <= 512 << 20
+    assert (60 + found.largest**2 // 8) << 20 <= 512 << 20
+    assert found.limited_by == "memory"  # the user's limit: memory-bound, as on a capped GPU
+    assert "--memory-limit allows" in found.reason
     _, at_once = _capped(_Superlinear(cap=512 << 20, base_mib=600))  # batch 1 past it
     assert (at_once.largest, at_once.limited_by) == (None, "start")
     assert at_once.reason == "batch 1 took more than the 0.5 GiB of host RAM --memory-limit allows"
@@ -220,3 +229,91 @@ def test_a_model_whose_first_trial_takes_more_than_the_limit_says_so_not_out_of_
     assert "took more than the 0.05 GiB of host RAM --memory-limit allows" in said
     assert "(raise it)" in said
     assert "runs out of memory" not in said
+
+
+class _PerSample(torch.nn.Module):
+    """A step that takes 4 MiB of fresh host RAM per sample (written, so resident)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.ones(x.shape[0], 1 << 20)  # 4 MiB a sample
+        return self.linear(x) + scratch[:, :1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_the_bench_on_the_cpu_holds_every_arm_to_the_limit() -> None:
+    """A profile tuned under --memory-limit hands out batch 1; the bench's baseline trains at
+    32, 128 MiB of activations against a 48 MiB cap: it fails as an arm over the cap of a GPU
+    does, so it gives no number to go back to (it trained, and the bench reverted the profile
+    to batch 32 and saved it under the limit)."""
+    from torch_autotune.bench import TrainConfig, plan_arms
+    from torch_autotune.compose import bench_evidence
+    from torch_autotune.probe.ablation import run_arms
+    from torch_autotune.probe.workloads import as_workload
+    from torch_autotune.settings import torch_defaults
+
+    workload = as_workload(
+        {
+            "model": _PerSample,
+            "optimizer": lambda params: torch.optim.SGD(params, lr=0.1),
+            "example_batch": (torch.randn(4, 4), torch.randint(0, 2, (4,))),
+        },
+        name="per-sample",
+    )
+    plan = plan_arms(TrainConfig(), TrainConfig(batch_size=1))
+    results = run_arms(
+        plan,
+        workload,
+        torch_defaults("cpu"),
+        mode="balanced",
+        rounds=3,
+        seconds=0.02,
+        memory_limit_bytes=48 << 20,
+    )
+    baseline, tuned = (results.records[plan.index(c)] for c in (plan.baseline, plan.tuned))
+    assert baseline.samples_per_s == (None, None, None)
+    assert baseline.error is not None
+    assert "more than the 0.047 GiB --memory-limit allows" in baseline.error
+    assert all(tuned.samples_per_s)
+    evidence = bench_evidence(
+        results,
+        workload="per-sample",
+        device="cpu",
+        rounds=3,
+        seconds=0.02,
+        not_ablated=(),
+        elapsed_s=1.0,
+    )
+    assert not evidence.reverted
+    assert 32 not in evidence.ran()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_on_the_cpu_the_search_predicts_from_the_limit_not_from_host_ram() -> None:
+    """4 MiB a sample under 0.03 GiB: the search predicts where the cap is reached from what
+    the process held plus the cap, and the evidence says so (it predicted from the host RAM the
+    probe may fill, 11.8 GiB on the machine of the report, and ran batch 8 past the cap)."""
+    from torch_autotune import tune
+
+    profile = tune(
+        model=_PerSample(),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+        example_batch=(torch.randn(4, 4), torch.randint(0, 2, (4,))),
+        budget_s=5,
+        max_batch_size=64,
+        memory_limit_gib=0.03,
+        snapshot=LAPTOP,  # the CPU's limit, also on a machine with a GPU
+    )
+    evidence = profile.evidence
+    assert evidence is not None
+    held = min(t.peak_memory_bytes or 0 for t in evidence.search if t.fits)
+    assert evidence.memory_limit_bytes is not None
+    assert evidence.memory_limit_bytes <= held + int(0.03 * GIB), evidence.search
+    ran = [t.batch_size for t in evidence.search if t.seconds is not None]
+    assert ran[1:2] == [2]  # batch 1's peak is most of the limit: 8 could pass it
+    assert len([t for t in evidence.search if t.step == OVER_CAP]) <= 1

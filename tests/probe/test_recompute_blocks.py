@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -157,6 +158,36 @@ def test_where_the_plain_step_runs_out_of_memory_the_runner_checks_the_blocks() 
     assert never.recompute_check(4) is None  # out of memory either way: not checked
 
 
+class _Wide(nn.Module):
+    """A block that keeps 16 MiB a sample for its backward (a square of a wide tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = self.linear(x).unsqueeze(-1) * torch.ones(1, 1, 1 << 18)
+        return x + wide.square().mean(-1)
+
+
+class _WideTower(Tower):
+    def __init__(self) -> None:
+        super().__init__(_Wide, fits_checkpointed_only=False)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_where_the_plain_step_takes_more_than_the_limit_on_the_cpu_the_blocks_are_checked() -> None:
+    """On the CPU nothing raises past --memory-limit: the check of the whole step took about
+    460 MiB beyond what the process held, one block alone about 320; under 0.38 GiB the
+    runner checks the blocks (it compared the whole plain step, over the cap)."""
+    capped = StepSettings(torch_defaults("cpu"), memory_limit_bytes=int(0.38 * (1 << 30)))
+    found = TrialRunner(_workload(_WideTower), capped).recompute_check(4)
+    assert found is not None
+    assert (found.agrees, found.kinds) == (True, 1)
+    assert TrialRunner(_workload(_WideTower), CPU).recompute_check(4) == Agreement(True, 0.0, 3)
+
+
 def test_a_hugging_face_models_own_layers_are_checked_with_its_switch_restored(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -227,8 +258,8 @@ def test_a_model_that_fits_only_checkpointed_and_cannot_be_checked_says_so() -> 
     assert decision is not None
     assert profile.settings.activation_checkpointing
     assert decision.reason.endswith(
-        "; its recomputed step was not checked (the plain step at batch 1 ran out of memory, and"
-        " no block could be trained alone)"
+        "; its recomputed step was not checked (the plain step at batch 1 ran out of memory or"
+        " took more than --memory-limit, and no block could be trained alone)"
     )
 
 

@@ -97,11 +97,18 @@ def panels(evidence: Evidence) -> list[str]:
 
 
 def _why_not(trial: SearchTrialRecord) -> str:
-    """Why a size did not fit, in words: it ran out of memory, or the probe did not run it."""
+    """Why a size did not fit, in words: it ran out of memory, took more host RAM than
+    --memory-limit (the CPU's), or the probe did not run it."""
     if "time-guard" in trial.step:
         return "not run (too slow for the time budget)"
     if "ram-guard" in trial.step:
         return "not run (predicted beyond host RAM)"
+    if trial.step.startswith("over --memory-limit"):  # the CPU's: it took more than the cap
+        return (
+            "not run (predicted over --memory-limit)"
+            if "not run" in trial.step
+            else ("over --memory-limit")
+        )
     if "not run" in trial.step:
         return "not run"
     return "out of memory"

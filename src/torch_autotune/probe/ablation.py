@@ -112,7 +112,9 @@ def run_arms(
     measured slower, run the profile without them against the baseline too. Every arm trains
     with the device held to ``memory_limit_bytes`` (the profile's ``--memory-limit``, as the
     probe was: ``probe.memory.memory_capped``), so that an arm that would not fit the smaller
-    or shared GPU the profile is for fails here as it would there.
+    or shared GPU the profile is for fails here as it would there; on the CPU, where nothing
+    raises, an arm that took more host RAM than it fails (``TrainingLoop``), as a search trial
+    over it does not fit.
 
     ``measure`` is the seam: by default a real ``TrainingLoop`` over ``workload`` on the
     device of ``settings`` (the profile's), each arm trained with its config applied to them.
@@ -130,7 +132,13 @@ def run_arms(
         if measure is None:
             from torch_autotune.probe.loop import TrainingLoop
 
-            loop = TrainingLoop(workload, settings.device, settings=settings, clock=clock)
+            loop = TrainingLoop(
+                workload,
+                settings.device,
+                settings=settings,
+                clock=clock,
+                memory_limit_bytes=memory_limit_bytes,
+            )
             measure = loop.measure
         runs = _Rounds(measure, seconds, report)
         rows = runs.run(plan.configs, labels, rounds)

@@ -257,14 +257,15 @@ def checked_text(checked: Agreement | None, batch: int) -> str:
     if checked is None:
         return (
             f"its recomputed step was not checked (the plain step at batch {batch} ran out of"
-            " memory, and no block could be trained alone)"
+            " memory or took more than --memory-limit, and no block could be trained alone)"
         )
     if checked.kinds:
         alone = f"{_one_of(checked.kinds)} trained alone on the inputs it got in a step"
         return (
             f"its recomputed blocks matched their plain forward and backward ({alone} at batch"
             f" {batch}: outputs and gradients within {checked.largest_difference:.1e}, relative;"
-            " the whole plain step ran out of memory in the check)"
+            " the whole plain step ran out of memory, or took more than --memory-limit, in the"
+            " check)"
         )
     return (
         f"its recomputed step matched the plain one at batch {batch} (loss and gradients "

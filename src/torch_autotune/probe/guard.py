@@ -285,20 +285,22 @@ def search_with_guard(
     bound = min(above, key=lambda t: t.batch_size) if above else None
     if bound is not None and limited_by == "memory":  # the smallest size above: not run?
         step = bound.step  # TIME_GUARD, or NEAR_TIME_GUARD: not run for time either
-        timed = step in (TIME_GUARD, NEAR_TIME_GUARD)
-        ram = step in ("ram-guard (not run)", OVER_CAP, OVER_CAP_PREDICTED)
-        limited_by = "time" if timed else "host RAM" if ram else "memory"
+        timed = step in (TIME_GUARD, NEAR_TIME_GUARD)  # --memory-limit's cap is memory's
+        limited_by = "time" if timed else "host RAM" if step == "ram-guard (not run)" else "memory"
     if limited_by == "time" and guarded.budget.spent:
         limited_by = "budget"
+    over = bound is not None and bound.step in (OVER_CAP, OVER_CAP_PREDICTED)
     reasons = {
-        "memory": f"batch {bound.batch_size if bound else '?'} ran out of memory",
-        "host RAM": (
+        "memory": (
             f"batch {bound.batch_size}"
             f" {'took' if bound.step == OVER_CAP else 'was predicted to take'} more than the"
             f" {gib(guarded.ram_cap_bytes)} of host RAM --memory-limit allows, beyond what the"
             " process held before it"
-            if bound is not None and bound.step in (OVER_CAP, OVER_CAP_PREDICTED)
-            else f"batch {bound.batch_size if bound else '?'} was predicted to need more than"
+            if bound is not None and over
+            else f"batch {bound.batch_size if bound else '?'} ran out of memory"
+        ),
+        "host RAM": (
+            f"batch {bound.batch_size if bound else '?'} was predicted to need more than"
             f" the {gib(guarded.ram_budget_bytes)} of host RAM the probe may fill"
         ),
         "time": _time_reason(guarded, bound),

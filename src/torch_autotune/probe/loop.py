@@ -41,6 +41,7 @@ from torch_autotune.apply import (
 from torch_autotune.errors import blame_user_code
 from torch_autotune.knobs import settings_config, train_settings
 from torch_autotune.probe.fed import FedTrial, warmup_steps
+from torch_autotune.probe.guard import gib
 from torch_autotune.probe.loader import (
     LoaderTrial,
     loader_kwargs,
@@ -49,6 +50,7 @@ from torch_autotune.probe.loader import (
     worker_deaths_between_batches,
     worker_failure,
 )
+from torch_autotune.probe.memory import peak_read, peak_reset
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.timing import Timer
 from torch_autotune.probe.trials import TrialRunner, make_optimizer, train_step
@@ -71,9 +73,10 @@ class TrainingLoop:
     """``loop.measure(config, seconds)``: samples/s of real training at ``config``.
 
     ``settings``: what the knobs leave alone (default: torch's defaults on ``device``); the
-    bench passes the tuned profile's. Raises ``ArmFailed`` when the config runs out of memory
-    or a DataLoader worker dies or hangs; any other error (the user's model failing) propagates
-    with its own traceback.
+    bench passes the tuned profile's. Raises ``ArmFailed`` when the config runs out of memory,
+    takes more host RAM than ``memory_limit_bytes`` on the CPU (as a search trial does: beyond
+    what the process held once its model was built), or a DataLoader worker dies or hangs; any
+    other error (the user's model failing) propagates with its own traceback.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class TrainingLoop:
         min_steps: int = MIN_STEPS,
         model: Any = None,
         drain_prefetch: bool = True,
+        memory_limit_bytes: int | None = None,
     ) -> None:
         """``model``: one already on ``device`` and prepared, trained in every arm instead of
         one built per memory format and compile mode (the probe's own). ``drain_prefetch``:
@@ -106,6 +110,8 @@ class TrainingLoop:
         self._models: dict[tuple[str, str | None, float | None, bool], Any] = {}
         self._given = model
         self._drain = drain_prefetch
+        self._cap = memory_limit_bytes if device == "cpu" else None  # CUDA: the allocator's
+        self._held: int | None = None  # CPU under the cap: what the process held as it began
 
     def settings(self, config: TrainConfig) -> Settings:
         """The settings one arm trains with: the base with every knob at ``config``'s value."""
@@ -175,6 +181,10 @@ class TrainingLoop:
 
     def _train(self, settings: Settings, seconds: float) -> float:
         model = self._model(settings)
+        if self._cap is not None:  # the peak starts here: the model is the process's, held
+            import torch
+
+            self._held = peak_read(torch, self.device) if peak_reset(torch, self.device) else None
         model.train()
         options = optimizer_kwargs(settings)  # ours: a failure there is a bug (exit 1)
         optimizer = _users(make_optimizer, self.workload, model, options)
@@ -220,6 +230,7 @@ class TrainingLoop:
         from torch_autotune.bench import ArmFailed
 
         settings = self.settings(config)
+        self._held = None
         restore_flags(torch, self._defaults)  # torch's defaults, then what the arm sets
         apply_flags(settings)
         try:
@@ -234,6 +245,13 @@ class TrainingLoop:
         release_memory(self.device)  # outside the except block: the failed step's frames are gone
         if oom is not None:
             raise ArmFailed(f"out of memory ({oom.kind}) at {config.describe()}")
+        held, cap = self._held, self._cap  # on the CPU nothing raises: it is refused here
+        taken = None if held is None else (peak_read(torch, self.device) or held) - held
+        if cap is not None and taken is not None and taken > cap:
+            raise ArmFailed(
+                f"took {gib(taken)} of host RAM beyond what the process held, more than the"
+                f" {gib(cap)} --memory-limit allows, at {config.describe()}"
+            )
         if not rate:
             raise ArmFailed(f"no time measured at {config.describe()}: the clock did not move")
         return rate

@@ -178,6 +178,15 @@ def _gallop(bracket: _Bracket, size: int, ran: bool) -> None:
         first = False
 
 
+def _model_size(bracket: _Bracket, limit: int) -> int:
+    """The size of the search's second trial: 8 (twice the start from 4 up), and no more than
+    the largest the start's peak says is within ``limit`` (``peak(b) <= peak(lo) * b / lo``,
+    for a fixed part that is not negative), never below twice the start."""
+    lo, peak = bracket.memory_points()[-1]
+    within = lo * limit // peak if peak > 0 else 8
+    return max(2 * lo, min(8, within))
+
+
 def _predict_and_verify(bracket: _Bracket, limit: int, rounds: int = 3) -> None:
     """Try the predicted limit; while predictions run, refit through the newest reading (a
     secant through sizes near the limit is far more accurate than one through 1 and 8) and try
@@ -225,8 +234,10 @@ def find_max_batch_size(
         return SearchResult(largest, tuple(bracket.trials), limited)
 
     if memory_limit_bytes is not None and bracket.memory_points() and bracket.open:
-        # A second, larger size gives the memory model its slope.
-        bracket.run(min(bracket.hi - 1, max(2 * bracket.lo, 8)), "model")
+        # A second, larger size gives the memory model its slope: 8, or twice the start
+        # where 8 could pass the limit (a peak grows no faster than the batch: at 8 it is at
+        # most 8 times the start's; a start near the limit is not followed by 8 past it).
+        bracket.run(min(bracket.hi - 1, _model_size(bracket, memory_limit_bytes)), "model")
         _predict_and_verify(bracket, memory_limit_bytes)
     while bracket.open and bracket.hi > cap:  # no failure seen yet: double towards the cap
         bracket.run(min(2 * bracket.lo, cap), "double")

@@ -64,7 +64,7 @@ def search(
     settings = runner.settings.settings
     variant = search_name(BASE, settings)
     guarded = SearchGuard(runner, budget, report, reserve_s=reserve_s, variant=variant)
-    device = settings.device
+    device, limit = settings.device, None  # the CPU's limit counts what the first trial held
     cap, why = _cap(device, max_batch_size, workload)
     name, start = workload.name, workload.min_batch_size
     if start > cap:
@@ -77,13 +77,13 @@ def search(
     smallest = Smallest(1, None)
     with budget.phase("search"):
         runner.apply_flags(cudnn_benchmark=False)
-        limit = runner.memory_limit() or guarded.ram_budget_bytes
         try:
             smallest = smallest_batch(guarded, start, cap, name=name)
         except OutOfTime:
             found = Found(None, "budget", "the budget was spent before the first trial")
         else:
             guarded.start = smallest.size
+            limit = runner.memory_limit() or _capped_peak(guarded)
             found = search_with_guard(guarded, cap, limit, why)
     if found.largest is None and found.limited_by in ("budget", "time"):
         raise ProbeError(
@@ -109,6 +109,18 @@ def search(
     on = settings.activation_checkpointing  # its recompute checked before it is measured
     checked = (checked_on(runner, smallest.size, report), smallest.size) if on else None
     return Searched(guarded, found, bounds, smallest, checked)
+
+
+def _capped_peak(guarded: SearchGuard) -> int | None:
+    """The CPU's: the peak a trial may reach, which the memory-guided search predicts against.
+    Under --memory-limit, what the process held at the largest trial so far plus the cap (the
+    cap is on what a trial takes beyond that; the cap alone where no trial said what the
+    process held), within the host RAM the probe may fill; else that host RAM."""
+    cap, ram = guarded.ram_cap_bytes, guarded.ram_budget_bytes
+    if cap is None:
+        return ram
+    held = guarded.held[max(guarded.held)] if guarded.held else 0
+    return held + cap if ram is None else min(held + cap, ram)
 
 
 def _cap(device: str, asked: int | None, workload: Workload) -> tuple[int, str]:

@@ -204,7 +204,10 @@ class TrialRunner:
         """The seam's (``probe.recompute``), on a model of its own: this runner's is let go
         first, so that a model that barely fits is not on the device twice (``keep_model``:
         not, where other processes hold theirs in step with it: a job's ranks). Where the
-        plain step runs out of memory, one block of each kind alone."""
+        plain step runs out of memory, or on the CPU takes more than --memory-limit (nothing
+        raises there), one block of each kind alone."""
+        import torch
+
         from torch_autotune.probe.recompute import (
             checkpointed_blocks_agree,
             checkpointed_step_agrees,
@@ -212,10 +215,14 @@ class TrialRunner:
 
         if not keep_model:
             self.release_model()
+        device, cap = self.settings.device, self.settings.memory_limit_bytes
         for check in (checkpointed_step_agrees, checkpointed_blocks_agree):
+            own = cap is not None and device == "cpu" and peak_reset(torch, device)
+            held = peak_read(torch, device) if own else None
             checked, oom = run_guarded(partial(check, self.workload, self.settings, batch_size))
-            release_memory(self.settings.device)
-            if oom is None:
+            taken = None if held is None else (peak_read(torch, device) or held) - held
+            release_memory(device)
+            if oom is None and (cap is None or taken is None or taken <= cap):
                 return checked
         return None
 
