@@ -90,6 +90,13 @@ for x, y in loader:
 dist.all_reduce(steps)
 print(f"rank {os.environ['RANK']}: batch {profile.batch_size}, {int(steps)} steps together")
 dist.destroy_process_group()
+sys.stdout.flush()
+# Left at once: torch 2.13 stashes a Python object in the thread-local state of a backward,
+# which gloo's all-reduce work captures and frees on its own worker thread; where that thread
+# frees it while the interpreter finalizes, it needs the GIL and the process aborts
+# ('terminate called without an active exception', 1 run in 4 on a loaded 2-core machine,
+# more often the larger the heap left to finalize). That is torch's, after this script's work.
+os._exit(0)
 """
 
 
