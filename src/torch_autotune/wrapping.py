@@ -93,7 +93,8 @@ def repeated_blocks(model: Any) -> list[Any]:
     """The instances of the outermost kind of block that repeats in ``model`` and holds at
     least half as many parameters in all as the kind that holds most (a decoder's blocks
     rather than their linear layers, which repeat more), deepest first; none where nothing
-    repeats. A block is a module of its class; a container (``nn.Sequential``, ``ModuleList``,
+    repeats (in the tree: one block shared by weight in 8 places repeats). A block is a module
+    of its class; a container (``nn.Sequential``, ``ModuleList``,
     ``ModuleDict``) is a block of the kinds of its children, so ``Sequential(Linear, LayerNorm,
     GELU)`` repeated is a block, and the ``Sequential`` that holds them all is not. Kinds that
     hold other modules come first, where the heaviest of them holds at least half as much as
@@ -105,18 +106,21 @@ def repeated_blocks(model: Any) -> list[Any]:
 
     containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
     found: dict[object, list[Any]] = {}
-    for module in model.modules():
+    places: dict[object, int] = {}  # where each kind sits in the tree: a block shared by
+    for _, module in model.named_modules(remove_duplicate=False):  # weight is one, 8 times
         if module is model:
             continue
         kind: object = type(module)
         if isinstance(module, containers):
             kind = (type(module), tuple(type(child) for child in module.children()))
-        found.setdefault(kind, []).append(module)
+        places[kind] = places.get(kind, 0) + 1
+        if all(module is not m for m in found.setdefault(kind, [])):
+            found[kind].append(module)
 
     def weight(kind: object) -> int:
         return sum(p.numel() for m in found[kind] for p in m.parameters())
 
-    repeated = [kind for kind, instances in found.items() if len(instances) > 1 and weight(kind)]
+    repeated = [kind for kind in found if places[kind] > 1 and weight(kind)]
     composite = [k for k in repeated if any(True for _ in found[k][0].children())]
     layers = [k for k in repeated if k not in composite]
 

@@ -141,6 +141,50 @@ def test_two_light_heads_are_not_the_blocks_of_a_stack_of_layers() -> None:
     assert not any(isinstance(b, nn.Sequential) for b in blocks)
 
 
+def test_a_block_shared_by_weight_is_the_block_and_checkpointing_it_recomputes_every_call() -> None:
+    """One block called in 8 places (ALBERT's sharing) with a head tied to the embedding: the
+    tree lists the shared block once, so its Linear layers, the head among them, were taken
+    for the blocks, and the model 'did not fit' with checkpointing."""
+    from torch_autotune.wrapping import repeated_blocks
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(32)
+            self.up, self.down = nn.Linear(32, 128), nn.Linear(128, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.down(torch.relu(self.up(self.norm(x))))
+
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(64, 32)
+            shared = Block()
+            self.blocks = nn.ModuleList([shared] * 8)
+            self.head = nn.Linear(32, 64, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    model = Shared()
+    assert repeated_blocks(model) == [model.blocks[0]]
+    tokens = torch.randint(0, 64, (2, 16))
+    torch.manual_seed(0)
+    model(tokens).sum().backward()
+    plain = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    assert checkpoint_blocks(model) == 1
+    assert is_checkpointed(model.blocks[5])  # the one block, in every place
+    model(tokens).sum().backward()
+    again = [p.grad for p in model.parameters() if p.grad is not None]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain, again, strict=True))
+
+
 def test_a_copy_of_a_checkpointed_model_recomputes_its_own_blocks_and_it_pickles() -> None:
     """An EMA or ``AveragedModel`` deep-copies the model: the copy trains its own weights
     (a forward closed over the original's would train the original's), and the whole model
