@@ -143,6 +143,23 @@ def test_blocks_that_are_no_classes_of_the_model_are_one_message(blocks: object,
         tune({**objects, "blocks": blocks}, snapshot=LAPTOP, budget_s=15)
 
 
+def test_blocks_that_a_factorys_model_does_not_hold_are_the_workloads_error() -> None:
+    """A model given as its class is built by the probe: a class it does not hold was saved
+    in the profile, or, where the model did not fit, ended the run as one that does not fit,
+    'checkpointing not tried' (exit 7), not as the workload's error (exit 5)."""
+    from torch_autotune.errors import DoesNotFitError
+
+    said = "the model has no module of the classes given as its blocks"
+    objects = {**_objects(), "model": TwoHeads}
+    with pytest.raises(WorkloadError, match=said) as raised:
+        tune(**objects, blocks=nn.Conv2d, snapshot=LAPTOP, budget_s=15)  # type: ignore[arg-type]
+    assert not isinstance(raised.value, DoesNotFitError)
+    assert raised.value.exit_code == 5
+    with pytest.raises(WorkloadError, match=said) as raised:
+        tune({**objects, "blocks": nn.Conv2d}, snapshot=LAPTOP, budget_s=15)
+    assert not isinstance(raised.value, DoesNotFitError)
+
+
 def test_the_trainers_arguments_leave_named_blocks_to_prepare_model() -> None:
     """The Trainer's own checkpointing recomputes its model's layers, not the blocks the probe
     measured: with named blocks the export turns it off and says where they are wrapped."""

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from torch_autotune.evidence import WorkloadDetails
 
-__all__ = ["FIELDS", "as_workload", "checked_blocks", "default_name"]
+__all__ = ["FIELDS", "BlocksChecked", "as_workload", "checked_blocks", "default_name"]
 
 _README = (
     "give model, optimizer and a dataset, a loader or an example_batch (see the README's"
@@ -150,6 +150,9 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
             f"'{name}' has neither 'dataset', 'loader' nor 'example_batch'; {_README}"
         )
     template, make_model = model_builder(fields["model"], name)
+    blocks = checked_blocks(fields.get("blocks"), template, name)
+    if blocks and template is None:
+        make_model = BlocksChecked(make_model, blocks, name)
     if "optimizer" not in fields:
         raise WorkloadError(f"'{name}' has no 'optimizer'; {_README}")
     builder = optimizer_builder(fields["optimizer"], template, name)
@@ -192,7 +195,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
         optimizer=probe_kind(builder, template),  # type: ignore[arg-type]
         variable_shapes=isinstance(batches, DatasetBatches) and batches.variable,
         details=details,
-        blocks=checked_blocks(fields.get("blocks"), template, name),
+        blocks=blocks,
     )
 
 
@@ -255,11 +258,35 @@ def checked_blocks(given: Any, template: Module | None, name: str) -> tuple[str,
             " blocks, a module class or a list of them (blocks=[DecoderLayer])"
         ) from None
     if template is not None and not model_blocks(template, ",".join(names)):
-        raise WorkloadError(
-            f"'{name}': the model has no module of the classes given as its blocks"
-            f" ({', '.join(names)})"
-        )
+        raise _no_such_blocks(names, name)
     return names
+
+
+def _no_such_blocks(names: tuple[str, ...], name: str) -> WorkloadError:
+    return WorkloadError(
+        f"'{name}': the model has no module of the classes given as its blocks ({', '.join(names)})"
+    )
+
+
+class BlocksChecked:
+    """``make_model()`` of a model given as a factory or a class, whose first model is checked
+    for the blocks the user named (``checked_blocks`` checks a model in hand at once): a
+    class it does not hold was saved in the profile, or ended the run as a model that does not
+    fit with checkpointing 'not tried', not as the workload's error."""
+
+    def __init__(self, make: Any, names: tuple[str, ...], name: str) -> None:
+        self.make, self.names, self.name = make, names, name
+        self.checked = False
+
+    def __call__(self) -> Any:
+        from torch_autotune.wrapping import model_blocks
+
+        model = self.make()
+        if not self.checked:
+            if not model_blocks(model, ",".join(self.names)):
+                raise _no_such_blocks(self.names, self.name)
+            self.checked = True
+        return model
 
 
 def _checked_callable(fields: Mapping[str, Any], key: str, name: str) -> Any:

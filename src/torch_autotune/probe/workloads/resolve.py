@@ -19,6 +19,7 @@ from torch_autotune.probe.workloads.builtins import (
 from torch_autotune.probe.workloads.factory import call_factory, load_workload
 from torch_autotune.probe.workloads.messages import _article, _listed, _perhaps
 from torch_autotune.probe.workloads.protocol import (
+    BlocksChecked,
     _is_module,
     as_workload,
     checked_blocks,
@@ -62,7 +63,11 @@ def resolve_workload(
     if blocks is not None:
         model = (objects or {}).get("model", choice)
         template = model if _is_module(model) else None
-        chosen = dataclasses.replace(chosen, blocks=checked_blocks(blocks, template, chosen.name))
+        names = checked_blocks(blocks, template, chosen.name)
+        make = chosen.make_model
+        if template is None:  # a factory's or a built-in's model: checked when first built
+            make = BlocksChecked(make, names, chosen.name)
+        chosen = dataclasses.replace(chosen, blocks=names, make_model=make)
     return chosen
 
 
