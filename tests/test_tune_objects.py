@@ -468,7 +468,13 @@ def test_a_count_that_is_not_an_int_in_range_is_a_value_error(
 
 def test_a_min_batch_size_above_the_datasets_size_says_so() -> None:
     with pytest.raises(WorkloadError) as raised:
-        quick(model=Classifier(), optimizer=SGD, dataset=Samples(), min_batch_size=64)
+        quick(
+            model=Classifier(),
+            optimizer=SGD,
+            dataset=Samples(),
+            min_batch_size=64,
+            max_batch_size=None,  # the dataset's size alone is the largest batch
+        )
     assert str(raised.value) == (
         "workload 'Classifier': min_batch_size 64 is above its largest batch, 40 (the number of"
         " samples in its dataset)"
