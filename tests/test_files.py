@@ -125,6 +125,29 @@ def test_a_read_only_file_is_not_replaced(tmp_path: Path, monkeypatch: pytest.Mo
         write_atomically(target, "new\n")
     assert target.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["profile.yaml"]
+    # the store's own files are replaced as before: a profile saved read-only (or by another
+    # user of a shared store) was refused after the whole probe, and the measured one lost
+    write_atomically(target, "new\n", replace_read_only=True)
+    assert target.read_text() == "new\n"
+
+
+def test_a_file_in_a_directory_that_cannot_be_written_is_refused_before_it_is_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is replaced by one written beside it: a writable file in a directory this
+    user may not write passed the check, and the bench failed after it had run."""
+    target = tmp_path / "bench.yaml"
+    target.write_text("old\n")
+    real_access = os.access
+
+    def as_a_user(path: object, mode: int, **kwargs: object) -> bool:
+        if Path(str(path)) == tmp_path and mode & os.W_OK:
+            return False
+        return real_access(path, mode, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "access", as_a_user)
+    with pytest.raises(StoreError, match=f"Permission denied in {tmp_path}"):
+        files.check_writable(target, make_parents=False)
 
 
 def test_a_missing_directory_is_made_only_when_asked(tmp_path: Path) -> None:

@@ -87,14 +87,19 @@ def _leads_to_a_descriptor(path: Path) -> bool:
     return False
 
 
-def write_atomically(path: Path, data: str | bytes, *, make_parents: bool = False) -> None:
+def write_atomically(
+    path: Path, data: str | bytes, *, make_parents: bool = False, replace_read_only: bool = False
+) -> None:
     """Write ``data`` (text as UTF-8) to ``path``: a regular file through a temporary file in
     the same directory and a rename, anything else (pipe, FIFO, device, ``/dev/stdout``) in
     place.
 
     The old file stays intact until the new one is complete. As ``open()`` would, a file this
-    user may not write is not replaced (the rename alone would), and a missing directory is
-    not made, unless ``make_parents`` (the store's own). Raises StoreError on failure.
+    user may not write is not replaced (the rename alone would), unless ``replace_read_only``
+    (the store's files, which the store keeps: a profile saved read-only, or by another user
+    of a shared store, is replaced as before, not lost after a whole probe), and a missing
+    directory is not made, unless ``make_parents`` (the store's own). Raises StoreError on
+    failure.
     """
     payload = data.encode("utf-8") if isinstance(data, str) else data
     if writes_in_place(path):
@@ -106,7 +111,7 @@ def write_atomically(path: Path, data: str | bytes, *, make_parents: bool = Fals
         # too long: that is the place that cannot be written, not a bug.
         target = Path(os.path.realpath(path)) if path.is_symlink() else path
         directory = target.parent if str(target.parent) else Path(".")
-        if os.path.lexists(target) and not os.access(target, os.W_OK):
+        if not replace_read_only and os.path.lexists(target) and not os.access(target, os.W_OK):
             raise PermissionError(errno.EACCES, "the file is read-only for this user")
         if make_parents:
             directory.mkdir(parents=True, exist_ok=True)
@@ -150,6 +155,11 @@ def check_writable(path: Path, *, make_parents: bool = True) -> None:
             raise StoreError(
                 f"cannot write {path}: the file is read-only for this user; make it writable "
                 "(chmod u+w) or name another file"
+            )
+        elif not writes_in_place(target) and not os.access(target.parent, os.W_OK | os.X_OK):
+            raise StoreError(  # the new file is written beside it, then renamed over it
+                f"cannot write {path}: Permission denied in {target.parent} (the file is"
+                " replaced by one written beside it)"
             )
         return
     directory = target.parent

@@ -163,7 +163,7 @@ class ProfileStore:
             targets.insert(0, self.path_for(profile.provenance.fingerprint, workload, world))
         for target in targets:
             try:
-                write_atomically(target, text, make_parents=True)
+                write_atomically(target, text, make_parents=True, replace_read_only=True)
             except StoreError as exc:
                 raise StoreError(f"{exc}; {_ELSEWHERE}") from None
         return targets[0]
