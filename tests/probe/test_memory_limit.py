@@ -111,6 +111,7 @@ def test_on_the_cpu_a_trial_that_peaked_past_the_limit_is_said_so() -> None:
     over = [t for t in guarded.records if t.peak_memory_bytes and t.peak_memory_bytes > 512 << 20]
     assert over
     assert all(not t.fits and t.step == OVER_CAP for t in over)
+    assert all(t.seconds == 0.03 for t in over)  # it ran its time: it read 0.0, as an OOM
     assert found.largest is not None
     assert (60 + found.largest**2 // 8) << 20 <= 512 << 20
     assert found.limited_by == "memory"  # the user's limit: memory-bound, as on a capped GPU

@@ -183,7 +183,7 @@ class SearchGuard:
                 batch_size=batch_size,
                 fits=outcome.fits,
                 peak_memory_bytes=outcome.peak_memory_bytes,
-                seconds=rounded_seconds(outcome.seconds if outcome.fits else 0.0),
+                seconds=rounded_seconds(outcome.seconds or 0.0),  # over the cap: it ran
                 step=step,
                 warmup_s=rounded_seconds(outcome.warmup_s),
                 step_s=rounded_seconds(outcome.step_s),

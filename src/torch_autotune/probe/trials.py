@@ -286,10 +286,11 @@ class TrialRunner:
         release_memory(device)  # outside any except block: the failed step's frames are gone
         if oom is not None or timed is None:
             return TrialOutcome(False)
+        warmup, step = timed
         cap = self.settings.memory_limit_bytes
         if cap is not None and peak is not None and held is not None and peak - held > cap:
-            return TrialOutcome(False, peak)  # took more than --memory-limit: as a capped GPU
-        warmup, step = timed
+            # took more than --memory-limit: as on a capped GPU, with the time it took
+            return TrialOutcome(False, peak, warmup + self.settings.steps * step)
         return TrialOutcome(
             True,
             peak,
