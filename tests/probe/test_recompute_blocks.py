@@ -7,6 +7,7 @@ Hugging Face model's own layers) and through the simulated seam."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -186,6 +187,34 @@ def test_where_the_plain_step_takes_more_than_the_limit_on_the_cpu_the_blocks_ar
     assert found is not None
     assert (found.agrees, found.kinds) == (True, 1)
     assert TrialRunner(_workload(_WideTower), CPU).recompute_check(4) == Agreement(True, 0.0, 3)
+
+
+def test_the_check_counts_what_its_steps_take_beyond_its_model_as_a_search_trial_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check builds a model of its own: its weights were counted against --memory-limit
+    (the high-water mark was reset before the model was built), which a search trial's growth
+    beyond the model it holds is not. The mark is now reset once the model exists."""
+    from torch_autotune.probe import trials
+
+    said: list[str] = []
+    workload = _workload(_WideTower)
+    make = workload.make_model
+
+    def built() -> nn.Module:
+        said.append("built")
+        return make()
+
+    def reset(_torch: object, _device: str) -> bool:
+        said.append("reset")
+        return True
+
+    monkeypatch.setattr(trials, "peak_reset", reset)
+    monkeypatch.setattr(trials, "peak_read", lambda _torch, _device: 1 << 20)
+    capped = StepSettings(torch_defaults("cpu"), memory_limit_bytes=1 << 30)
+    runner = TrialRunner(dataclasses.replace(workload, make_model=built), capped)
+    assert runner.recompute_check(1) == Agreement(True, 0.0, 3)
+    assert said[:2] == ["built", "reset"]
 
 
 def test_a_hugging_face_models_own_layers_are_checked_with_its_switch_restored(

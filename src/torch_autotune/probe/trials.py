@@ -216,11 +216,21 @@ class TrialRunner:
         if not keep_model:
             self.release_model()
         device, cap = self.settings.device, self.settings.memory_limit_bytes
+        counted = cap is not None and device == "cpu"
+        held: list[int | None] = [None]
+
+        def built() -> Any:  # what the process holds once the check's model is built: a
+            model = self.workload.make_model()  # search trial's growth is beyond its model
+            if counted and peak_reset(torch, device):
+                held[0] = peak_read(torch, device)
+            return model
+
+        workload = replace(self.workload, make_model=built)
         for check in (checkpointed_step_agrees, checkpointed_blocks_agree):
-            own = cap is not None and device == "cpu" and peak_reset(torch, device)
-            held = peak_read(torch, device) if own else None
-            checked, oom = run_guarded(partial(check, self.workload, self.settings, batch_size))
-            taken = None if held is None else (peak_read(torch, device) or held) - held
+            held[0] = None
+            checked, oom = run_guarded(partial(check, workload, self.settings, batch_size))
+            before = held[0]
+            taken = None if before is None else (peak_read(torch, device) or before) - before
             release_memory(device)
             if oom is None and (cap is None or taken is None or taken <= cap):
                 return checked
