@@ -131,7 +131,17 @@ def _no_real_hardware(
         monkeypatch.setattr(pynvml, name, _refuse("NVML"))
     torch = _torch()
     if torch is not None:
-        for name in ("_lazy_init", "init", "mem_get_info"):
+        # and the allocator's own calls, which reach the device without _lazy_init (a CPU
+        # build has none of them: an AttributeError, where the guard's failure is the answer)
+        for name in (
+            "_lazy_init",
+            "init",
+            "mem_get_info",
+            "reset_peak_memory_stats",
+            "max_memory_reserved",
+            "memory_reserved",
+            "set_per_process_memory_fraction",
+        ):
             _guard_everywhere(monkeypatch, torch, name, _refuse("CUDA"))
         _guard_everywhere(
             monkeypatch, torch, "is_available", _no_gpu_for_torch("is_available", False)
