@@ -343,9 +343,9 @@ class TrainerStep:
             else "optimizer: trainer.create_optimizer(model) over each copy of the model, as"
             f" its TrainingArguments say (optim '{_optim(trainer.args)}', learning rate"
             f" {trainer.args.learning_rate}, weight decay {trainer.args.weight_decay}), the"
-            " kernel train() will use: the profile's optimizer.fused is for an optimizer built"
-            " with profile.optimizer_kwargs(), and the Hugging Face export leaves optim as"
-            " the arguments give it",
+            " kernel that trained: the profile's optimizer.fused is for an optimizer built"
+            " with profile.optimizer_kwargs() (the Hugging Face export's notes say what it"
+            " writes to optim)",
         ]
         if _checkpointing(trainer.args):
             notes.append(
