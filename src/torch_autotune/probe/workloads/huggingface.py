@@ -344,8 +344,8 @@ class TrainerStep:
             f" its TrainingArguments say (optim '{_optim(trainer.args)}', learning rate"
             f" {trainer.args.learning_rate}, weight decay {trainer.args.weight_decay}), the"
             " kernel that trained: the profile's optimizer.fused is for an optimizer built"
-            " with profile.optimizer_kwargs() (the Hugging Face export's notes say what it"
-            " writes to optim)",
+            " with profile.optimizer_kwargs() (the Hugging Face export writes optim where"
+            " the profile decides the kernel, and says why where it does not)",
         ]
         if _checkpointing(trainer.args):
             notes.append(
