@@ -348,7 +348,7 @@ def test_show_outside_the_job_says_where_the_jobs_profile_is(tmp_path: Path) -> 
     assert done.exit_code == 0
     note = next(line for line in done.output.splitlines() if "no profile measured" in line)
     assert "measured here" not in note
-    assert f"a job of 2 ranks measured it ({saved})" in note
+    assert f"one for a job of 2 ranks is stored ({saved})" in note
     given = CliRunner().invoke(cli, ["export", "--profile", str(saved), "--format", "lightning"])
     assert given.exit_code == 0, given.output
     assert "devices: 2" in given.output

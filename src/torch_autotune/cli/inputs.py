@@ -206,7 +206,7 @@ def _nothing_stored(
     if jobs:
         world, path = jobs[0]
         return (
-            f"{text} in one process; a job of {world} ranks measured it ({path}):"
+            f"{text} in one process; one for a job of {world} ranks is stored ({path}):"
             " recommend() returns it in each rank under torchrun, and 'autotune export"
             " --profile' that file exports it; showing the rules-only profile of one process"
         )
