@@ -200,3 +200,15 @@ def test_a_rank_whose_peers_never_call_tune_is_told_so_in_a_line(
     ):
         pass
     assert not dist.is_initialized()
+
+
+def test_a_torch_without_its_dist_errors_reads_a_closed_peer_by_its_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch before 2.2 has no DistError: asking for it was an AttributeError (exit 1) in
+    place of the rank's own error."""
+    import torch.distributed as dist
+
+    monkeypatch.delattr(dist, "DistError", raising=False)
+    assert ranks._collective_failed(RuntimeError("[gloo] Connection reset by peer"))
+    assert not ranks._collective_failed(RuntimeError("the user's model raised"))

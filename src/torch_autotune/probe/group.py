@@ -213,7 +213,8 @@ def joined(ranks: Ranks, device: str, *, timeout_s: float) -> Iterator[Group]:
             _init_default_group(backend, timeout)
         control = dist.new_group(backend="gloo", timeout=timeout)
         data = dist.new_group(backend=backend, timeout=timeout)
-    except dist.DistStoreError as error:  # a rank that never came: its store keys never did
+    except getattr(dist, "DistStoreError", ()) as error:  # (torch 2.2 on) a rank that never
+        # came: the store's keys it would have set never were
         raise RankFailedError(
             f"the job's other ranks did not join rank {ranks.rank}'s tune() within"
             f" {timeout_s:g} s: every rank torchrun started must call tune() (or none)"

@@ -316,7 +316,8 @@ def _collective_failed(error: BaseException) -> bool:
     import torch.distributed as dist
 
     text = str(error)
-    return isinstance(error, dist.DistError) or any(m in text for m in _CLOSED)
+    failed = getattr(dist, "DistError", ())  # torch 2.2 and newer
+    return isinstance(error, failed) or any(m in text for m in _CLOSED)
 
 
 _CLOSED = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
