@@ -211,6 +211,7 @@ def find_max_batch_size(
     memory_limit_bytes: int | None = None,
     start: int = 1,
     floor: int = 1,
+    cautious: bool = False,
 ) -> SearchResult:
     """The largest batch size in [floor, cap] for which ``fits`` succeeds, found in few trials.
 
@@ -234,10 +235,12 @@ def find_max_batch_size(
         return SearchResult(largest, tuple(bracket.trials), limited)
 
     if memory_limit_bytes is not None and bracket.memory_points() and bracket.open:
-        # A second, larger size gives the memory model its slope: 8, or twice the start
-        # where 8 could pass the limit (a peak grows no faster than the batch: at 8 it is at
-        # most 8 times the start's; a start near the limit is not followed by 8 past it).
-        bracket.run(min(bracket.hi - 1, _model_size(bracket, memory_limit_bytes)), "model")
+        # A second, larger size gives the memory model its slope: 8 (twice the start from 4
+        # up); ``cautious`` (the CPU under --memory-limit, where a size past the limit runs
+        # to its end instead of raising at once), no more than the start's peak says is
+        # within the limit, never below twice the start.
+        second = _model_size(bracket, memory_limit_bytes) if cautious else max(2 * bracket.lo, 8)
+        bracket.run(min(bracket.hi - 1, second), "model")
         _predict_and_verify(bracket, memory_limit_bytes)
     while bracket.open and bracket.hi > cap:  # no failure seen yet: double towards the cap
         bracket.run(min(2 * bracket.lo, cap), "double")
