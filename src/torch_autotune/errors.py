@@ -189,10 +189,13 @@ class RankFailedError(ProbeError):
     that rank), ran out of memory outside a trial, or stopped (killed, crashed). Every rank
     stops within its wait's bound; the message names the rank and what it said."""
 
-    def __init__(self, message: str, *, exit_code: int = EXIT_PROBE, said: bool = False) -> None:
+    def __init__(
+        self, message: str, *, exit_code: int = EXIT_PROBE, said: bool = False, hung: bool = False
+    ) -> None:
         super().__init__(message)
         self.exit_code = exit_code
         self.said = said  # the failed rank said it itself (its one line is on its stderr)
+        self.hung = hung  # a rank did not answer in time: alive, so no launcher says it
 
 
 class PlotUnavailableError(AutotuneError):

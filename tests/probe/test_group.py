@@ -212,3 +212,24 @@ def test_a_torch_without_its_dist_errors_reads_a_closed_peer_by_its_words(
     monkeypatch.delattr(dist, "DistError", raising=False)
     assert ranks._collective_failed(RuntimeError("[gloo] Connection reset by peer"))
     assert not ranks._collective_failed(RuntimeError("the user's model raised"))
+
+
+def test_a_rank_that_hung_is_said_to_have_hung_and_rank_0_says_it_under_the_launcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank alive in a step far longer than the others: gloo's receive timed out on rank 0,
+    which said 'a rank stopped without a word ... killed, crashed', and under `autotune
+    --nproc-per-node` said nothing at all (exit 6 and no line): the launcher speaks only of a
+    rank a signal ended."""
+    from torch_autotune.cli.launch import LAUNCHED, quiet_rank
+
+    timed_out = RuntimeError("[gloo] Timed out waiting 60000ms for recv operation to complete")
+    failure = _group(0, Store()).failure(timed_out)
+    assert failure.hung
+    assert str(failure).startswith("a rank did not answer within 60 s while the ranks probed")
+    closed = _group(0, Store()).failure(RuntimeError("Connection closed by peer"))
+    assert not closed.hung
+    monkeypatch.setenv(LAUNCHED, "1")
+    leader = Ranks(0, 0, 2, 2, 0)
+    assert not quiet_rank(leader, failure)  # no one else can say it
+    assert quiet_rank(leader, closed)  # the launcher says which signal ended the rank

@@ -102,4 +102,5 @@ def quiet_rank(ranks: Ranks | None, error: BaseException | None = None) -> bool:
         return True
     if not isinstance(error, RankFailedError):
         return False
-    return error.said or bool(os.environ.get(LAUNCHED))
+    # the launcher says a rank a signal ended; one that hung it cannot see: rank 0 says it
+    return error.said or (bool(os.environ.get(LAUNCHED)) and not error.hung)

@@ -102,6 +102,13 @@ class Group:
             rank, (code, text) = min(posted.items())
             return RankFailedError(f"rank {rank} failed: {text}", exit_code=code, said=True)
         why = f" ({type(error).__name__})" if error is not None else ""
+        if error is not None and "timed out" in str(error).lower():  # gloo's, for a recv
+            return RankFailedError(
+                f"a rank did not answer within {self.timeout_s:.0f} s while the ranks probed"
+                f" together{why}: it hung, or ran far slower than the others; its launcher's"
+                " log has what it said",
+                hung=True,
+            )
         return RankFailedError(
             f"a rank stopped without a word while the ranks probed together{why}: killed, "
             f"crashed or out of host memory; its launcher's log says which (every rank "
