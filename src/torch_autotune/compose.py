@@ -61,10 +61,15 @@ def check_tune_arguments(
         raise ValueError(
             f"budget_s must be a number of seconds > 0 and at most {MAX_SECONDS:g}, got {budget_s}"
         )
-    if memory_limit_gib is not None and not (
-        math.isfinite(memory_limit_gib) and 0 < memory_limit_gib * 2**30 <= MAX_BYTES
+    if memory_limit_gib is not None and (
+        isinstance(memory_limit_gib, bool)
+        or not isinstance(memory_limit_gib, (int, float))
+        or not (math.isfinite(memory_limit_gib) and 0 < memory_limit_gib * 2**30 <= MAX_BYTES)
     ):
-        raise ValueError(f"memory_limit_gib must be a number of GiB > 0, got {memory_limit_gib}")
+        raise ValueError(
+            f"memory_limit_gib must be a number of GiB > 0 and at most {MAX_BYTES / 2**30:g},"
+            f" got {memory_limit_gib!r}"
+        )
     for name, value, low, high in (
         ("max_batch_size", max_batch_size, 1, MAX_BATCH_SIZE),
         ("min_batch_size", min_batch_size, 1, MAX_BATCH_SIZE),

@@ -121,9 +121,10 @@ def test_on_the_cpu_a_trial_that_peaked_past_the_limit_is_said_so() -> None:
     assert at_once.reason == "batch 1 took more than the 0.5 GiB of host RAM --memory-limit allows"
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), 1e30, "0.2", True])
 def test_tune_refuses_a_memory_limit_no_device_has(bad: float) -> None:
-    with pytest.raises(ValueError, match="memory_limit_gib"):
+    """A string raised a bare TypeError of the comparison, and True passed as 1 GiB."""
+    with pytest.raises(ValueError, match="memory_limit_gib must be a number of GiB > 0"):
         compose.check_tune_arguments(None, None, None, None, memory_limit_gib=bad)
 
 

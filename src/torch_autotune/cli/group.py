@@ -86,6 +86,7 @@ def cli(  # click passes options by name
     read or written (or holds a corrupt or foreign profile, or --save would
     replace a measured one), 5 the workload cannot be built or trained,
     6 the probe could not measure (no torch, budget too small, a rank stopped),
+    7 the model does not fit the device even at its smallest batch (with a plan),
     130 interrupted, 141 standard output closed early.
     'autotune diff' exits 1 when the profiles differ, as diff(1).
     """
