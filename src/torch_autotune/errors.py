@@ -141,12 +141,14 @@ class DoesNotFitError(WorkloadError):
         batch_size: int,
         fix: str = "use a smaller model or a larger device",
         plan: str | None = None,
+        over_cap: bool = False,
     ) -> None:
         super().__init__(f"{fact}.\n{plan}" if plan else f"{fact}; {fix}")
         self.fact = fact
         self.fix = fix
         self.plan = plan
         self.batch_size = batch_size
+        self.over_cap = over_cap  # the CPU: it took more than --memory-limit, nothing ran out
 
 
 def user_code_failed(message: str, error: BaseException) -> WorkloadError:

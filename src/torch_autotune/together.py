@@ -407,17 +407,20 @@ def _with_checkpointing(
         return DoesNotFitError(
             f"{error.fact}; activation checkpointing was not tried: {refused}",
             batch_size=error.batch_size,
+            over_cap=error.over_cap,
         )
     except RecomputeDiffersError as wrong:
         return DoesNotFitError(
             f"{error.fact}; activation checkpointing was tried, and {wrong}",
             batch_size=error.batch_size,
+            over_cap=error.over_cap,
         )
     except DoesNotFitError as again:
         return DoesNotFitError(
             f"{error.fact}; with activation checkpointing, not even batch {again.batch_size}"
             " trained",
             batch_size=again.batch_size,
+            over_cap=again.over_cap,
         )
     except AutotuneError:
         raise  # ours (a rank that failed, an interrupt): the run's to handle
@@ -426,11 +429,17 @@ def _with_checkpointing(
             f"{error.fact}; activation checkpointing was tried, and the checkpointed step raised"
             f" {said_in_one_line(failed)}",
             batch_size=error.batch_size,
+            over_cap=error.over_cap,
         )
     checked = checked_text(*(result.recompute_checked or (None, error.batch_size)))
     reason = (
-        f"not even batch {error.batch_size} trained without it (out of memory); with each "
+        f"not even batch {error.batch_size} trained without it ({_short_of(error)}); with each "
         "repeated block's forward recomputed in backward, the largest batch that trained was "
         f"{result.evidence.max_batch_size}; {checked}"
     )
     return result, reason
+
+
+def _short_of(error: DoesNotFitError) -> str:
+    """How the plain step did not fit: out of memory, or on the CPU over --memory-limit."""
+    return "it took more than --memory-limit" if error.over_cap else "out of memory"

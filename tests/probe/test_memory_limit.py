@@ -231,6 +231,26 @@ def test_a_model_whose_first_trial_takes_more_than_the_limit_says_so_not_out_of_
     assert "took more than the 0.05 GiB of host RAM --memory-limit allows" in said
     assert "(raise it)" in said
     assert "runs out of memory" not in said
+    assert raised.value.over_cap  # through the retry with checkpointing, which reads it
+
+
+def test_where_only_checkpointing_fits_under_a_cpu_cap_the_reason_says_over_the_cap() -> None:
+    """The plain step took more than --memory-limit on the CPU, where nothing runs out: the
+    reason said 'not even batch 1 trained without it (out of memory)'."""
+    from tests.rules.helpers import snapshot
+    from tests.test_bench import measured
+    from torch_autotune.errors import DoesNotFitError
+    from torch_autotune.probe.run import ProbeResult
+    from torch_autotune.together import _with_checkpointing
+
+    profile = measured(snapshot("cpu-laptop-linux"), workload="mlp")
+    assert profile.evidence is not None
+    result = ProbeResult(profile.evidence, 0)
+    for over_cap, said in ((True, "it took more than --memory-limit"), (False, "out of memory")):
+        error = DoesNotFitError("batch 1 did not fit", batch_size=1, over_cap=over_cap)
+        found = _with_checkpointing(lambda _profile: result, profile, error)
+        assert not isinstance(found, DoesNotFitError)
+        assert found[1].startswith(f"not even batch 1 trained without it ({said}); with each")
 
 
 class _PerSample(torch.nn.Module):

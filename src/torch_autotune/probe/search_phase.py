@@ -96,6 +96,7 @@ def search(
             f"the {name} workload does not train even at batch size {guarded.start} on"
             f" {device}: " + (f"{found.reason} (raise it)" if over else "it runs out of memory"),
             batch_size=guarded.start,
+            over_cap=over,
         )
     bounds = Bounds(
         cap=cap,
