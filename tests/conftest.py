@@ -162,6 +162,22 @@ def _guard_everywhere(monkeypatch: pytest.MonkeyPatch, torch: Any, name: str, gu
             monkeypatch.setattr(module, name, guard)
 
 
+def read_only_for_this_user(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """``path`` mode 444, and read-only to ``os.access`` even where the tests run as root
+    (who may write any file): asked as a user who may not."""
+    path.chmod(0o444)
+    if os.geteuid() != 0:
+        return
+    real_access = os.access
+
+    def as_a_user(target: Any, mode: int, **kwargs: Any) -> bool:
+        if Path(str(target)) == path and mode & os.W_OK:
+            return False
+        return real_access(target, mode, **kwargs)
+
+    monkeypatch.setattr(os, "access", as_a_user)
+
+
 def as_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """From here on this machine looks like one with an NVIDIA GPU, as far as files and torch's
     build can tell: the driver's files are present (detection asks NVML), torch is a CUDA build

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from tests.conftest import read_only_for_this_user
 from torch_autotune import api
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_STORE, StoreError
@@ -162,16 +163,7 @@ def test_a_read_only_output_is_exit_4_and_left_alone(
     """A file mode 444 was replaced (exit 0): the rename needs only the directory writable."""
     path = tmp_path / "out.yaml"
     path.write_text("mine\n")
-    path.chmod(0o444)
-    real_access = os.access
-    if os.geteuid() == 0:  # root may write any file: ask as a user who may not
-
-        def as_a_user(target: Any, mode: int, **kwargs: Any) -> bool:
-            if Path(target) == path and mode & os.W_OK:
-                return False
-            return real_access(target, mode, **kwargs)
-
-        monkeypatch.setattr(os, "access", as_a_user)
+    read_only_for_this_user(monkeypatch, path)
     machine = snapshot_path / "tesla-t4.json"
     result = run(*(part.format(path=path, machine=machine) for part in command))
     assert result.exit_code == EXIT_STORE, result.output

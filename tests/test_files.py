@@ -15,7 +15,7 @@ from typing import IO
 
 import pytest
 
-from tests.conftest import env_importing_from
+from tests.conftest import env_importing_from, read_only_for_this_user
 from torch_autotune import files
 from torch_autotune.errors import StoreError
 from torch_autotune.files import (
@@ -111,16 +111,7 @@ def test_a_read_only_file_is_not_replaced(tmp_path: Path, monkeypatch: pytest.Mo
     """The rename replaced a file mode 444 where open() would have refused it."""
     target = tmp_path / "profile.yaml"
     target.write_text("old\n")
-    target.chmod(0o444)
-    real_access = os.access
-    if os.geteuid() == 0:  # root may write any file: ask as a user who may not
-
-        def as_a_user(path: object, mode: int, **kwargs: object) -> bool:
-            if Path(str(path)) == target and mode & os.W_OK:
-                return False
-            return real_access(path, mode, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(os, "access", as_a_user)
+    read_only_for_this_user(monkeypatch, target)
     with pytest.raises(StoreError, match="read-only"):
         write_atomically(target, "new\n")
     assert target.read_text() == "old\n"
