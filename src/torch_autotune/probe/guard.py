@@ -266,13 +266,9 @@ def search_with_guard(
     try:
         start = min(guarded.start, cap)
         lowest = start if floor is None else min(floor, start)
+        cautious = guarded.ram_cap_bytes is not None  # the CPU: a trial past the cap runs on
         result = find_max_batch_size(
-            guarded,
-            cap=cap,
-            memory_limit_bytes=limit,
-            start=start,
-            floor=lowest,
-            cautious=guarded.ram_cap_bytes is not None,  # the CPU: a trial past it runs on
+            guarded, cap=cap, memory_limit_bytes=limit, start=start, floor=lowest, cautious=cautious
         )
         largest, limited_by = result.max_batch_size, result.limited_by
         # Name each search trial by the search's reason for it (start, model, predict, ...);

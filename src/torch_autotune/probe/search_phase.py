@@ -91,13 +91,7 @@ def search(
             f"step of the {name} workload finished; give it more with --budget"
         )
     if found.largest is None:
-        over = any(r.step == OVER_CAP for r in guarded.records)
-        raise DoesNotFitError(
-            f"the {name} workload does not train even at batch size {guarded.start} on"
-            f" {device}: " + (f"{found.reason} (raise it)" if over else "it runs out of memory"),
-            batch_size=guarded.start,
-            over_cap=over,
-        )
+        raise _does_not_fit(guarded, found, name, device)
     bounds = Bounds(
         cap=cap,
         cap_reason=why,
@@ -110,6 +104,18 @@ def search(
     on = settings.activation_checkpointing  # its recompute checked before it is measured
     checked = (checked_on(runner, smallest.size, report), smallest.size) if on else None
     return Searched(guarded, found, bounds, smallest, checked)
+
+
+def _does_not_fit(guarded: SearchGuard, found: Found, name: str, device: str) -> DoesNotFitError:
+    """Not even the smallest batch trained: it ran out of memory, or, on the CPU, it took more
+    than --memory-limit (``over_cap``)."""
+    over = any(r.step == OVER_CAP for r in guarded.records)
+    return DoesNotFitError(
+        f"the {name} workload does not train even at batch size {guarded.start} on"
+        f" {device}: " + (f"{found.reason} (raise it)" if over else "it runs out of memory"),
+        batch_size=guarded.start,
+        over_cap=over,
+    )
 
 
 def _capped_peak(guarded: SearchGuard) -> int | None:
