@@ -4,6 +4,7 @@ exit 4, nothing measured for nothing and nothing on disk lost."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from tests.conftest import read_only_for_this_user
 from torch_autotune import api
 from torch_autotune.cli import cli
 from torch_autotune.errors import EXIT_STORE, StoreError
+from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile
 from torch_autotune.profile_io import load_profile
 
@@ -103,9 +105,14 @@ def test_a_place_that_cannot_be_written_is_exit_4_before_the_probe(
     ids=["autotune", "bench"],
 )
 def test_a_save_that_fails_after_the_probe_still_shows_what_was_measured(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], shown: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    detected_as: Callable[[str], HardwareSnapshot],
+    command: list[str],
+    shown: str,
 ) -> None:
     """A store that fails only when written (a full disk): the summary, then the one line."""
+    detected_as("cpu-laptop-linux")  # the bench detects the machine: here and on a GPU machine
     profile = load_profile(FIXTURES / "profiles" / "schema-2.yaml")
 
     def disk_full(*_args: object, **_kwargs: object) -> Path:

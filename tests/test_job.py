@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from torch_autotune.cli import cli
 from torch_autotune.cli.launch import LAUNCHED, quiet_rank, without_launch_options
 from torch_autotune.detect import RecordedMachine
 from torch_autotune.errors import EXIT_USAGE, LaunchError, RankFailedError, WorldSizeWarning
+from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import (
     hf_notes,
     hf_training_arguments,
@@ -247,10 +249,11 @@ def test_nproc_per_node_inside_a_torchrun_rank_is_refused(monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("asked", [1, 4])
 def test_processes_per_node_other_than_torchruns_is_refused(
-    asked: int, monkeypatch: pytest.MonkeyPatch
+    asked: int, monkeypatch: pytest.MonkeyPatch, detected_as: Callable[[str], HardwareSnapshot]
 ) -> None:
     """2 ranks told they were 1 failed an assertion after the whole probe (exit 1); told they
     were 4, they saved a profile of a job of 4 that recommend() would serve as measured."""
+    detected_as("cpu-laptop-linux")  # here and on a GPU machine
     for name, value in TORCHRUN_2.items():
         monkeypatch.setenv(name, value)
     done = CliRunner().invoke(cli, ["-m", "mlp", "--processes-per-node", str(asked)])
@@ -263,10 +266,11 @@ def test_processes_per_node_other_than_torchruns_is_refused(
 
 
 def test_ctrl_c_to_the_launcher_is_an_interruption_not_a_bug(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, detected_as: Callable[[str], HardwareSnapshot]
 ) -> None:
     """torchrun's agent takes Ctrl-C as its own exception once its ranks are ended: it was
     reported as an internal error (exit 1, torch's traceback) where one process exits 130."""
+    detected_as("cpu-laptop-linux")  # here and on a GPU machine
     import signal
 
     import torch.distributed.run
