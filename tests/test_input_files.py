@@ -211,6 +211,27 @@ def test_shared_aliases_are_counted_as_written_out() -> None:
     }
 
 
+@pytest.mark.parametrize("command", ["detect", "recommend"])
+def test_a_snapshot_whose_names_hold_terminal_escapes_is_refused(
+    command: str, tmp_path: Path, snapshot_text: str
+) -> None:
+    """A CPU name with an escape sequence set the terminal's title when shown, and a GPU name
+    with one coloured and forged lines: a file's text has no use for control characters."""
+    data = json.loads(snapshot_text)
+    data["host"]["cpu_model"] = "\x1b]0;pwned\x07AMD EPYC"
+    path = tmp_path / "escapes.json"
+    path.write_text(json.dumps(data))  # JSON writes the escape as \u001b
+    line = one_error_line(run(command, "--snapshot", str(path)))
+    assert "holds a control character (0x1b" in line
+    assert "\x1b" not in line  # said by its code, never sent to the terminal raw
+
+
+def test_tabs_and_line_ends_are_text() -> None:
+    assert parse_yaml('a: "one\\ttwo\\nthree"\n', "f", ProfileFileError, "fix it") == {
+        "a": "one\ttwo\nthree"
+    }
+
+
 # --- size -----------------------------------------------------------------------------------
 
 

@@ -289,6 +289,32 @@ def _check_structure(data: Any, source: str, error: _ErrorClass, remedy: str) ->
             on_path.add(key)
             stack.append((node, True))
             stack.extend((child, False) for child in children)
+    _check_text(data, source, error, remedy)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+"""Control characters a file's text has no use for (tab and line ends aside): printed, an
+escape sequence in a snapshot's CPU or GPU name set the terminal's title or colours."""
+
+
+def _check_text(data: Any, source: str, error: _ErrorClass, remedy: str) -> None:
+    """Refuse a key or a string value that holds a control character (``_CONTROL``); the
+    tree is bounded already (``_check_structure``), each shared part visited once."""
+    seen: set[int] = set()
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            found = _CONTROL.search(node)
+            if found is not None:
+                raise error(
+                    f"{source} holds a control character ({ord(found.group()):#04x}, such as"
+                    f" a terminal's escape sequences start with) in {node[:40]!r}; {remedy}"
+                )
+        elif isinstance(node, (dict, list)) and id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(node.keys() if isinstance(node, dict) else ())
+            stack.extend(_children(node))
 
 
 def _children(node: Any) -> list[Any]:
