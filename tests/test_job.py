@@ -425,6 +425,25 @@ def test_a_job_slower_than_one_rank_alone_is_warned_of(together: float, warned: 
         )
 
 
+def test_a_slow_jobs_warning_gives_rates_below_one_as_they_are() -> None:
+    from torch_autotune.together import _slower_together
+
+    record = RanksRecord(
+        world_size=2,
+        nodes=1,
+        backend="gloo",
+        devices=("cuda:0", "cuda:1"),
+        group_samples_per_s=0.42,
+        one_rank_samples_per_s=0.61,
+        unused_parameters=0,
+        wait_s=1.0,
+    )
+    said = _slower_together(record)
+    assert said is not None
+    assert "trained 0.42 samples/s, fewer than rank 0 alone at the same batch (0.61" in said
+    assert "share the CPU" not in said
+
+
 def test_the_summary_says_the_global_batch_and_the_scaling() -> None:
     job = _ranks(2)
     assert job.evidence is not None

@@ -158,9 +158,13 @@ def _slower_together(record: RanksRecord) -> str | None:
     if together is None or alone is None or together >= alone:
         return None
     shared = " (its ranks share the CPU's cores)" if set(record.devices) == {"cpu"} else ""
+
+    def rate(value: float) -> str:  # a slow model's rate below 1 is not "0"
+        return f"{value:,.0f}" if value >= 100 else f"{value:.2g}"
+
     return (
-        f"the {record.world_size} ranks together trained {together:,.0f} samples/s, fewer than"
-        f" rank 0 alone at the same batch ({alone:,.0f} samples/s): on this machine one"
+        f"the {record.world_size} ranks together trained {rate(together)} samples/s, fewer than"
+        f" rank 0 alone at the same batch ({rate(alone)} samples/s): on this machine one"
         f" process trains faster than this job{shared}"
     )
 
