@@ -399,22 +399,29 @@ def test_recommend_under_torchrun_with_nothing_stored_gives_the_jobs_rules(
 # --- the summary's ranks row --------------------------------------------------------------------
 
 
+def _two_ranks(
+    together: float, alone: float, *, devices: tuple[str, ...] = ("cpu", "cpu"), wait_s: float = 1.0
+) -> RanksRecord:
+    """How 2 ranks on one node probed together: the group's rate and rank 0's alone."""
+    return RanksRecord(
+        world_size=2,
+        nodes=1,
+        backend="gloo",
+        devices=devices,
+        group_samples_per_s=together,
+        one_rank_samples_per_s=alone,
+        unused_parameters=0,
+        wait_s=wait_s,
+    )
+
+
 @pytest.mark.parametrize(("together", "warned"), [(93_861.0, True), (400_000.0, False)])
 def test_a_job_slower_than_one_rank_alone_is_warned_of(together: float, warned: bool) -> None:
     """0.13 of 2 x rank 0 alone was said in the ranks row alone, with no word that one
     process trains faster than the job."""
     from torch_autotune.together import _slower_together
 
-    record = RanksRecord(
-        world_size=2,
-        nodes=1,
-        backend="gloo",
-        devices=("cpu", "cpu"),
-        group_samples_per_s=together,
-        one_rank_samples_per_s=371_565.0,
-        unused_parameters=0,
-        wait_s=1.0,
-    )
+    record = _two_ranks(together, 371_565.0)
     said = _slower_together(record)
     assert (said is not None) == warned
     if said is not None:
@@ -428,16 +435,7 @@ def test_a_job_slower_than_one_rank_alone_is_warned_of(together: float, warned: 
 def test_a_slow_jobs_warning_gives_rates_below_one_as_they_are() -> None:
     from torch_autotune.together import _slower_together
 
-    record = RanksRecord(
-        world_size=2,
-        nodes=1,
-        backend="gloo",
-        devices=("cuda:0", "cuda:1"),
-        group_samples_per_s=0.42,
-        one_rank_samples_per_s=0.61,
-        unused_parameters=0,
-        wait_s=1.0,
-    )
+    record = _two_ranks(0.42, 0.61, devices=("cuda:0", "cuda:1"))
     said = _slower_together(record)
     assert said is not None
     assert "trained 0.42 samples/s, fewer than rank 0 alone at the same batch (0.61" in said
@@ -447,16 +445,7 @@ def test_a_slow_jobs_warning_gives_rates_below_one_as_they_are() -> None:
 def test_the_summary_says_the_global_batch_and_the_scaling() -> None:
     job = _ranks(2)
     assert job.evidence is not None
-    record = RanksRecord(
-        world_size=2,
-        nodes=1,
-        backend="gloo",
-        devices=("cpu", "cpu"),
-        group_samples_per_s=9000.0,
-        one_rank_samples_per_s=5000.0,
-        unused_parameters=0,
-        wait_s=130.0,
-    )
+    record = _two_ranks(9000.0, 5000.0, wait_s=130.0)
     job = job.model_copy(update={"evidence": job.evidence.model_copy(update={"ranks": record})})
     out = io.StringIO()
     render_run(job, Console(file=out, width=400, color_system=None), saved=None)

@@ -205,12 +205,12 @@ def test_the_check_counts_what_its_steps_take_beyond_its_model_as_a_search_trial
         said.append("built")
         return make()
 
-    def reset(_torch: object, _device: str) -> bool:
+    def reset(_torch: object, _device: str) -> int:
         said.append("reset")
-        return True
+        return 1 << 20
 
-    monkeypatch.setattr(trials, "peak_reset", reset)
-    monkeypatch.setattr(trials, "peak_read", lambda _torch, _device: 1 << 20)
+    monkeypatch.setattr(trials, "held_now", reset)
+    monkeypatch.setattr(trials, "grown_since", lambda _torch, _device, _held: 0)
     capped = StepSettings(torch_defaults("cpu"), memory_limit_bytes=1 << 30)
     runner = TrialRunner(dataclasses.replace(workload, make_model=built), capped)
     assert runner.recompute_check(1) == Agreement(True, 0.0, 3)

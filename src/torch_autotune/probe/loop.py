@@ -50,7 +50,7 @@ from torch_autotune.probe.loader import (
     worker_deaths_between_batches,
     worker_failure,
 )
-from torch_autotune.probe.memory import peak_read, peak_reset
+from torch_autotune.probe.memory import grown_since, held_now
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.timing import Timer
 from torch_autotune.probe.trials import TrialRunner, make_optimizer, train_step
@@ -184,7 +184,7 @@ class TrainingLoop:
         if self._cap is not None:  # the peak starts here: the model is the process's, held
             import torch
 
-            self._held = peak_read(torch, self.device) if peak_reset(torch, self.device) else None
+            self._held = held_now(torch, self.device)
         model.train()
         options = optimizer_kwargs(settings)  # ours: a failure there is a bug (exit 1)
         optimizer = _users(make_optimizer, self.workload, model, options)
@@ -246,7 +246,7 @@ class TrainingLoop:
         if oom is not None:
             raise ArmFailed(f"out of memory ({oom.kind}) at {config.describe()}")
         held, cap = self._held, self._cap  # on the CPU nothing raises: it is refused here
-        taken = None if held is None else (peak_read(torch, self.device) or held) - held
+        taken = grown_since(torch, self.device, held)
         if cap is not None and taken is not None and taken > cap:
             raise ArmFailed(
                 f"took {gib(taken)} of host RAM beyond what the process held, more than the"

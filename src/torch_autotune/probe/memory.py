@@ -12,7 +12,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["device_memory_limit", "memory_capped", "peak_read", "peak_reset", "process_peak_rss"]
+__all__ = [
+    "device_memory_limit",
+    "grown_since",
+    "held_now",
+    "memory_capped",
+    "peak_read",
+    "peak_reset",
+    "process_peak_rss",
+]
 
 
 _PROC = Path("/proc/self")
@@ -66,6 +74,20 @@ def peak_read(torch: Any, device: str) -> int | None:
     if device == "mps":
         return int(torch.mps.driver_allocated_memory())  # no peak counter on MPS: the current
     return process_peak_rss()
+
+
+def held_now(torch: Any, device: str) -> int | None:
+    """On the CPU, what the process holds now, from which a step's growth is counted against
+    --memory-limit: the peak starts again here (``peak_reset``). None off the CPU, and where
+    the mark cannot be reset (the peak would be the process's lifetime's)."""
+    if device != "cpu" or not peak_reset(torch, device):
+        return None
+    return peak_read(torch, device)
+
+
+def grown_since(torch: Any, device: str, held: int | None) -> int | None:
+    """What the process took beyond ``held`` (``held_now``) at its peak since; None without."""
+    return None if held is None else (peak_read(torch, device) or held) - held
 
 
 def device_memory_limit(device: str, cap: int | None = None) -> int | None:

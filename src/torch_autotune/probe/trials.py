@@ -36,7 +36,13 @@ from torch_autotune.apply import (
 )
 from torch_autotune.errors import blame_user_code
 from torch_autotune.evidence import STEADY_BLOCKS
-from torch_autotune.probe.memory import device_memory_limit, peak_read, peak_reset
+from torch_autotune.probe.memory import (
+    device_memory_limit,
+    grown_since,
+    held_now,
+    peak_read,
+    peak_reset,
+)
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.search import Agreement, TrialOutcome
 from torch_autotune.probe.timing import Timer
@@ -216,21 +222,19 @@ class TrialRunner:
         if not keep_model:
             self.release_model()
         device, cap = self.settings.device, self.settings.memory_limit_bytes
-        counted = cap is not None and device == "cpu"
         held: list[int | None] = [None]
 
         def built() -> Any:  # what the process holds once the check's model is built: a
             model = self.workload.make_model()  # search trial's growth is beyond its model
-            if counted and peak_reset(torch, device):
-                held[0] = peak_read(torch, device)
+            if cap is not None:
+                held[0] = held_now(torch, device)
             return model
 
         workload = replace(self.workload, make_model=built)
         for check in (checkpointed_step_agrees, checkpointed_blocks_agree):
             held[0] = None
             checked, oom = run_guarded(partial(check, workload, self.settings, batch_size))
-            before = held[0]
-            taken = None if before is None else (peak_read(torch, device) or before) - before
+            taken = grown_since(torch, device, held[0])
             release_memory(device)
             if oom is None and (cap is None or taken is None or taken <= cap):
                 return checked
