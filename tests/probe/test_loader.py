@@ -401,6 +401,36 @@ def test_picks_the_smallest_count_that_keeps_ahead_of_the_step() -> None:
     assert "300 samples/s" in choice.reason
 
 
+def test_the_main_process_loads_in_series_with_the_step_so_10_percent_is_not_ahead() -> None:
+    # 0 workers at 1.1x the step trains at about half its rate: load, then step, per batch
+    fake = FakeMeasure({0: 330.0, 1: 330.0, 2: 660.0})
+    choice = search_workers(fake, max_workers=2, step_rate_samples_per_s=300.0)
+    assert choice.num_workers == 1
+    assert fake.calls == [0, 1]
+
+
+def test_the_main_process_keeps_ahead_where_loading_takes_at_most_2_percent() -> None:
+    # recorded on an H100 host: GPT-2's tokens against a step of 672 samples/s
+    fake = FakeMeasure({0: 48709.0, 1: 48000.0})
+    choice = search_workers(fake, max_workers=16, step_rate_samples_per_s=672.0)
+    assert (choice.num_workers, fake.calls) == (0, [0])
+    assert "in series with the training step's 672 samples/s, takes 1.4%" in choice.reason
+    # this 2-core CPU's README run: 17,038 against 393 is 2.3%, so a worker is measured
+    fake = FakeMeasure({0: 17038.0, 1: 9000.0, 2: 15000.0})
+    assert search_workers(fake, max_workers=2, step_rate_samples_per_s=393.0).num_workers == 1
+    assert fake.calls == [0, 1]
+
+
+def test_a_fast_main_process_where_no_worker_keeps_ahead_says_why_it_is_not_ahead() -> None:
+    # large tensors handed over by workers: each is slower than the step, the main process not
+    fake = FakeMeasure({0: 20000.0, 1: 800.0, 2: 900.0})
+    choice = search_workers(fake, max_workers=2, step_rate_samples_per_s=1000.0)
+    assert choice.num_workers == 0
+    assert "no count keeps ahead" in choice.reason
+    assert "0 workers loads in series with the step: at 20,000 samples/s" in choice.reason
+    assert "4.8% of training's time" in choice.reason
+
+
 def test_a_rate_just_below_the_headroom_is_not_enough() -> None:
     fake = FakeMeasure({0: 100.0, 1: 320.0, 2: 700.0})
     assert search_workers(fake, max_workers=2, step_rate_samples_per_s=300.0).num_workers == 2
@@ -489,6 +519,14 @@ def _rate(trial: LoaderTrial) -> float:
 rates = st.one_of(st.none(), st.floats(min_value=0.01, max_value=1e7))
 
 
+def _ahead(num_workers: int, rate: float, step_rate: float) -> bool:
+    """Workers keep ahead 10% above the step's rate; the main process, in series with the step,
+    where loading takes at most 2% of a sample's time (load and step)."""
+    if num_workers == 0:
+        return (1 / rate) / (1 / rate + 1 / step_rate) <= 0.02
+    return rate >= step_rate * 1.1
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     rate_list=st.lists(rates, min_size=1, max_size=40),
@@ -516,10 +554,8 @@ def test_the_choice_is_always_a_count_that_ran_within_the_maximum(
     best = max(_rate(t) for t in ran)
     rate = chosen.samples_per_s
     assert rate is not None
-    if step_rate is not None and rate >= step_rate * 1.1:
+    if step_rate is not None and _ahead(choice.num_workers, rate, step_rate):
         smaller = [t for t in ran if t.num_workers < choice.num_workers]
-        assert all(
-            t.samples_per_s is not None and t.samples_per_s < step_rate * 1.1 for t in smaller
-        )
+        assert not any(_ahead(t.num_workers, _rate(t), step_rate) for t in smaller)
     else:
         assert rate >= best * 0.95

@@ -158,6 +158,64 @@ def test_a_gpu_whose_loader_keeps_ahead_is_not_fed(monkeypatch: pytest.MonkeyPat
     assert "keeps 10% ahead of the training step" in (evidence.workers_reason or "")
 
 
+def test_a_gpu_whose_main_process_loads_5x_the_step_gets_a_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The defect: 0 workers at 20,000 samples/s kept "10% ahead" of a step of 4,009, but the
+    main process loads in series with the step: fed, 0 trained at 3,340 (0.83x), 1 worker at
+    the step's own 4,009."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 64)
+    machine = SimulatedMachine(load_s=0.00005, host_cpus=64)  # 20,000 samples/s a worker
+    profile = tune_on(machine, "conv", recorded("h100-80gb-hbm3"), mode="balanced", budget_s=120)
+    evidence = profile.evidence
+    assert evidence is not None
+    batch = profile.settings.batch.batch_size
+    step = batch / machine.step_s(batch, compiled=False)
+    assert machine.loader_rate(0) > 4 * step  # the main process alone loads 5x the step
+    assert profile.settings.dataloader.num_workers == 1
+    fed = machine.fed_rate(batch, 1, None, compiled=False)
+    assert fed >= step * (1 - FED_WITHIN)
+    assert machine.fed_rate(batch, 0, None, compiled=False) < step * 0.9
+    assert evidence.fed == ()  # a worker loads beside the step: the loader alone decides
+    assert "keeps 10% ahead of the training step" in (evidence.workers_reason or "")
+
+
+def test_a_cpu_whose_main_process_loads_40x_the_step_feeds_the_plain_alternative(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As this CPU's README run: 0 workers loaded 43x the step (17,038 samples/s against 393)
+    and was chosen from the loader alone; 2.3% of the time went to loading, and the plain
+    alternative, 2 workers, was never measured. Now the passes fed by the DataLoader decide."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    machine = cpu_machine(first_s=0.3, autotune_s=0.0, load_s=6e-6, shares_cpus=True, host_cpus=2)
+    profile = tune_on(machine, "conv", TWO_CPUS, budget_s=120)
+    evidence = profile.evidence
+    assert evidence is not None
+    batch = evidence.fastest_batch_size
+    step = batch / machine.step_s(batch, compiled=False)
+    assert 30 * step < machine.loader_rate(0) < 49 * step
+    assert [r.num_workers for r in evidence.fed][:2] == [2, 0]  # the plain alternative first
+    assert profile.settings.dataloader.num_workers == 0  # fed, it trains fastest
+    workers = profile.decision("dataloader.num_workers")
+    assert workers is not None
+    assert "training fed by the DataLoader ran at" in workers.reason
+
+
+def test_a_main_process_that_loads_70x_the_step_keeps_ahead_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    machine = cpu_machine(first_s=0.3, autotune_s=0.0, load_s=3e-6, shares_cpus=True, host_cpus=2)
+    profile = tune_on(machine, "conv", TWO_CPUS, budget_s=120)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert [r.num_workers for r in evidence.loader] == [0]
+    assert evidence.fed == ()
+    assert profile.settings.dataloader.num_workers == 0
+    assert "in series with the training step's" in (evidence.workers_reason or "")
+    assert re.search(r"takes 1\.\d% of training's time, at most 2%", evidence.workers_reason or "")
+
+
 def test_a_data_bound_gpu_feeds_its_share_of_the_cpus_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -18,9 +18,15 @@ The search (catalog F1, F2, G6; issue "measure DataLoader workers"):
    training step's (``FAR_BEHIND``), patience does not stop the search at all: on an H100
    host, ResNet-50's 224x224 images loaded at 970, 794 and 1,014 samples/s with 0, 1 and 2
    workers against a step of 4,972 samples/s, and the search stopped there, at 0 workers.
-3. With a training step rate, the search also stops at the first count whose rate is at least
-   the step rate times ``HEADROOM`` (1.1): 10% ahead, so loader jitter does not stall the
-   step. That count is chosen (it is the smallest that keeps ahead).
+3. With a training step rate, the search also stops at the first count that *keeps ahead* of
+   the step, and chooses it (it is the smallest that does). Workers load beside the step, so
+   a count of them keeps ahead at the step rate times ``HEADROOM`` (1.1): 10% ahead, so loader
+   jitter does not stall the step. 0 workers loads in the main process, in series with the
+   step: a loader 1.1x the step's rate there leaves training at about half the step's rate
+   (each sample waits for its load, then its step). So 0 keeps ahead only where loading takes
+   at most ``SERIAL_SHARE`` (2%, the bench's threshold for slower) of the time of a step and
+   its load together: a loader at least 49x the step's rate. GPT-2's tokens on an H100 host
+   loaded at 48,709 samples/s against a step of 672 (72x, 1.4%): 0 workers.
 4. Otherwise (no step rate, or no count keeps ahead: training is loader-bound) the choice is
    the smallest count within 5% of the best measured rate (``NEAR_BEST``): fewer workers cost
    less RAM and leave CPUs to the training process for the same throughput.
@@ -56,9 +62,12 @@ __all__ = [
     "IMPROVEMENT",
     "NEAR_BEST",
     "PATIENCE",
+    "SERIAL_SHARE",
     "WorkerChoice",
     "choose_workers",
+    "keeps_ahead",
     "search_workers",
+    "serial_share",
     "worker_candidates",
 ]
 
@@ -70,6 +79,9 @@ HEADROOM = 1.10
 """The loader must deliver this multiple of the training step rate to keep ahead of it."""
 NEAR_BEST = 0.95
 """Without a step rate to beat, the smallest count reaching this fraction of the best wins."""
+SERIAL_SHARE = 0.02
+"""0 workers keeps ahead of the step where loading takes at most this share of the time of a
+step and its load, which run in series (the bench's ``MIN_EFFECT``: 2% is "not slower")."""
 
 Measure = Callable[[int], "LoaderTrial"]
 """Measures one worker count: ``measure(num_workers) -> LoaderTrial``."""
@@ -85,6 +97,21 @@ class WorkerChoice:
 
 
 # --- the search ----------------------------------------------------------------------------
+
+
+def serial_share(loader_rate: float, step_rate: float) -> float:
+    """The share of training time that loading takes where it runs in series with the step
+    (0 workers): a sample costs ``1/step_rate + 1/loader_rate`` seconds."""
+    return step_rate / (step_rate + loader_rate)
+
+
+def keeps_ahead(num_workers: int, loader_rate: float, step_rate: float) -> bool:
+    """Whether ``num_workers`` loading at ``loader_rate`` samples/s keeps the training step fed
+    at ``step_rate``: workers load beside it (``HEADROOM`` ahead); the main process loads in
+    series with it (at most ``SERIAL_SHARE`` of the time). Module docstring, rule 3."""
+    if num_workers == 0:
+        return serial_share(loader_rate, step_rate) <= SERIAL_SHARE
+    return loader_rate >= step_rate * HEADROOM
 
 
 def worker_candidates(max_workers: int) -> tuple[int, ...]:
@@ -124,8 +151,7 @@ def search_workers(
     ):
         raise ValueError(f"step rate must be > 0 samples/s, got {step_rate_samples_per_s}")
     counts = _candidate_list(max_workers, candidates, windows=windows)
-    target = None if step_rate_samples_per_s is None else step_rate_samples_per_s * HEADROOM
-    trials, stop = _run_until_stop(measure, counts, target, until, clock)
+    trials, stop = _run_until_stop(measure, counts, step_rate_samples_per_s, until, clock)
     if not any(t.ok for t in trials) and 0 not in counts:
         trials.append(measure(0))
         stop = "every candidate failed, so 0 workers was measured as well"
@@ -154,7 +180,7 @@ faster."""
 def _run_until_stop(
     measure: Measure,
     counts: Sequence[int],
-    target: float | None,
+    step_rate: float | None,
     until: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[list[LoaderTrial], str]:
@@ -171,14 +197,14 @@ def _run_until_stop(
         longest = max(longest, clock() - began)
         trials.append(trial)
         rate = trial.samples_per_s
-        if rate is not None and target is not None and rate >= target:
+        if rate is not None and step_rate is not None and keeps_ahead(count, rate, step_rate):
             return trials, f"stopped at {count}: it keeps ahead of training"
         if rate is not None and (best is None or rate > best * IMPROVEMENT):
             best, idle = rate, 0
             continue
         best = best if rate is None or best is None else max(best, rate)
         idle += 1
-        far_behind = target is not None and (best or 0.0) < FAR_BEHIND * target
+        far_behind = step_rate is not None and (best or 0.0) < FAR_BEHIND * HEADROOM * step_rate
         if idle >= PATIENCE and count != counts[-1] and not far_behind:
             return trials, (
                 f"stopped at {count}: {PATIENCE} counts in a row were no more than "
@@ -198,13 +224,14 @@ def _decide(
             + "; ".join(f"{t.num_workers}: {t.error}" for t in trials)
         )
     best = max(_rate(t) for t in ran)
-    ahead = [] if step_rate is None else [t for t in ran if _rate(t) >= step_rate * HEADROOM]
+    ahead = (
+        []
+        if step_rate is None
+        else [t for t in ran if keeps_ahead(t.num_workers, _rate(t), step_rate)]
+    )
     if ahead:
         chosen = ahead[0]
-        why = (
-            f"the smallest count whose {_fmt(_rate(chosen))} samples/s keeps "
-            f"{_percent(HEADROOM - 1)} ahead of the training step's {_fmt(step_rate)} samples/s"
-        )
+        why = _why_ahead(chosen, step_rate)
     else:
         chosen = next(t for t in ran if _rate(t) >= best * NEAR_BEST)
         why = (
@@ -216,6 +243,13 @@ def _decide(
                 f"; no count keeps ahead of the training step's {_fmt(step_rate)} samples/s, "
                 "so loading limits training"
             )
+            main = next((t for t in ran if t.num_workers == 0), None)
+            if main is not None and _rate(main) >= step_rate * HEADROOM:
+                why += (
+                    f" (0 workers loads in series with the step: at "
+                    f"{_fmt(_rate(main))} samples/s loading takes "
+                    f"{_share(serial_share(_rate(main), step_rate))} of training's time)"
+                )
     if windows_default:
         why += (
             "; on Windows only 0 was measured: every worker is a spawned interpreter that "
@@ -226,6 +260,21 @@ def _decide(
         f"Measured {_trace(trials)}; {stop}."
     )
     return WorkerChoice(chosen.num_workers, trials, reason)
+
+
+def _why_ahead(chosen: LoaderTrial, step_rate: float | None) -> str:
+    """Why the count that keeps ahead of the step does (``keeps_ahead``)."""
+    rate = _rate(chosen)
+    if chosen.num_workers == 0:
+        return (
+            f"loading in the main process, in series with the training step's "
+            f"{_fmt(step_rate)} samples/s, takes {_share(serial_share(rate, step_rate or 0.0))}"
+            f" of training's time, at most {_percent(SERIAL_SHARE)}"
+        )
+    return (
+        f"the smallest count whose {_fmt(rate)} samples/s keeps "
+        f"{_percent(HEADROOM - 1)} ahead of the training step's {_fmt(step_rate)} samples/s"
+    )
 
 
 def _rate(trial: LoaderTrial) -> float:
@@ -255,6 +304,11 @@ def _fmt(rate: float | None) -> str:
 
 def _percent(fraction: float) -> str:
     return f"{fraction * 100:.0f}%"
+
+
+def _share(fraction: float) -> str:
+    """A share of time for people: one decimal below 10% (1.4%, not 1%)."""
+    return f"{fraction * 100:.1f}%" if fraction < 0.1 else _percent(fraction)
 
 
 def choose_workers(

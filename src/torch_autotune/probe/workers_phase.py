@@ -30,7 +30,7 @@ from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import PASS_S, FedChoice, choose_fed, fed_order
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import round_down
-from torch_autotune.probe.workers import HEADROOM, WorkerChoice, search_workers
+from torch_autotune.probe.workers import WorkerChoice, keeps_ahead, search_workers
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import LoaderRecord, Profile
 
@@ -178,7 +178,9 @@ def measure_workers(
         until=budget.deadline,
         clock=budget.clock,
     )
-    behind = step_rate is not None and all(r < step_rate * HEADROOM for r in rates.values())
+    behind = step_rate is not None and not any(
+        keeps_ahead(n, r, step_rate) for n, r in rates.items()
+    )
     tried = {t.num_workers for t in choice.trials}
     fallback = most if behind and most not in tried else None
     return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
@@ -205,12 +207,13 @@ def _alone(
 
 
 def _needs_feeding(choice: WorkerChoice, step_rate: float | None, device: str) -> bool:
-    """Whether the loader alone cannot decide: no count keeps ahead of a known step rate, or
-    on a CPU the chosen count uses workers (they take cores from the step)."""
+    """Whether the loader alone cannot decide: no count keeps ahead of a known step rate
+    (``keeps_ahead``: 0 workers only where loading in series costs at most 2%), or on a CPU
+    the chosen count uses workers (they take cores from the step)."""
     chosen = next(t for t in choice.trials if t.num_workers == choice.num_workers and t.ok)
     rate = chosen.samples_per_s or 0.0
-    keeps_ahead = step_rate is not None and rate >= step_rate * HEADROOM
-    return not keeps_ahead or (device == "cpu" and choice.num_workers > 0)
+    ahead = step_rate is not None and keeps_ahead(choice.num_workers, rate, step_rate)
+    return not ahead or (device == "cpu" and choice.num_workers > 0)
 
 
 def _outcome(
@@ -241,8 +244,8 @@ def _outcome(
         if fallback is not None:
             why = (
                 f"{fallback} worker(s), as many as usable CPUs, the plain alternative, not "
-                f"measured for want of time (give autotune more with --budget); the loader "
-                f"alone is slower than the training step at every count it reached. {why}"
+                f"measured for want of time (give autotune more with --budget); no count the "
+                f"loader alone reached keeps ahead of the training step. {why}"
             )
             return WorkersOutcome(fallback, records, why, passes)
         return WorkersOutcome(choice.num_workers, records, why, passes)
