@@ -88,11 +88,13 @@ def disagreements(profile: Profile) -> list[str]:
     return found
 
 
-def _points(evidence: Evidence, size: int, *, compiled: bool) -> list[ThroughputRecord]:
+def _points(
+    evidence: Evidence, size: int, *, compiled: bool, steady: bool = True
+) -> list[ThroughputRecord]:
     return [
         r
         for r in evidence.throughput
-        if r.batch_size == size and r.compiled == compiled and r.steady
+        if r.batch_size == size and r.compiled == compiled and (r.steady or not steady)
     ]
 
 
@@ -143,10 +145,11 @@ def _batch_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
         found.append(f"a second run of {batch} is claimed; none ran")
     if choice.confirmed == "not run again" and again:
         found.append("'not run a second time' is claimed; a confirmation ran")
+    steady = choice.chosen_by == "fastest point"  # else the largest point, not steady
     if choice.confirmed == "its point" and not _points(
-        evidence, choice.top if batch is None else batch, compiled=choice.compiled
+        evidence, choice.top if batch is None else batch, compiled=choice.compiled, steady=steady
     ):
-        found.append(f"its throughput point is claimed; no steady point at {batch}")
+        found.append(f"its throughput point is claimed; no point at {batch}")
     compiles = profile.settings.compile.enabled
     said = [("reason", reason), ("summary", _row(text, "recommended") or "")]
     for where, words in said:

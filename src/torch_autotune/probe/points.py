@@ -72,7 +72,9 @@ def batch_choice(
     else:
         chosen_by = "largest point" if any(r.variant == EAGER for r in records) else "top candidate"
         how = "not run again"
-        if confirmed:
+        if confirmed and confirmed[-1].step == POINT_CONFIRMS:
+            how = "its point"  # not steady, but it trained after the search with these settings
+        elif confirmed:
             how = "ran again" if confirmed[-1].batch_size == candidate else "stepped down"
     return BatchChoice(
         chosen_by=chosen_by,
@@ -182,17 +184,30 @@ def halvings_below(
     return extra
 
 
+POINT_CONFIRMS = "confirm (its throughput point)"
+"""The step of a confirmation that is the recommended size's throughput point."""
+
+
 def confirmation(point: ThroughputRecord) -> SearchTrialRecord:
-    """The steady point of the recommended size, as the run that confirms it."""
+    """The throughput point of the recommended size, as the run that confirms it: steady,
+    or, where none was, the largest point, which ran with the final settings."""
     return SearchTrialRecord(
         batch_size=point.batch_size,
         fits=True,
         peak_memory_bytes=point.peak_memory_bytes,
         seconds=None,
-        step="confirm (its throughput point)",
+        step=POINT_CONFIRMS,
         warmup_s=point.warmup_s,
         variant=point.variant,
     )
+
+
+def largest_point(records: Sequence[ThroughputRecord]) -> ThroughputRecord | None:
+    """Where no point was steady, the largest size a point of the base settings measured
+    (``EAGER``): it trained after the search with them, so running it once more confirms
+    nothing (on a busy 2-core CPU, batch 512 again took 16 s of a 30 s budget, and the
+    DataLoader went unmeasured)."""
+    return max((r for r in records if r.variant == EAGER), key=lambda r: r.batch_size, default=None)
 
 
 def point_cost(model: TimeModel, size: int) -> float:

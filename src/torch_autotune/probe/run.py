@@ -26,7 +26,7 @@ detection, before them, counts against it too):
    budget where compile was kept, else activation checkpointing, each with a search of its
    own, kept only where its fastest point beats the fastest without it (L2); then the
    allocator's setting in a fresh process (``probe.allocator_phase``);
-4. **confirm**: the recommended size's steady point is the confirmation (not run again);
+4. **confirm**: the recommended size's point (none steady: ``points.largest_point``) confirms it;
 5. **workers**: DataLoader worker counts over the dataset (Windows keeps 0): the loader alone,
    then, where it cannot decide (loading limits training, or workers on a CPU), training fed by
    it at the recommended batch, whose passes also choose the batch where loading limits it.
@@ -58,6 +58,7 @@ from torch_autotune.probe.points import (
     fastest,
     fed_choice,
     halvings_below,
+    largest_point,
     measure_points,
 )
 from torch_autotune.probe.recompute_phase import Recomputed, measure_recompute
@@ -418,10 +419,10 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     kept = run.kept if final is not run.runner else None  # the variant the profile trains
     run.allocator = measure_allocator(run, best, kept, searched, after.workers_s + after.confirm_s)
     variant = best.variant if best is not None and final is not run.runner else EAGER
-    ran = [r.batch_size for r in run.records if r.variant == EAGER]
-    candidate = best.batch_size if best is not None else max(ran, default=sizes[0])
-    if best is not None:  # the point ran after the search, with the final settings
-        confirmed = [confirmation(best)]
+    point = best or largest_point(run.records)  # none steady: the largest, as it ran
+    candidate = point.batch_size if point is not None else sizes[0]
+    if point is not None and (point is best or final is run.runner):  # with the final settings
+        confirmed = [confirmation(point)]
     else:
         confirmed = run.confirm(final, variant, candidate, step, predicted_s=after.confirm_s)
     largest, limited_by, top = run.candidates_of(best, searched, sizes)
@@ -443,8 +444,7 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         choice = fed_choice(choice)
     run.search += confirmed
     evidence = run_evidence(run, found, batch=batch, fastest=candidate, choice=choice)
-    update = {"loader": workers.loader, "workers_reason": workers.reason, "fed": workers.fed}
-    update["fed_reason"] = workers.batch_reason
-    made = evidence.model_copy(update=update)
+    loader = {"loader": workers.loader, "workers_reason": workers.reason, "fed": workers.fed}
+    made = evidence.model_copy(update={**loader, "fed_reason": workers.batch_reason})
     l2 = (run.recomputed or Recomputed(best, final)).decisions()
     return ProbeResult(made, workers.num_workers, recompute_checked=searched.checked, **l2)
