@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from torch_autotune.errors import SnapshotFileError
 from torch_autotune.hardware import SNAPSHOT_SCHEMA_VERSION, HardwareSnapshot
 from torch_autotune.input_files import kind_of, parse_json, read_input
+from torch_autotune.input_schema import union_errors, validate_exactly, wrong_type
 
 _REMEDY = "write a new one with 'autotune detect --json > FILE'"
 # Keys every profile has at its top level and no snapshot has (``profile.Profile``).
@@ -20,11 +21,12 @@ _PROFILE_KEYS = {"settings", "decisions", "provenance"}
 
 
 def _describe(error: ValidationError) -> str:
-    first = error.errors()[0]
+    errors = union_errors(error.errors())
+    first = errors[0]
     location = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    more = error.error_count() - 1
+    more = len(errors) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return f"{location}: {first['msg']}{tail}"
+    return (wrong_type(first) or f"{location}: {first['msg']}") + tail
 
 
 def parse_snapshot(text: str, source: str = "snapshot") -> HardwareSnapshot:
@@ -47,7 +49,7 @@ def parse_snapshot(text: str, source: str = "snapshot") -> HardwareSnapshot:
             f"({SNAPSHOT_SCHEMA_VERSION}); upgrade with 'pip install -U torch-autotune'"
         )
     try:
-        return HardwareSnapshot.model_validate(raw)
+        return validate_exactly(HardwareSnapshot, raw, source, SnapshotFileError, _REMEDY)
     except ValidationError as exc:
         raise SnapshotFileError(
             f"{source} is not a valid hardware snapshot: {_describe(exc)}"
