@@ -36,6 +36,7 @@ from torch_autotune.input_files import (
     MAX_INPUT_BYTES,
     MAX_NESTING,
     MAX_VALUES,
+    Format,
     parse_json,
     parse_yaml,
     read_input,
@@ -364,15 +365,32 @@ def test_a_json_integer_python_will_not_convert_is_one_error() -> None:
         parse_snapshot('{"schema_version": ' + "1" * 5_000 + "}")
 
 
-def test_a_profile_given_as_a_snapshot_is_named_a_profile(tmp_path: Path, profile: Profile) -> None:
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_a_profile_given_as_a_snapshot_is_named_a_profile(
+    tmp_path: Path, profile: Profile, fmt: Format
+) -> None:
     """Its schema_version (2, the profile's) read as a snapshot's from a newer release: 'upgrade
-    with pip install -U', which changes nothing."""
-    path = tmp_path / "profile.json"
-    path.write_text(profile.model_dump_json())
+    with pip install -U', which changes nothing. Exported as YAML (export's default), it was
+    'not valid JSON', as if the file were broken."""
+    path = tmp_path / f"profile.{fmt}"
+    path.write_text(dump_profile(profile, fmt))
     line = one_error_line(run("recommend", "--snapshot", str(path)))
     assert f"{path} is a profile, not a hardware snapshot; --snapshot takes a machine " in line
     assert "autotune detect --json > FILE" in line
     assert "upgrade" not in line
+
+
+def test_a_yaml_profile_on_standard_input_as_a_snapshot_is_named_a_profile(
+    profile: Profile,
+) -> None:
+    result = run("recommend", "--snapshot", "-", stdin=dump_profile(profile, "yaml"))
+    line = one_error_line(result)
+    assert "standard input is a profile, not a hardware snapshot; --snapshot takes" in line
+
+
+def test_broken_yaml_as_a_snapshot_is_still_not_json() -> None:
+    with pytest.raises(SnapshotFileError, match=r"^m\.yaml is not valid JSON \(line 1, col"):
+        parse_snapshot("settings: [\ndecisions: 1\nprovenance: 2\n", "m.yaml")
 
 
 # --- JSON or YAML ---------------------------------------------------------------------------

@@ -45,7 +45,9 @@ __all__ = [
 ]
 
 STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-"""The configuration of every model: immutable, unknown keys refused, inf and NaN refused."""
+"""The configuration of every model: immutable, unknown keys refused, inf and NaN refused.
+Types are held exact where a file is read (``input_schema.validate_exactly``: ``"32"`` is not a
+count there), not here: the code builds models from an enum or a tuple as well as from text."""
 
 MAX_CPUS = 8192
 """CPUs, threads and processes: Linux's largest build (``CONFIG_NR_CPUS`` with ``MAXSMP`` on

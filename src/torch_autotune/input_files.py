@@ -25,6 +25,9 @@ The limits, and why:
 - ``MAX_VALUES`` (20,000 keys and values, YAML aliases expanded): the largest measured profile
   holds 962. An alias bomb (each level repeating the last ten times) is small text and a huge tree;
   a flat mapping of 50,000 unknown keys costs seconds of validation errors.
+
+A mapping that holds a key twice is refused as well (``input_keys``): JSON's parser and PyYAML's
+both keep the last value and never say so.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from torch_autotune.errors import InputFileError
+from torch_autotune.input_keys import KEEP_ONE, KeyTwice, check_json_keys, load_json, unique_keys
 
 MAX_INPUT_BYTES = 1024 * 1024
 MAX_NESTING = 64
@@ -102,10 +106,11 @@ def parse_json(text: str, source: str, error: _ErrorClass, remedy: str) -> Any:
     _check_length(text, source, error)
     _check_json_nesting(text, source, error, remedy)
     try:
-        data = json.loads(text)
+        data, twice = load_json(text)
     except ValueError as exc:  # JSONDecodeError, or an integer of more than 4,300 digits
         raise error(_not_json(exc, source, remedy)) from None
     _check_structure(data, source, error, remedy)
+    check_json_keys(data, twice, source, error)
     return data
 
 
@@ -117,7 +122,11 @@ def parse_yaml(text: str, source: str, error: _ErrorClass, remedy: str) -> Any:
     _check_length(text, source, error)
     try:
         _check_yaml_limits(text, loader, source, error, remedy)
-        data = yaml.load(text, Loader=loader)  # a safe loader (C or Python), chosen above
+        data = yaml.load(text, Loader=unique_keys(loader))  # safe: a safe loader's subclass
+    except KeyTwice as twice:
+        raise error(
+            f"{source} holds the key {twice.key!r} twice{twice.where}; {KEEP_ONE}"
+        ) from None
     except yaml.constructor.ConstructorError as exc:
         if "could not determine a constructor" in str(exc.problem):
             raise error(
@@ -152,7 +161,7 @@ def parse_data(
     _check_length(text, source, error)
     _check_json_nesting(text, source, error, remedy)
     try:
-        data = json.loads(text)
+        data, twice = load_json(text)
     except ValueError as json_problem:
         try:
             return parse_yaml(text, source, error, remedy)
@@ -161,6 +170,7 @@ def parse_data(
                 raise  # flow-style YAML such as '{schema_version: 1': the YAML error helps
             raise error(_not_json(json_problem, source, remedy)) from None
     _check_structure(data, source, error, remedy)
+    check_json_keys(data, twice, source, error)
     return data
 
 

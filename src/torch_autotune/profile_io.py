@@ -37,6 +37,7 @@ from pydantic import BaseModel, ValidationError
 
 from torch_autotune.errors import ProfileFileError
 from torch_autotune.input_files import Format, kind_of, parse_data, read_input
+from torch_autotune.input_schema import union_errors, validate_exactly, wrong_type
 
 if TYPE_CHECKING:
     from torch_autotune.bench import TrainConfig
@@ -116,7 +117,8 @@ def _allowed_keys(location: tuple[str | int, ...], root: type[BaseModel] = Profi
 def _explain(error: ValidationError, root: type[BaseModel] = Profile) -> str:
     # An unknown key usually comes with a "field required" for the key it misspells: name the
     # typo first, it is the actual mistake.
-    first = min(error.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    errors = union_errors(error.errors())
+    first = min(errors, key=lambda e: e["type"] != "extra_forbidden")
     location = tuple(first["loc"])
     path = ".".join(str(p) for p in location) or "(top level)"
     if first["type"] == "extra_forbidden":
@@ -129,8 +131,8 @@ def _explain(error: ValidationError, root: type[BaseModel] = Profile) -> str:
     elif first["type"] == "value_error":
         message = str(first["ctx"]["error"]) if "ctx" in first else first["msg"]
     else:
-        message = f"{path}: {first['msg']}"
-    more = error.error_count() - 1
+        message = wrong_type(first) or f"{path}: {first['msg']}"
+    more = len(errors) - 1
     return message + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else "")
 
 
@@ -149,7 +151,7 @@ def parse_profile(
         raise ProfileFileError(f"{source} is {kind_of(raw)}, not a profile; {remedy}")
     data = migrate(raw, source, remedy=remedy)
     try:
-        return Profile.model_validate(data)
+        return validate_exactly(Profile, data, source, ProfileFileError, remedy)
     except ValidationError as exc:
         newer = _newer_release(data)
         if newer is not None:
@@ -236,6 +238,6 @@ def parse_baseline(text: str, source: str = "baseline") -> TrainConfig:
             "'batch_size: 64' (fields: " + ", ".join(TrainConfig.model_fields) + ")"
         )
     try:
-        return TrainConfig.model_validate(raw)
+        return validate_exactly(TrainConfig, raw, source, ProfileFileError, _BASELINE_HINT)
     except ValidationError as exc:
         raise ProfileFileError(f"{source}: {_explain(exc, TrainConfig)}") from None

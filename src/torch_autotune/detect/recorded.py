@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from torch_autotune.errors import SnapshotFileError
 from torch_autotune.hardware import SNAPSHOT_SCHEMA_VERSION, HardwareSnapshot
-from torch_autotune.input_files import kind_of, parse_json, read_input
+from torch_autotune.input_files import kind_of, parse_json, parse_yaml, read_input
+from torch_autotune.input_schema import union_errors, validate_exactly, wrong_type
 
 _REMEDY = "write a new one with 'autotune detect --json > FILE'"
 # Keys every profile has at its top level and no snapshot has (``profile.Profile``).
@@ -20,26 +21,28 @@ _PROFILE_KEYS = {"settings", "decisions", "provenance"}
 
 
 def _describe(error: ValidationError) -> str:
-    first = error.errors()[0]
+    errors = union_errors(error.errors())
+    first = errors[0]
     location = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    more = error.error_count() - 1
+    more = len(errors) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return f"{location}: {first['msg']}{tail}"
+    return (wrong_type(first) or f"{location}: {first['msg']}") + tail
 
 
 def parse_snapshot(text: str, source: str = "snapshot") -> HardwareSnapshot:
     """Validate snapshot JSON; every failure is one SnapshotFileError naming the problem.
 
     The text is held to the size and nesting limits of ``input_files`` before it is parsed."""
-    raw = parse_json(text, source, SnapshotFileError, _REMEDY)
+    try:
+        raw = parse_json(text, source, SnapshotFileError, _REMEDY)
+    except SnapshotFileError:
+        if _is_profile(_as_yaml(text, source)):  # a profile exported as YAML, the default
+            raise SnapshotFileError(_a_profile(source)) from None
+        raise
     if not isinstance(raw, dict):
         raise SnapshotFileError(f"{source} is {kind_of(raw)}, not a snapshot; {_REMEDY}")
-    if raw.keys() >= _PROFILE_KEYS:  # its schema_version is the profile's, not a snapshot's
-        raise SnapshotFileError(
-            f"{source} is a profile, not a hardware snapshot; --snapshot takes a machine "
-            f"recorded with 'autotune detect --json > FILE' (a profile goes to --profile of "
-            "export, bench and report, or to validate)"
-        )
+    if _is_profile(raw):  # its schema_version is the profile's, not a snapshot's
+        raise SnapshotFileError(_a_profile(source))
     version = raw.get("schema_version")
     if isinstance(version, int) and version > SNAPSHOT_SCHEMA_VERSION:
         raise SnapshotFileError(
@@ -47,11 +50,32 @@ def parse_snapshot(text: str, source: str = "snapshot") -> HardwareSnapshot:
             f"({SNAPSHOT_SCHEMA_VERSION}); upgrade with 'pip install -U torch-autotune'"
         )
     try:
-        return HardwareSnapshot.model_validate(raw)
+        return validate_exactly(HardwareSnapshot, raw, source, SnapshotFileError, _REMEDY)
     except ValidationError as exc:
         raise SnapshotFileError(
             f"{source} is not a valid hardware snapshot: {_describe(exc)}"
         ) from None
+
+
+def _is_profile(data: object) -> bool:
+    return isinstance(data, dict) and data.keys() >= _PROFILE_KEYS
+
+
+def _as_yaml(text: str, source: str) -> object:
+    """The data in ``text`` read as YAML (within the same limits), or None where it is not:
+    asked only of a snapshot that is not JSON, to tell a profile from a broken file."""
+    try:
+        return parse_yaml(text, source, SnapshotFileError, _REMEDY)
+    except SnapshotFileError:
+        return None
+
+
+def _a_profile(source: str) -> str:
+    return (
+        f"{source} is a profile, not a hardware snapshot; --snapshot takes a machine "
+        f"recorded with 'autotune detect --json > FILE' (a profile goes to --profile of "
+        "export, bench and report, or to validate)"
+    )
 
 
 def load_snapshot(path: str | Path) -> HardwareSnapshot:
