@@ -222,7 +222,7 @@ def tune(
     )
     if trials is None:
         import_torch()
-    from torch_autotune.probe.run import default_budget_s
+    from torch_autotune.probe.budget import default_budget_s
     from torch_autotune.rules.context import Measurements
     from torch_autotune.rules.engine import build_profile
 
@@ -382,7 +382,7 @@ def bench(
 def default_tune_budget_s() -> float:
     """The longest default budget of a run (where torch.compile is measured), for a progress
     bar drawn before the rules have said whether it is."""
-    from torch_autotune.probe.run import DEFAULT_COMPILE_BUDGET_S
+    from torch_autotune.probe.budget import DEFAULT_COMPILE_BUDGET_S
 
     return DEFAULT_COMPILE_BUDGET_S
 

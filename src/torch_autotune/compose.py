@@ -155,7 +155,7 @@ def measurements(result: ProbeResult) -> Measurements:
     return Measurements(
         batch_size=evidence.batch_size,
         num_workers=result.num_workers,
-        workers_reason=evidence.workers_reason if result.num_workers is not None else None,
+        workers_reason=evidence.workers_reason,  # also why they were not measured
         batch_reason=evidence.fed_reason,
         compile_enabled=(
             compile_record.kept if compile_record is not None and compile_record.measured else None

@@ -46,6 +46,9 @@ BUDGETED = "memory-budgeted"
 
 VariantName = Annotated[str, Field(min_length=1, max_length=120)]
 
+WORKERS_OUT_OF_TIME = "not measured: the time budget ran out"
+"""``Evidence.workers_reason`` where the run had no time left for the DataLoader's workers."""
+
 
 MEMORY_DEFAULTS = {r.name: r.show(Settings()) for r in RECORDS if r.memory}
 """How each setting that changes memory shows at torch's default (``settings.memory_settings``),

@@ -216,6 +216,53 @@ def test_a_main_process_that_loads_70x_the_step_keeps_ahead_alone(
     assert re.search(r"takes 1\.\d% of training's time, at most 2%", evidence.workers_reason or "")
 
 
+def _slow_step_cpu() -> SimulatedMachine:
+    """2 cores, a step of 0.5 s at any batch and 4 ms of loading a sample: short budgets."""
+    return cpu_machine(
+        first_s=0.3, autotune_s=0.0, load_s=0.004, shares_cpus=True, host_cpus=2, fixed_s=0.5
+    )
+
+
+def test_a_cpu_without_time_to_feed_training_keeps_0_workers_where_it_loads_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0 workers loads 250 samples/s against a step of 15.9: not ahead in series (6%), 1 worker
+    is; on a CPU only training fed by the DataLoader tells whether the core the worker takes
+    costs more, and with no time for it, 0 stays (fed: 0 trains at 15.0, 1 at about 8)."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    machine = _slow_step_cpu()
+    profile = tune_on(machine, "conv", TWO_CPUS, budget_s=5)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert [r.num_workers for r in evidence.loader] == [0, 1]
+    assert evidence.fed == ()
+    assert profile.settings.dataloader.num_workers == 0
+    batch = profile.settings.batch.batch_size
+    zero = machine.fed_rate(batch, 0, None, compiled=False)
+    assert zero > machine.fed_rate(batch, 1, 1, compiled=False)
+    reason = evidence.workers_reason or ""
+    assert reason.startswith("0 workers: on a CPU workers take cores from the training step")
+    assert "takes 6.0% of training's time, in series with the step" in reason
+    assert "The DataLoader alone, measured first: 1 worker(s) at 250 samples/s" in reason
+
+
+def test_workers_left_unmeasured_for_want_of_time_are_said_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    profile = tune_on(_slow_step_cpu(), "conv", TWO_CPUS, budget_s=3)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.loader == ()
+    assert any("workers were not measured: the time budget ran out" in w for w in evidence.warnings)
+    workers = profile.decision("dataloader.num_workers")
+    assert workers is not None
+    assert workers.source is Source.INFERRED
+    assert workers.reason.endswith(
+        "autotune ran out of time before measuring them (--budget gives it more)"
+    )
+
+
 def test_a_data_bound_gpu_feeds_its_share_of_the_cpus_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

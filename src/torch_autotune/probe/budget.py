@@ -14,10 +14,32 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch_autotune.evidence import PhaseRecord
 
-__all__ = ["SPENT", "Budget", "PhaseTime"]
+if TYPE_CHECKING:
+    from torch_autotune.profile import Profile
+
+DEFAULT_BUDGET_S = 120.0
+"""The budget on the CPU, and on a GPU where torch.compile is not measured."""
+DEFAULT_COMPILE_BUDGET_S = 180.0
+"""The budget where torch.compile is measured: a compile alone takes 30-80 s on an H100."""
+
+
+def default_budget_s(rules_only: Profile) -> float:
+    """The run's budget when none is given: longer where torch.compile is measured."""
+    return DEFAULT_COMPILE_BUDGET_S if rules_only.settings.compile.enabled else DEFAULT_BUDGET_S
+
+
+__all__ = [
+    "DEFAULT_BUDGET_S",
+    "DEFAULT_COMPILE_BUDGET_S",
+    "SPENT",
+    "Budget",
+    "PhaseTime",
+    "default_budget_s",
+]
 
 Clock = Callable[[], float]
 

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from torch_autotune.errors import ProbeError
+from torch_autotune.evidence import WORKERS_OUT_OF_TIME
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.allocator_phase import measure_allocator
 from torch_autotune.probe.budget import Budget
@@ -101,16 +102,6 @@ from torch_autotune.profile import (
     torch_release,
 )
 from torch_autotune.settings import memory_settings
-
-DEFAULT_BUDGET_S = 120.0
-"""The budget on the CPU, and on a GPU where torch.compile is not measured."""
-DEFAULT_COMPILE_BUDGET_S = 180.0
-"""The budget where torch.compile is measured: a compile alone takes 30-80 s on an H100."""
-
-
-def default_budget_s(rules_only: Profile) -> float:
-    """The run's budget when none is given: longer where torch.compile is measured."""
-    return DEFAULT_COMPILE_BUDGET_S if rules_only.settings.compile.enabled else DEFAULT_BUDGET_S
 
 
 @dataclass(frozen=True)
@@ -387,6 +378,11 @@ class _Run:
                 progress=self.report,
                 smaller=halvings(batch, multiple, self.floor),
                 threads_for=self.threads_for,
+            )
+        if outcome.reason == WORKERS_OUT_OF_TIME:
+            self.warnings.append(
+                "the DataLoader's workers were not measured: the time budget ran out before "
+                "them, so the rules chose the count; more time (--budget) measures them"
             )
         fed = tuple(r.model_copy(update={"variant": variant}) for r in outcome.fed)
         return replace(outcome, batch_size=outcome.batch_size or batch, fed=fed)

@@ -65,6 +65,8 @@ __all__ = [
     "SERIAL_SHARE",
     "WorkerChoice",
     "choose_workers",
+    "format_rate",
+    "format_share",
     "keeps_ahead",
     "search_workers",
     "serial_share",
@@ -236,19 +238,19 @@ def _decide(
         chosen = next(t for t in ran if _rate(t) >= best * NEAR_BEST)
         why = (
             f"the smallest count within {_percent(1 - NEAR_BEST)} of the best measured rate "
-            f"({_fmt(best)} samples/s)"
+            f"({format_rate(best)} samples/s)"
         )
         if step_rate is not None:
             why += (
-                f"; no count keeps ahead of the training step's {_fmt(step_rate)} samples/s, "
-                "so loading limits training"
+                f"; no count keeps ahead of the training step's {format_rate(step_rate)} "
+                "samples/s, so loading limits training"
             )
             main = next((t for t in ran if t.num_workers == 0), None)
             if main is not None and _rate(main) >= step_rate * HEADROOM:
                 why += (
                     f" (0 workers loads in series with the step: at "
-                    f"{_fmt(_rate(main))} samples/s loading takes "
-                    f"{_share(serial_share(_rate(main), step_rate))} of training's time)"
+                    f"{format_rate(_rate(main))} samples/s loading takes "
+                    f"{format_share(serial_share(_rate(main), step_rate))} of training's time)"
                 )
     if windows_default:
         why += (
@@ -256,7 +258,7 @@ def _decide(
             "takes seconds to start (catalog F4, F9); pass candidates to measure workers"
         )
     reason = (
-        f"{chosen.num_workers} worker(s) at {_fmt(_rate(chosen))} samples/s: {why}. "
+        f"{chosen.num_workers} worker(s) at {format_rate(_rate(chosen))} samples/s: {why}. "
         f"Measured {_trace(trials)}; {stop}."
     )
     return WorkerChoice(chosen.num_workers, trials, reason)
@@ -266,14 +268,15 @@ def _why_ahead(chosen: LoaderTrial, step_rate: float | None) -> str:
     """Why the count that keeps ahead of the step does (``keeps_ahead``)."""
     rate = _rate(chosen)
     if chosen.num_workers == 0:
+        share = format_share(serial_share(rate, step_rate or 0.0))
         return (
             f"loading in the main process, in series with the training step's "
-            f"{_fmt(step_rate)} samples/s, takes {_share(serial_share(rate, step_rate or 0.0))}"
-            f" of training's time, at most {_percent(SERIAL_SHARE)}"
+            f"{format_rate(step_rate)} samples/s, takes {share} of training's time, at most "
+            f"{_percent(SERIAL_SHARE)}"
         )
     return (
-        f"the smallest count whose {_fmt(rate)} samples/s keeps "
-        f"{_percent(HEADROOM - 1)} ahead of the training step's {_fmt(step_rate)} samples/s"
+        f"the smallest count whose {format_rate(rate)} samples/s keeps "
+        f"{_percent(HEADROOM - 1)} ahead of the training step's {format_rate(step_rate)} samples/s"
     )
 
 
@@ -287,7 +290,7 @@ def _rate(trial: LoaderTrial) -> float:
 def _trace(trials: Sequence[LoaderTrial]) -> str:
     """'0: 512 samples/s, 1: failed (worker crashed: ...), 2: 1,020 samples/s'."""
     parts = [
-        f"{t.num_workers}: {_fmt(t.samples_per_s)} samples/s"
+        f"{t.num_workers}: {format_rate(t.samples_per_s)} samples/s"
         if t.ok
         else f"{t.num_workers}: failed ({t.error})"
         for t in trials
@@ -295,7 +298,7 @@ def _trace(trials: Sequence[LoaderTrial]) -> str:
     return ", ".join(parts)
 
 
-def _fmt(rate: float | None) -> str:
+def format_rate(rate: float | None) -> str:
     """A rate in samples/s for people: thousands separated, one decimal below 100."""
     if rate is None:
         return "?"
@@ -306,7 +309,7 @@ def _percent(fraction: float) -> str:
     return f"{fraction * 100:.0f}%"
 
 
-def _share(fraction: float) -> str:
+def format_share(fraction: float) -> str:
     """A share of time for people: one decimal below 10% (1.4%, not 1%)."""
     return f"{fraction * 100:.1f}%" if fraction < 0.1 else _percent(fraction)
 

@@ -25,12 +25,25 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from torch_autotune.evidence import FedRecord, SearchTrialRecord, ThroughputRecord
+from torch_autotune.evidence import (
+    WORKERS_OUT_OF_TIME,
+    FedRecord,
+    SearchTrialRecord,
+    ThroughputRecord,
+)
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import PASS_S, FedChoice, choose_fed, fed_order
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import round_down
-from torch_autotune.probe.workers import WorkerChoice, keeps_ahead, search_workers
+from torch_autotune.probe.workers import (
+    HEADROOM,
+    WorkerChoice,
+    format_rate,
+    format_share,
+    keeps_ahead,
+    search_workers,
+    serial_share,
+)
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import LoaderRecord, Profile
 
@@ -150,7 +163,7 @@ def measure_workers(
             None, reason="Windows keeps num_workers=0 (--workers N overrides it); not measured"
         )
     if budget.left() <= 0:
-        return WorkersOutcome(None, reason="not measured: the time budget ran out")
+        return WorkersOutcome(None, reason=WORKERS_OUT_OF_TIME)
     progress("workers", "DataLoader worker counts")
     most = _max_workers(profile)
     step_rate = step_rates.get(batch_size)
@@ -178,12 +191,37 @@ def measure_workers(
         until=budget.deadline,
         clock=budget.clock,
     )
-    behind = step_rate is not None and not any(
-        keeps_ahead(n, r, step_rate) for n, r in rates.items()
-    )
-    tried = {t.num_workers for t in choice.trials}
-    fallback = most if behind and most not in tried else None
+    fallback = _unfed(choice, rates, most, step_rate, profile.device)
     return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
+
+
+def _unfed(
+    choice: WorkerChoice, rates: Mapping[int, float], most: int, step: float | None, device: str
+) -> tuple[int, str] | None:
+    """The count to keep, and why, where no pass fed by the DataLoader runs (for want of
+    time), when it is not the loader alone's choice: the usable CPUs, the plain alternative,
+    where loading limits training and the loader alone never reached them; on a CPU, 0 where
+    its loading keeps 10% ahead of the step, though in series with it, since a worker takes
+    a core from the step there (G6)."""
+    if step is None:
+        return None
+    if not any(keeps_ahead(n, r, step) for n, r in rates.items()):
+        if most in {t.num_workers for t in choice.trials}:
+            return None
+        return most, (
+            f"{most} worker(s), as many as usable CPUs, the plain alternative, not "
+            f"measured for want of time (give autotune more with --budget); no count the "
+            f"loader alone reached keeps ahead of the training step."
+        )
+    main = rates.get(0)
+    if device != "cpu" or choice.num_workers == 0 or main is None or main < step * HEADROOM:
+        return None
+    return 0, (
+        f"0 workers: on a CPU workers take cores from the training step, and training fed by "
+        f"the DataLoader was not measured for want of time (give autotune more with --budget); "
+        f"in the main process, loading at {format_rate(main)} samples/s takes "
+        f"{format_share(serial_share(main, step))} of training's time, in series with the step."
+    )
 
 
 def _alone(
@@ -223,11 +261,10 @@ def _outcome(
     fed: FedChoice,
     *,
     batch_size: int,
-    fallback: int | None,
+    fallback: tuple[int, str] | None,
 ) -> WorkersOutcome:
     """The phase's decision from the fed passes; without one, from the loader alone, or
-    ``fallback`` where given: loading limits training and the loader alone never reached the
-    usable CPUs (the plain alternative), for want of time."""
+    ``fallback`` (the count and why: ``_unfed``) where given."""
     passes = tuple(
         FedRecord(
             num_workers=t.num_workers,
@@ -242,12 +279,8 @@ def _outcome(
     if fed.num_workers is None:
         why = f"{alone} Training fed by the DataLoader was not measured: {fed.workers_reason}."
         if fallback is not None:
-            why = (
-                f"{fallback} worker(s), as many as usable CPUs, the plain alternative, not "
-                f"measured for want of time (give autotune more with --budget); no count the "
-                f"loader alone reached keeps ahead of the training step. {why}"
-            )
-            return WorkersOutcome(fallback, records, why, passes)
+            why = f"{fallback[1]} The DataLoader alone, measured first: {why}"
+            return WorkersOutcome(fallback[0], records, why, passes)
         return WorkersOutcome(choice.num_workers, records, why, passes)
     reason = f"{fed.workers_reason}. The DataLoader alone, measured first: {alone}"
     batch = fed.batch_size if fed.batch_size != batch_size else None

@@ -30,7 +30,7 @@ class Measurements(BaseModel):
 
     batch_size: BatchSize | None = None
     num_workers: WorkerCount | None = None
-    workers_reason: str | None = None  # how the probe chose num_workers, in words
+    workers_reason: str | None = None  # how the probe chose num_workers, or why it did not
     batch_reason: str | None = None  # how the batch was chosen, where not by the step alone
     compile_enabled: bool | None = None  # torch.compile kept or dropped by measurement
     compile_reason: str | None = None  # measured: why, with the numbers; else why not measured

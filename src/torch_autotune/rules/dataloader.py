@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from torch_autotune.evidence import WORKERS_OUT_OF_TIME
 from torch_autotune.hardware import Host
 from torch_autotune.profile import Mode, Source
 from torch_autotune.rules.context import Context, Finding
@@ -237,6 +238,8 @@ def _seed_workers(ctx: Context) -> Finding:
 def dataloader(ctx: Context) -> Iterator[Finding]:
     """F1-F12, S22: DataLoader workers, pinning, persistence, prefetch and seeding."""
     workers, rule, why, source = _workers(ctx)
+    if ctx.measurements is not None and ctx.measurements.workers_reason == WORKERS_OUT_OF_TIME:
+        why += "; autotune ran out of time before measuring them (--budget gives it more)"
     yield Finding("dataloader.num_workers", workers, rule, why + _spawn_note(ctx, workers), source)
     yield _pin_memory(ctx)
     yield _persistent_workers(ctx, workers)
