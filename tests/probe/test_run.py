@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 import torch
+from torch.utils.data import Subset
 
 from tests.probe.fake_trials import mlp_machine, recorded, tune_on
 from torch_autotune.api import tune
 from torch_autotune.errors import EXIT_PROBE, ProbeError
+from torch_autotune.probe.findings import epoch_note
 from torch_autotune.probe.search import TrialOutcome
 from torch_autotune.probe.simulated import SimulatedTrials
 from torch_autotune.probe.trials import PointOutcome, StepSettings
-from torch_autotune.probe.workloads import Workload
+from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
 
 LAPTOP = recorded("cpu-laptop-linux")  # a CPU-only machine: the real probe runs on this CPU
@@ -134,3 +137,40 @@ def test_a_real_tune_on_this_cpu_measures_reports_and_restores() -> None:
     assert {"search", "throughput", "workers"} <= set(seen)
     assert torch.equal(torch.rand(2), expected)
     assert torch.backends.cudnn.benchmark is benchmark
+
+
+# --- what the batch leaves of an epoch ------------------------------------------------------
+
+
+def _with_samples(samples: int, *, ranks: int = 1) -> Workload:
+    conv = resolve_workload("conv")
+    assert conv.dataset is not None
+    data = Subset(conv.dataset, range(samples))
+    return replace(conv, dataset=data, max_batch_size=samples, ranks_sharing_data=ranks)
+
+
+def test_a_batch_of_more_than_half_the_dataset_is_said_to_leave_one_step_an_epoch() -> None:
+    assert epoch_note(_with_samples(512), 256, drops_last=False) is None  # two steps
+    note = epoch_note(_with_samples(512), 512, drops_last=False)
+    assert note is not None
+    assert note.startswith("batch 512 is more than half of the 512 samples the dataset holds")
+    assert "drop_last" not in note
+    assert note.endswith("cap the batch (--max-batch-size, or tune()'s max_batch_size)")
+    # BatchNorm's profile drops the last batch: a split of the data it was tuned on has none
+    dropped = epoch_note(_with_samples(512), 300, drops_last=True)
+    assert dropped is not None
+    assert "a training set of fewer than 300 samples has none" in dropped
+    # two ranks draw 150 each of 300
+    shared = epoch_note(_with_samples(300, ranks=2), 100, drops_last=False)
+    assert shared is not None
+    assert "of the 150 samples each rank draws" in shared
+
+
+def test_a_run_whose_batch_is_the_whole_dataset_warns() -> None:
+    profile = tune_on(mlp_machine(), _with_samples(96), LAPTOP, budget_s=60)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.batch_size * 2 > 96
+    assert any(
+        w.startswith(f"batch {evidence.batch_size} is more than half") for w in evidence.warnings
+    )

@@ -24,7 +24,7 @@ from torch_autotune.profile import (
     VariantRecord,
 )
 
-__all__ = ["RunState", "run_evidence"]
+__all__ = ["RunState", "epoch_note", "run_evidence"]
 
 
 class RunState(Protocol):
@@ -57,6 +57,10 @@ def run_evidence(
 ) -> Evidence:
     """What the run measured, as the profile's evidence (the DataLoader's part added after)."""
     assert found.largest is not None
+    details = workload_details(run.workload, run.smallest)
+    note = epoch_note(run.workload, batch, drops_last=bool(details and details.raised_below))
+    if note is not None:
+        run.warnings.append(note)
     if run.budget.spent and found.limited_by != "budget":
         run.warnings.append(
             f"the run used {run.budget.elapsed():.0f} s of its {run.budget.total_s:.0f} s "
@@ -80,7 +84,32 @@ def run_evidence(
         optimizer_memory=run.optimizer_memory,
         allocator=run.allocator,
         warnings=tuple(run.warnings),
-        details=workload_details(run.workload, run.smallest),
+        details=details,
         batch_choice=choice,
         variants=tuple(run.variants.values()),
     )
+
+
+def epoch_note(workload: Workload, batch: int, *, drops_last: bool) -> str | None:
+    """What the batch leaves of an epoch where it is more than half of the samples each
+    process draws (its dataset, shared by the ranks): one optimizer step an epoch, and with
+    ``drop_last`` none at all on a training set smaller than the batch (a split of the data it
+    was tuned on). None where an epoch has two steps or more."""
+    dataset = workload.dataset
+    if dataset is None:
+        return None
+    samples = -(-len(dataset) // max(workload.ranks_sharing_data, 1))
+    if batch * 2 <= samples:
+        return None
+    whose = "each rank draws" if workload.ranks_sharing_data > 1 else "the dataset holds"
+    note = (
+        f"batch {batch} is more than half of the {samples} samples {whose}: an epoch has one "
+        "optimizer step of it"
+    )
+    if drops_last:
+        note += (
+            " and, with drop_last (batch 1 does not train, so the profile drops an epoch's last "
+            f"batch), a training set of fewer than {batch} samples has none"
+        )
+    cap = "--max-batch-size, or tune()'s max_batch_size"
+    return f"{note}; tune on the data you train on, or cap the batch ({cap})"
