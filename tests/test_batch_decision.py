@@ -402,3 +402,26 @@ def test_a_point_that_is_not_steady_says_why(blocks: int, said: str) -> None:
         batch_size=8, samples_per_s=10.0, relative_spread=0.0, steady=False, blocks=blocks
     )
     assert record.unsteady == said
+
+
+def test_on_a_slow_cpu_the_smaller_candidates_are_measured_where_all_would_not_fit() -> None:
+    """A busy 2-core CPU: batch 352's point alone took 23 s of a 26 s throughput phase, one
+    unsteady point and no comparison; 52 s of the budget were left at the end."""
+    machine = cpu_machine(first_s=1.2, autotune_s=0.0, fixed_s=0.05, per_sample_s=0.023)
+    profile = tune_on(machine, _workload(), LAPTOP, budget_s=120)
+    evidence = profile.evidence
+    assert evidence is not None
+    largest = evidence.max_batch_size
+    measured = [p.batch_size for p in evidence.throughput]
+    assert largest not in measured
+    assert measured and all(p.steady for p in evidence.throughput)
+    batch = profile.settings.batch.batch_size
+    assert batch in measured
+    rate = batch / machine.step_s(batch, compiled=False)
+    assert rate >= largest / machine.step_s(largest, compiled=False) * 0.97
+    assert any(
+        w.startswith((f"batch {largest} was not", f"batches {largest} and "))
+        and "on a CPU a smaller batch trains as fast" in w
+        for w in evidence.warnings
+    )
+    assert evidence.elapsed_s <= evidence.budget_s

@@ -143,6 +143,43 @@ def measure_points(
     return results
 
 
+def affordable(
+    sizes: Sequence[int], model: TimeModel, left: float, device: str
+) -> tuple[list[int], str | None]:
+    """The candidates whose points the throughput phase measures, and why any is left out.
+
+    On a CPU, where the shortest points of them all (a warm-up and three steps each,
+    predicted) do not fit in the ``left`` seconds of the phase, the largest are left out until
+    the rest fit: a CPU's throughput stops growing at small batches (the conv net: 238, 292 and
+    371 samples/s at 512, 256 and 128 on a 2-core CPU), so the largest is the least likely to
+    be the fastest, and its point alone took 23 s of a 26 s phase on a busy one, leaving one
+    unsteady point and no comparison. On a GPU, where the largest is often the fastest, every
+    size stays (``measure_points`` skips what does not fit, largest first)."""
+    kept = list(sizes)
+    if device != "cpu":
+        return kept, None
+
+    def need(size: int) -> float:
+        shortest = model.predict(size, 3)
+        return shortest.seconds if shortest is not None else 0.0
+
+    every = sum(need(size) for size in kept)
+    while len(kept) > 1 and sum(need(size) for size in kept) > left:
+        kept.pop(0)
+    if len(kept) == len(sizes):
+        return kept, None
+    dropped = [str(size) for size in sizes[: len(sizes) - len(kept)]]
+    named = (
+        f"batch {dropped[0]} was" if len(dropped) == 1 else f"batches {' and '.join(dropped)} were"
+    )
+    return kept, (
+        f"{named} not measured for throughput: the shortest points of every candidate "
+        f"({every:.0f} s, predicted) did not fit in the phase's {left:.0f} s, and on a CPU a "
+        f"smaller batch trains as fast or faster; the smaller ones were measured "
+        f"({', '.join(map(str, kept))})"
+    )
+
+
 EXTRA_HALVINGS = 3  # further halvings while the smallest size is faster beyond noise
 
 

@@ -53,6 +53,7 @@ from torch_autotune.probe.oom import long_lived_objects_frozen
 from torch_autotune.probe.optimizer_memory import measure_optimizer_memory
 from torch_autotune.probe.plan import Plan, plan
 from torch_autotune.probe.points import (
+    affordable,
     batch_choice,
     candidates,
     confirmation,
@@ -231,6 +232,8 @@ class _Run:
         self.ran_as(variant_record(EAGER, self.runner.settings.settings))
         left = self.budget.left_in_run() - plan.variant_s - plan.workers_s - plan.confirm_s
         with self.budget.phase("throughput", left):
+            sizes, note = affordable(sizes, model, self.budget.left(), self.settings.device)
+            self.warnings += [note] if note else []
             measured = measure_points(self.runner, sizes, self.budget, self.report, model)
             measured += halvings_below(
                 self.runner,
