@@ -414,7 +414,8 @@ def test_on_a_slow_cpu_the_smaller_candidates_are_measured_where_all_would_not_f
     largest = evidence.max_batch_size
     measured = [p.batch_size for p in evidence.throughput]
     assert largest not in measured
-    assert measured and all(p.steady for p in evidence.throughput)
+    assert measured
+    assert all(p.steady for p in evidence.throughput)
     batch = profile.settings.batch.batch_size
     assert batch in measured
     rate = batch / machine.step_s(batch, compiled=False)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from torch_autotune.errors import ProfileFileError
+from torch_autotune.hand_edits import with_hand_edits
 from torch_autotune.input_files import Format, kind_of, parse_data, read_input
 from torch_autotune.input_schema import union_errors, validate_exactly, wrong_type
 
@@ -151,7 +152,7 @@ def parse_profile(
         raise ProfileFileError(f"{source} is {kind_of(raw)}, not a profile; {remedy}")
     data = migrate(raw, source, remedy=remedy)
     try:
-        return validate_exactly(Profile, data, source, ProfileFileError, remedy)
+        return with_hand_edits(validate_exactly(Profile, data, source, ProfileFileError, remedy))
     except ValidationError as exc:
         newer = _newer_release(data)
         if newer is not None:

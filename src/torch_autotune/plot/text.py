@@ -26,7 +26,7 @@ from torch_autotune.plot.data import (
     shorten,
     step_rate,
 )
-from torch_autotune.profile import Evidence, Profile
+from torch_autotune.profile import Evidence, Profile, Source
 
 if TYPE_CHECKING:
     from torch_autotune.bench import BenchEvidence
@@ -61,7 +61,10 @@ def render_charts(profile: Profile, console: Console, width: int | None = None) 
     if "throughput" in panels(evidence):
         _print_batches(console, evidence, profile.settings.dataloader.num_workers, width)
     if evidence.loader:
-        _print_loader(console, evidence, profile.settings.dataloader.num_workers, width)
+        workers = profile.decision("dataloader.num_workers")
+        by_hand = workers is not None and workers.source is Source.USER  # the file's, edited
+        mark = "set by hand" if by_hand else "chosen"
+        _print_loader(console, evidence, profile.settings.dataloader.num_workers, width, mark)
     if evidence.bench is not None:
         _print_bench(console, evidence.bench, width)
 
@@ -139,7 +142,9 @@ def _print_batches(console: Console, evidence: Evidence, workers: int, width: in
         _line(console, (text, "dim"))
 
 
-def _print_loader(console: Console, evidence: Evidence, chosen: int, width: int) -> None:
+def _print_loader(
+    console: Console, evidence: Evidence, chosen: int, width: int, mark_word: str = "chosen"
+) -> None:
     records = sorted(evidence.loader, key=lambda r: r.num_workers)
     rate = step_rate(evidence)
     console.print()
@@ -161,7 +166,7 @@ def _print_loader(console: Console, evidence: Evidence, chosen: int, width: int)
         if rate is not None:
             pace = "  ahead of training" if r.samples_per_s >= rate else "  behind training"
         number = f"{r.samples_per_s:,.1f}/s".rjust(number_w)
-        mark = (("  ◀ chosen", "green"),) if r.num_workers == chosen else ()
+        mark = ((f"  ◀ {mark_word}", "green"),) if r.num_workers == chosen else ()
         bars.append(_BarRow(label, r.samples_per_s / top, ((f" {number}{pace}", ""), *mark)))
     _print_bars(console, bars, width)
 

@@ -1,0 +1,70 @@
+"""A profile file whose settings a person changed by hand: the edited setting's decision is the
+user's and keeps what the profile had said; nothing else changes (``hand_edits``)."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from tests.probe.fake_trials import cpu_machine, recorded, tune_on
+from tests.probe.test_workers_phase import TWO_CPUS
+from torch_autotune.plot.text import render_charts
+from torch_autotune.probe import workers_phase
+from torch_autotune.profile import Source
+from torch_autotune.profile_io import dump_profile, parse_profile
+from torch_autotune.rules.engine import build_profile
+
+LAPTOP = recorded("cpu-laptop-linux")
+
+
+def test_an_untouched_file_loads_as_it_was_written() -> None:
+    profile = build_profile(LAPTOP)
+    again = parse_profile(dump_profile(profile))
+    assert again.decisions == profile.decisions
+    assert again.notes == profile.notes
+
+
+def test_a_setting_changed_by_hand_is_the_users_with_what_the_profile_had_said() -> None:
+    profile = build_profile(LAPTOP)
+    before = profile.decision("dataloader.pin_memory")
+    assert before is not None
+    assert before.value is False
+    text = dump_profile(profile).replace("pin_memory: false", "pin_memory: true", 1)
+    edited = parse_profile(text, "p.yaml")
+    assert edited.settings.dataloader.pin_memory is True
+    after = edited.decision("dataloader.pin_memory")
+    assert after is not None
+    assert (after.value, after.source, after.rule) == (True, Source.USER, before.rule)
+    assert after.reason.startswith("on: set by hand in the profile file; the profile had off (")
+    assert before.reason in after.reason
+    assert edited.notes[-1].endswith("dataloader.pin_memory (off -> on)")
+    others = [d for d in edited.decisions if d.setting != "dataloader.pin_memory"]
+    assert others == [d for d in profile.decisions if d.setting != "dataloader.pin_memory"]
+
+
+def test_a_measured_worker_count_edited_is_not_marked_chosen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The trial: num_workers 0, measured, made 2; export kept the 0's numbers as the 2's
+    reason, and the report marked 2 workers 'chosen'."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    machine = cpu_machine(first_s=0.3, autotune_s=0.0, load_s=0.004, shares_cpus=True, host_cpus=2)
+    profile = tune_on(machine, "conv", TWO_CPUS, budget_s=120)
+    measured = profile.decision("dataloader.num_workers")
+    assert measured is not None
+    assert measured.source is Source.MEASURED
+    count = profile.settings.dataloader.num_workers
+    assert profile.evidence is not None
+    assert profile.evidence.loader
+    other = next(r.num_workers for r in profile.evidence.loader if r.num_workers != count)
+    text = dump_profile(profile).replace(f"num_workers: {count}\n", f"num_workers: {other}\n", 1)
+    edited = parse_profile(text, "p.yaml")
+    decision = edited.decision("dataloader.num_workers")
+    assert decision is not None
+    assert decision.source is Source.USER
+    assert f"the profile had {count} (measured: " in decision.reason
+    console = Console(record=True, width=120)
+    render_charts(edited, console)
+    chart = console.export_text()
+    assert "◀ set by hand" in chart
+    assert "◀ chosen" not in chart
