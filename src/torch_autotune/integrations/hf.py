@@ -65,8 +65,6 @@ def _hf_loader(profile: Profile) -> dict[str, Any]:
     args: dict[str, Any] = {"dataloader_num_workers": dl.num_workers}
     if dl.num_workers > 0 and dl.prefetch_factor is not None:
         args["dataloader_prefetch_factor"] = dl.prefetch_factor
-    if profile.drops_last:  # batch 1 raised: so would an epoch's last batch of 1
-        args["dataloader_drop_last"] = True
     return args
 
 
@@ -204,6 +202,9 @@ HF: Mapping[str, Export] = {
     "determinism": always(lambda s: {"full_determinism": s.backends.deterministic_algorithms}),
     "seed": always(lambda s: {} if s.seed is None else {"seed": s.seed}),
     "ddp": Export(args=_hf_ddp, note=_hf_ddp_note),
+    "drop_last": Export(  # batch 1 raised: so would an epoch's last batch of 1
+        args=lambda p: {"dataloader_drop_last": True} if p.drops_last else {}
+    ),
     "activation_checkpointing": Export(
         args=lambda p: (
             {
