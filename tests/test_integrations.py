@@ -464,6 +464,18 @@ def test_hf_notes_say_what_training_arguments_cannot_hold() -> None:
     assert [note for note in cpu if not note.startswith("optim left out")] == []
 
 
+def test_hf_never_drops_evaluation_samples_and_says_what_training_needs() -> None:
+    """``dataloader_drop_last`` drops the last batch of the Trainer's evaluation too: 256 of 300
+    samples were scored. Left out; the note says why, and when training's last batch raises."""
+    profile = with_batch_one_raising(profile_for("cpu"), batch_size=512)
+    assert "dataloader_drop_last" not in hf_training_arguments(profile)
+    (note,) = [note for note in hf_notes(profile) if note.startswith("drop_last")]
+    assert "the Trainer would drop the last batch of evaluation too" in note
+    assert "batch 1 raised ValueError: Expected more than 1 value per channel" in note
+    assert "where len(train_dataset) % 512 leaves 1 sample on one process" in note
+    assert not [note for note in hf_notes(profile_for("cpu")) if note.startswith("drop_last")]
+
+
 def test_every_yaml_export_of_a_batchnorm_profile_says_drop_last() -> None:
     """The accelerate export once said only DataLoader(dataset, batch_size=512): 513 samples
     then failed in BatchNorm. Lightning's line is its own, the others the generated one."""
@@ -497,6 +509,7 @@ def test_export_hf_prints_the_notes_on_stderr_and_only_json_on_stdout(tmp_path: 
     assert json.loads(result.stdout) == hf_training_arguments(profile_for("h100-reproducible"))
     notes = hf_notes(profile_for("h100-reproducible"))
     assert "TrainingArguments has no argument for these" in result.stderr
+    assert "or the line says why it is left out" in result.stderr
     assert all(note in result.stderr for note in notes)
 
 
