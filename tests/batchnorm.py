@@ -1,10 +1,11 @@
 """A profile as the probe leaves it for a model with BatchNorm: batch 1 raised, batch 2 trained,
 so its training loader drops an epoch's last batch (``Profile.drops_last``). Built from the
-profile's own settings, without tuning: the evidence holds only what ``drops_last`` reads."""
+profile's own settings, without tuning: the evidence holds what ``drops_last`` reads and the
+search that ran its batch (a valid profile, which the store keeps)."""
 
 from __future__ import annotations
 
-from torch_autotune.evidence import Evidence, WorkloadDetails
+from torch_autotune.evidence import Evidence, SearchTrialRecord, WorkloadDetails
 from torch_autotune.profile import Profile
 
 BATCH_1_RAISED = (
@@ -31,7 +32,22 @@ def with_batch_one_raising(profile: Profile, batch_size: int = 512) -> Profile:
         fastest_batch_size=batch_size,
         batch_size=batch_size,
         limited_by="cap",
-        search=(),
+        search=(
+            SearchTrialRecord(
+                batch_size=1,
+                fits=False,
+                peak_memory_bytes=None,
+                seconds=None,
+                step="start",
+                error=BATCH_1_RAISED.split("; ", 1)[0].removeprefix("batch 1 raised "),
+            ),
+            SearchTrialRecord(
+                batch_size=2, fits=True, peak_memory_bytes=None, seconds=0.1, step="smallest"
+            ),
+            SearchTrialRecord(
+                batch_size=batch_size, fits=True, peak_memory_bytes=None, seconds=0.1, step="double"
+            ),
+        ),
         throughput=(),
         budget_s=30.0,
         elapsed_s=1.0,
