@@ -230,3 +230,43 @@ def test_the_users_num_workers_0_takes_the_worker_options_with_it() -> None:
     assert "persistent_workers" not in kwargs
     assert "prefetch_factor" not in kwargs
     assert len(list(DataLoader(TensorDataset(torch.randn(4, 1)), **kwargs))) == 2
+
+
+# --- the optimizer's own arguments ----------------------------------------------------------
+
+
+def _fused(profile: Profile) -> Profile:
+    """``profile`` with the fused kernel on, as GPU profiles have it by default."""
+    optimizer = profile.settings.optimizer.model_copy(update={"fused": True})
+    settings = profile.settings.model_copy(update={"optimizer": optimizer})
+    return profile.model_copy(update={"settings": settings})
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [torch.optim.RMSprop, torch.optim.Adamax, torch.optim.NAdam, torch.optim.LBFGS],
+    ids=lambda cls: cls.__name__,
+)
+def test_an_optimizer_without_fused_gets_what_it_takes_and_one_warning(optimizer: type) -> None:
+    """fused=True raised TypeError (unexpected keyword 'fused') in these optimizers."""
+    profile = _fused(profile_for("cpu-laptop-linux"))
+    assert profile.optimizer_kwargs() == {"fused": True}  # the documented form, unchanged
+    with pytest.warns(ProfileUseWarning) as caught:
+        kwargs = profile.optimizer_kwargs(optimizer)
+    assert kwargs == {}
+    optimizer(torch.nn.Linear(2, 2).parameters(), **kwargs)
+    (warning,) = caught
+    assert str(warning.message) == (
+        f"{optimizer.__name__} takes no fused argument: the profile's fused=True is left out,"
+        " and it steps with its own default kernel"
+    )
+    assert warning.filename == __file__
+
+
+def test_an_optimizer_that_takes_fused_gets_it_without_a_word() -> None:
+    profile = _fused(profile_for("cpu-laptop-linux"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for optimizer in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):
+            assert profile.optimizer_kwargs(optimizer) == {"fused": True}
+        assert profile_for("cpu-laptop-linux").optimizer_kwargs(torch.optim.RMSprop) == {}

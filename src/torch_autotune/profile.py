@@ -287,11 +287,14 @@ class Profile(StrictModel):
 
         return grad_scaler(self.settings)
 
-    def optimizer_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for Adam/AdamW (fused where it is stable)."""
+    def optimizer_kwargs(self, optimizer: Any = None) -> dict[str, Any]:
+        """Keyword arguments for the optimizer (``fused=True`` where the profile chose the
+        fused kernel). Give its class, ``profile.optimizer_kwargs(torch.optim.RMSprop)``, for
+        only what it takes: an argument it has none for is left out, with one warning
+        (``ProfileUseWarning``). Without it, every argument, for Adam and AdamW."""
         from torch_autotune.apply import optimizer_kwargs
 
-        return optimizer_kwargs(self.settings)
+        return optimizer_kwargs(self.settings, optimizer)
 
     def prepare_model(self, model: Any) -> Any:
         """Apply memory format, then (a job's profile, in a process group of several ranks)

@@ -70,7 +70,7 @@ _HOW_APPLIED: Mapping[str, str] = {
     "apply": "call profile.apply()",
     "prepare_model": "model = profile.prepare_model(model)",
     "dataloader_kwargs": "DataLoader(..., **profile.dataloader_kwargs())",
-    "optimizer_kwargs": "the optimizer's **profile.optimizer_kwargs()",
+    "optimizer_kwargs": "the optimizer's **profile.optimizer_kwargs(its class)",
     "autocast": "with profile.autocast():",
     "environment": "source 'autotune export --format env' first",
     "parallelize": "model = profile.prepare_model(model) in each torchrun process (or"
