@@ -43,15 +43,15 @@ def main() -> None:
 
     images = torch.randn(1024, 3, 32, 32)
     labels = torch.randint(0, 10, (1024,))
+    # The profile's workers, pinning, ... with this script's own arguments merged in: no argument
+    # twice, whatever the profile sets (drop_last=True too, where its model's batch 1 raised).
     loader = DataLoader(
         TensorDataset(images, labels),
-        batch_size=batch_size,
-        shuffle=True,
-        drop_last=True,
-        **profile.dataloader_kwargs(),
+        **profile.dataloader_kwargs(batch_size=batch_size, shuffle=True, drop_last=True),
     )
     model = profile.prepare_model(make_model().to(device))  # channels_last, torch.compile
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, **profile.optimizer_kwargs())
+    adamw = torch.optim.AdamW  # its class: the profile's arguments that it takes (fused)
+    optimizer = adamw(model.parameters(), lr=1e-3, **profile.optimizer_kwargs(adamw))
     scaler = profile.grad_scaler()  # enabled only for fp16
     channels_last = profile.settings.memory_format == "channels_last"
 

@@ -41,6 +41,7 @@ def test_public_names_are_pinned() -> None:
         "ProbeError",
         "Profile",
         "ProfileFileError",
+        "ProfileUseWarning",
         "RecordedMachine",
         "SnapshotFileError",
         "Software",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -11,8 +12,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.batchnorm import with_batch_one_raising
 from torch_autotune.apply import apply_environment, apply_flags, global_flags, restore_flags
-from torch_autotune.errors import LateEnvironmentWarning
+from torch_autotune.errors import LateEnvironmentWarning, ProfileUseWarning
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Mode, Preferences, Profile
 from torch_autotune.rules.engine import build_profile
@@ -162,3 +164,109 @@ def test_the_users_own_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None
 def test_workerless_profile_passes_no_worker_options() -> None:
     kwargs = profile_for("rtx-3060-windows").dataloader_kwargs()
     assert kwargs == {"num_workers": 0, "pin_memory": True}
+
+
+# --- the script's own DataLoader arguments, merged (yours win) -------------------------------
+
+
+class _BatchNormNet(torch.nn.Module):
+    """Raises on a training batch of 1, as BatchNorm does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def test_the_scripts_own_drop_last_never_collides_with_the_profiles() -> None:
+    """A BatchNorm profile sets drop_last=True; a script that writes its own beside
+    ``**profile.dataloader_kwargs()`` raised TypeError (examples/train.py did). Given to the
+    helper instead, the two merge; on 9 samples at batch 4 no batch of 1 reaches the model."""
+    profile = with_batch_one_raising(profile_for("cpu-laptop-linux"), batch_size=4)
+    data = TensorDataset(torch.randn(9, 8))
+    with pytest.raises(TypeError, match="multiple values for keyword argument 'drop_last'"):
+        DataLoader(data, drop_last=True, **profile.dataloader_kwargs())  # the old pattern
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kwargs = profile.dataloader_kwargs(batch_size=4, shuffle=True, drop_last=True)
+    model = _BatchNormNet().train()
+    sizes = [len(model(x)) for (x,) in DataLoader(data, **kwargs)]
+    assert sizes == [4, 4]
+    assert profile.dataloader_kwargs(batch_size=4)["drop_last"] is True  # the profile's
+
+
+def test_the_users_drop_last_false_warns_on_a_training_loader_alone() -> None:
+    profile = with_batch_one_raising(profile_for("cpu-laptop-linux"), batch_size=4)
+    with pytest.warns(ProfileUseWarning) as caught:
+        kwargs = profile.dataloader_kwargs(drop_last=False)
+    assert kwargs["drop_last"] is False  # yours win, and the warning says what it costs
+    (warning,) = caught
+    message = str(warning.message)
+    assert "\n" not in message
+    assert "batch 1 raised ValueError: Expected more than 1 value per channel" in message
+    assert "pass training=False for an evaluation loader" in message
+    assert warning.filename == __file__  # it points at the script's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluation = profile.dataloader_kwargs(training=False, batch_size=4)
+        assert "drop_last" not in evaluation  # every sample scored
+        assert profile.dataloader_kwargs(training=False, drop_last=False)["drop_last"] is False
+        assert "drop_last" not in profile_for("cpu-laptop-linux").dataloader_kwargs()
+
+
+def test_the_users_num_workers_0_takes_the_worker_options_with_it() -> None:
+    """torch refuses persistent_workers and prefetch_factor without workers."""
+    profile = profile_for("cpu-laptop-linux", mode=Mode.REPRODUCIBLE)
+    loader = profile.settings.dataloader.model_copy(
+        update={"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4}
+    )
+    profile = profile.model_copy(
+        update={"settings": profile.settings.model_copy(update={"dataloader": loader})}
+    )
+    assert profile.dataloader_kwargs()["persistent_workers"] is True
+    kwargs = profile.dataloader_kwargs(num_workers=0, batch_size=2)
+    assert "persistent_workers" not in kwargs
+    assert "prefetch_factor" not in kwargs
+    assert len(list(DataLoader(TensorDataset(torch.randn(4, 1)), **kwargs))) == 2
+
+
+# --- the optimizer's own arguments ----------------------------------------------------------
+
+
+def _fused(profile: Profile) -> Profile:
+    """``profile`` with the fused kernel on, as GPU profiles have it by default."""
+    optimizer = profile.settings.optimizer.model_copy(update={"fused": True})
+    settings = profile.settings.model_copy(update={"optimizer": optimizer})
+    return profile.model_copy(update={"settings": settings})
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [torch.optim.RMSprop, torch.optim.Adamax, torch.optim.NAdam, torch.optim.LBFGS],
+    ids=lambda cls: cls.__name__,
+)
+def test_an_optimizer_without_fused_gets_what_it_takes_and_one_warning(optimizer: type) -> None:
+    """fused=True raised TypeError (unexpected keyword 'fused') in these optimizers."""
+    profile = _fused(profile_for("cpu-laptop-linux"))
+    assert profile.optimizer_kwargs() == {"fused": True}  # the documented form, unchanged
+    with pytest.warns(ProfileUseWarning) as caught:
+        kwargs = profile.optimizer_kwargs(optimizer)
+    assert kwargs == {}
+    optimizer(torch.nn.Linear(2, 2).parameters(), **kwargs)
+    (warning,) = caught
+    assert str(warning.message) == (
+        f"{optimizer.__name__} takes no fused argument: the profile's fused=True is left out,"
+        " and it steps with its own default kernel"
+    )
+    assert warning.filename == __file__
+
+
+def test_an_optimizer_that_takes_fused_gets_it_without_a_word() -> None:
+    profile = _fused(profile_for("cpu-laptop-linux"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for optimizer in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):
+            assert profile.optimizer_kwargs(optimizer) == {"fused": True}
+        assert profile_for("cpu-laptop-linux").optimizer_kwargs(torch.optim.RMSprop) == {}

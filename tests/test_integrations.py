@@ -45,6 +45,7 @@ from torch_autotune.profile import Decision, Mode, Preferences, Profile
 from torch_autotune.rules.engine import build_profile
 from torch_autotune.settings import Source
 
+from .batchnorm import with_batch_one_raising
 from .probe.fake_trials import mlp_machine, tune_on
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
@@ -363,8 +364,23 @@ def test_env_sets_exactly_the_profile_variables(case: str, tmp_path: Path) -> No
     profile = profile_for(case)
     text = render_env(profile)
     assert text.startswith("#")
-    assert "before starting Python" in text
+    assert ("before starting Python" in text) == bool(profile.settings.environment)
     assert _set_by(text, tmp_path) == dict(profile.settings.environment)
+
+
+def test_env_says_what_reads_the_variables_it_exports() -> None:
+    """A CPU profile's threads are OpenMP's and MKL's: its header once said 'CUDA reads them'."""
+
+    def exporting(case: str, **environment: str) -> str:
+        profile = profile_for(case)
+        settings = profile.settings.model_copy(update={"environment": environment})
+        return render_env(profile.model_copy(update={"settings": settings}))
+
+    cpu = exporting("cpu", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    assert "MKL and OpenMP read them once, each when it starts in the process." in cpu
+    assert "CUDA" not in cpu
+    gpu = exporting("h100", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    assert "CUDA's caching allocator reads it once, when it starts in the process." in gpu
 
 
 def test_env_says_when_there_is_nothing_to_export() -> None:
@@ -448,6 +464,32 @@ def test_hf_notes_say_what_training_arguments_cannot_hold() -> None:
     assert [note for note in cpu if not note.startswith("optim left out")] == []
 
 
+def test_hf_never_drops_evaluation_samples_and_says_what_training_needs() -> None:
+    """``dataloader_drop_last`` drops the last batch of the Trainer's evaluation too: 256 of 300
+    samples were scored. Left out; the note says why, and when training's last batch raises."""
+    profile = with_batch_one_raising(profile_for("cpu"), batch_size=512)
+    assert "dataloader_drop_last" not in hf_training_arguments(profile)
+    (note,) = [note for note in hf_notes(profile) if note.startswith("drop_last")]
+    assert "the Trainer would drop the last batch of evaluation too" in note
+    assert "batch 1 raised ValueError: Expected more than 1 value per channel" in note
+    assert "where len(train_dataset) % 512 leaves 1 sample on one process" in note
+    assert not [note for note in hf_notes(profile_for("cpu")) if note.startswith("drop_last")]
+
+
+def test_every_yaml_export_of_a_batchnorm_profile_says_drop_last() -> None:
+    """The accelerate export once said only DataLoader(dataset, batch_size=512): 513 samples
+    then failed in BatchNorm. Lightning's line is its own, the others the generated one."""
+    profile = with_batch_one_raising(profile_for("cpu"), batch_size=512)
+    for render in (render_accelerate, EXPORT_FORMATS["env"]):
+        assert "#   drop_last: True, in the training DataLoader only: batch 1 raised" in render(
+            profile
+        ), render
+    lightning = render_lightning(profile)
+    assert "drop_last=True) in the DataModule's *_dataloader() methods" in lightning
+    assert "drop_last in train_dataloader() alone" in lightning
+    assert "drop_last" not in render_accelerate(profile_for("cpu"))
+
+
 @pytest.mark.usefixtures("no_cuda")
 def test_the_hf_notes_cannot_go_in_the_json(tmp_path: Path) -> None:
     """Why the notes stand beside the file: TrainingArguments refuses a key it does not know."""
@@ -467,6 +509,7 @@ def test_export_hf_prints_the_notes_on_stderr_and_only_json_on_stdout(tmp_path: 
     assert json.loads(result.stdout) == hf_training_arguments(profile_for("h100-reproducible"))
     notes = hf_notes(profile_for("h100-reproducible"))
     assert "TrainingArguments has no argument for these" in result.stderr
+    assert "or the line says why it is left out" in result.stderr
     assert all(note in result.stderr for note in notes)
 
 

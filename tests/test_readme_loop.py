@@ -14,9 +14,11 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import torch_autotune
+from tests.batchnorm import with_batch_one_raising
 from tests.probe.fake_trials import cpu_machine, tune_on
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.workloads import resolve_workload
+from torch_autotune.rules.engine import build_profile
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -74,3 +76,19 @@ def test_the_readme_loop_trains_at_the_tuned_batch_with_its_accumulation(
     steps = run_loop(dataset, seen)
     assert set(seen) == {batch}  # every batch at the tuned size
     assert steps == 3  # one optimizer step every `accumulate` batches
+
+
+def test_the_readme_loop_never_feeds_a_batchnorm_model_a_last_batch_of_1(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    """A profile whose batch 1 raised sets drop_last=True through the README's own line: 9
+    samples at batch 4 give the model two batches of 4, never the last sample alone."""
+    laptop = detected_as("cpu-laptop-linux")
+    monkeypatch.setenv("TORCH_AUTOTUNE_HOME", str(tmp_path))
+    torch_autotune.save(with_batch_one_raising(build_profile(laptop), batch_size=4))
+    dataset = torch.utils.data.TensorDataset(torch.randn(9, 8), torch.randint(0, 3, (9,)))
+    seen: list[int] = []
+    run_loop(dataset, seen)
+    assert seen == [4, 4]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from tests.batchnorm import with_batch_one_raising
 from torch_autotune.bench_record import TrainConfig
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import EXPORTS, render_accelerate, tool_notes
@@ -28,7 +29,7 @@ from torch_autotune.knobs import (
     with_knob,
 )
 from torch_autotune.profile import Mode, Preferences, Profile
-from torch_autotune.records import TOOLS, SettingRecord, Tool, on_off
+from torch_autotune.records import DERIVED, TOOLS, SettingRecord, Tool, on_off
 from torch_autotune.render.results import render_run
 from torch_autotune.rules.engine import build_profile
 from torch_autotune.settings import (
@@ -188,19 +189,26 @@ def _every_setting_changed() -> Profile:
                 if isinstance(value, bool):
                     settings = settings_with(settings, path, not value)
     assert all(r.changed(settings) for r in RECORDS if r.changed is not None)
-    return profile.model_copy(update={"settings": settings})
+    changed = with_batch_one_raising(profile.model_copy(update={"settings": settings}), 256)
+    assert all(derived.note(changed) is not None for derived in DERIVED)  # drop_last: on
+    return changed
 
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_every_tool_writes_or_says_every_setting_a_profile_changes(tool: Tool) -> None:
+    """Every setting of ``Settings`` (its record) and every one a helper applies beyond them
+    (``DERIVED``: drop_last, which the accelerate export once left out)."""
     profile = _every_setting_changed()
     table = EXPORTS[tool]
-    assert set(table) <= set(RECORD_BY_NAME)
+    generated = {record.name: record.note(profile.settings) for record in RECORDS}
+    generated.update({derived.name: derived.note(profile) for derived in DERIVED})
+    assert set(table) <= set(generated)
     notes = tool_notes(profile, tool)
-    for record in RECORDS:
-        entry = table.get(record.name)
+    for name, own in generated.items():
+        entry = table.get(name)
         if entry is None:
-            assert record.note(profile.settings) in notes, (tool, record.name)
+            assert own is not None, (tool, name)
+            assert own in notes, (tool, name)
             continue
         said = (
             entry.itself is not None
@@ -212,7 +220,7 @@ def test_every_tool_writes_or_says_every_setting_a_profile_changes(tool: Tool) -
             said = bool(carrier.note and carrier.note(profile)) or bool(
                 carrier.args and carrier.args(profile)
             )
-        assert said, f"{tool} neither writes nor says {record.name}"
+        assert said, f"{tool} neither writes nor says {name}"
 
 
 def test_accelerate_says_what_its_config_cannot_hold() -> None:

@@ -29,7 +29,7 @@ import random
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
-from torch_autotune.errors import LateEnvironmentWarning
+from torch_autotune.errors import LateEnvironmentWarning, ProfileUseWarning
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -219,9 +219,37 @@ def grad_scaler(settings: Settings) -> Any:
     return torch.cuda.amp.GradScaler(enabled=enabled)
 
 
-def optimizer_kwargs(settings: Settings) -> dict[str, Any]:
-    """Keyword arguments for Adam/AdamW: ``fused=True`` where the settings chose it."""
-    return {"fused": True} if settings.optimizer.fused else {}
+def optimizer_kwargs(settings: Settings, optimizer: Any = None) -> dict[str, Any]:
+    """Keyword arguments for an optimizer: ``fused=True`` where the settings chose it.
+
+    ``optimizer``: the optimizer's class (or any callable that builds it): only the arguments
+    its signature takes, and one ``ProfileUseWarning`` naming what it does not (in torch 2.13,
+    RMSprop, Adamax, NAdam and LBFGS take no ``fused``). None: every argument (Adam, AdamW).
+    """
+    import inspect
+
+    kwargs: dict[str, Any] = {"fused": True} if settings.optimizer.fused else {}
+    if optimizer is None or not kwargs:
+        return kwargs
+    try:
+        parameters = inspect.signature(optimizer).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: it cannot be told
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return kwargs
+    taken = {p.name for p in parameters}
+    left = [name for name in kwargs if name not in taken]
+    if left:
+        name = getattr(optimizer, "__name__", type(optimizer).__name__)
+        warnings.warn(
+            ProfileUseWarning(
+                f"{name} takes no {', '.join(left)} argument: the profile's"
+                f" {', '.join(f'{k}={kwargs[k]!r}' for k in left)} is left out, and it steps"
+                " with its own default kernel"
+            ),
+            stacklevel=3,
+        )
+    return {k: v for k, v in kwargs.items() if k in taken}
 
 
 def prepare_model(settings: Settings, model: Any) -> Any:

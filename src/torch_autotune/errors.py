@@ -84,6 +84,12 @@ class LateEnvironmentWarning(UserWarning):
     """An environment setting was applied after the library that reads it had started."""
 
 
+class ProfileUseWarning(UserWarning):
+    """A training script's own argument to a profile's helper leaves out or contradicts what
+    the profile holds: ``drop_last=False`` for a training loader where batch 1 raised, an
+    optimizer class without the profile's ``fused`` argument."""
+
+
 class StoreError(AutotuneError):
     """The profile store cannot be read or written."""
 

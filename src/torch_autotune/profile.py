@@ -242,17 +242,31 @@ class Profile(StrictModel):
 
         apply_torch_settings(self.settings)
 
-    def dataloader_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for the training ``torch.utils.data.DataLoader``;
-        ``drop_last=True`` where the probe found that batch 1 raises (BatchNorm's one value per
-        channel): an epoch's last batch of 1 would raise it too (an evaluation loader, whose
-        model is in eval mode, wants every sample: leave it out there)."""
+    def dataloader_kwargs(self, *, training: bool = True, **yours: Any) -> dict[str, Any]:
+        """Keyword arguments for a ``torch.utils.data.DataLoader``: the profile's (workers,
+        pin_memory, ...) with ``yours`` (batch_size, shuffle, drop_last, ...) merged in, so
+        ``DataLoader(dataset, **profile.dataloader_kwargs(batch_size=64, shuffle=True))``
+        never gets an argument twice.
+
+        Yours win where both give one. Where yours have no workers (``num_workers=0``), the
+        profile's ``persistent_workers`` and ``prefetch_factor`` are left out: torch refuses
+        them without workers. A training loader gets ``drop_last=True`` where the probe found
+        that batch 1 raises (BatchNorm's one value per channel): an epoch's last batch of 1
+        would raise too; your ``drop_last=False`` there warns (``ProfileUseWarning``). An
+        evaluation loader (``training=False``) leaves it to you: a model in eval mode takes
+        batch 1, and every sample should be scored.
+        """
         from torch_autotune.apply import dataloader_kwargs
 
         kwargs = dataloader_kwargs(self.settings)
-        if self.drops_last:
+        if training and self.drops_last:
             kwargs["drop_last"] = True
-        return kwargs
+            if yours.get("drop_last", True) is False:
+                _warn_drop_last(self)
+        if yours.get("num_workers", kwargs["num_workers"]) == 0:
+            kwargs.pop("persistent_workers", None)
+            kwargs.pop("prefetch_factor", None)
+        return {**kwargs, **yours}
 
     @property
     def drops_last(self) -> bool:
@@ -273,11 +287,14 @@ class Profile(StrictModel):
 
         return grad_scaler(self.settings)
 
-    def optimizer_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for Adam/AdamW (fused where it is stable)."""
+    def optimizer_kwargs(self, optimizer: Any = None) -> dict[str, Any]:
+        """Keyword arguments for the optimizer (``fused=True`` where the profile chose the
+        fused kernel). Give its class, ``profile.optimizer_kwargs(torch.optim.RMSprop)``, for
+        only what it takes: an argument it has none for is left out, with one warning
+        (``ProfileUseWarning``). Without it, every argument, for Adam and AdamW."""
         from torch_autotune.apply import optimizer_kwargs
 
-        return optimizer_kwargs(self.settings)
+        return optimizer_kwargs(self.settings, optimizer)
 
     def prepare_model(self, model: Any) -> Any:
         """Apply memory format, then (a job's profile, in a process group of several ranks)
@@ -300,6 +317,23 @@ class Profile(StrictModel):
         from torch_autotune.wrapping import parallelize
 
         return parallelize(self.settings, model)
+
+
+def _warn_drop_last(profile: Profile) -> None:
+    """The user's drop_last=False on a training loader whose last batch of 1 would raise."""
+    import warnings
+
+    from torch_autotune.errors import ProfileUseWarning
+    from torch_autotune.records import last_batches, small_batch_error
+
+    warnings.warn(
+        ProfileUseWarning(
+            f"drop_last=False: in the probe {small_batch_error(profile)}, so an epoch whose last"
+            f" batch holds {last_batches(profile)} raises too; leave drop_last to the profile for"
+            " training, or pass training=False for an evaluation loader"
+        ),
+        stacklevel=3,
+    )
 
 
 def profile_problems(profile: Profile) -> list[str]:

@@ -12,7 +12,10 @@ fields it owns; everything that used to list the settings by hand reads them fro
   its measured decision's reason, with ``summary_reason``: the numbers behind it);
 - the exporters: a tool with an argument for the setting names it in ``integrations``' table
   (``Export``); every other tool writes the record's generated line (``note``), naming the
-  profile's helper that applies it (``applied_by``), so a new setting is never left unsaid;
+  profile's helper that applies it (``applied_by``), so a new setting is never left unsaid.
+  What a helper applies that ``Settings`` does not hold, the profile derives from its evidence
+  (``drop_last``: batch 1 raised): a ``DerivedSetting`` in ``DERIVED``, which the exporters walk
+  beside the records, so it is never left unsaid either;
 - the environment: settings read once when a process starts (``fresh_process``);
 - memory: settings that change how much memory a batch needs (``memory``). A batch that ran
   with one value may not fit with another, so the invariant accepts the profile's batch only
@@ -34,10 +37,21 @@ if TYPE_CHECKING:
     from torch_autotune.profile import Profile
     from torch_autotune.settings import Settings
 
-__all__ = ["TOOLS", "AppliedBy", "Export", "SettingRecord", "Tool", "on_off"]
+__all__ = [
+    "DERIVED",
+    "TOOLS",
+    "AppliedBy",
+    "DerivedSetting",
+    "Export",
+    "SettingRecord",
+    "Tool",
+    "last_batches",
+    "on_off",
+    "small_batch_error",
+]
 
-Tool = Literal["hf", "lightning", "accelerate"]
-TOOLS: tuple[Tool, ...] = ("hf", "lightning", "accelerate")
+Tool = Literal["hf", "lightning", "accelerate", "env"]
+TOOLS: tuple[Tool, ...] = ("hf", "lightning", "accelerate", "env")
 """The tools ``autotune export`` writes for, as the records name them."""
 
 AppliedBy = Literal[
@@ -56,7 +70,7 @@ _HOW_APPLIED: Mapping[str, str] = {
     "apply": "call profile.apply()",
     "prepare_model": "model = profile.prepare_model(model)",
     "dataloader_kwargs": "DataLoader(..., **profile.dataloader_kwargs())",
-    "optimizer_kwargs": "the optimizer's **profile.optimizer_kwargs()",
+    "optimizer_kwargs": "the optimizer's **profile.optimizer_kwargs(its class)",
     "autocast": "with profile.autocast():",
     "environment": "source 'autotune export --format env' first",
     "parallelize": "model = profile.prepare_model(model) in each torchrun process (or"
@@ -119,3 +133,56 @@ class SettingRecord:
         if self.applied_by is None or self.changed is None or not self.changed(settings):
             return None
         return f"{self.label}: {self.show(settings)} ({_HOW_APPLIED[self.applied_by]})"
+
+
+@dataclass(frozen=True)
+class DerivedSetting:
+    """A setting one of the profile's helpers applies that ``Settings`` does not hold: the
+    profile derives it from its evidence. The exporters walk these beside ``RECORDS`` (a tool's
+    table names one as it names a record), and a tool without an entry writes its ``note``.
+
+    ``show(profile)``: its value as the line says it, None where the profile does not set it.
+    """
+
+    name: str
+    label: str
+    show: Callable[[Profile], str | None]
+    applied_by: AppliedBy
+
+    def note(self, profile: Profile) -> str | None:
+        """The line an exporter without an entry for it writes, as a record's ``note``."""
+        shown = self.show(profile)
+        return None if shown is None else f"{self.label}: {shown} ({_HOW_APPLIED[self.applied_by]})"
+
+
+def small_batch_error(profile: Profile) -> str | None:
+    """Why the profile's training loader drops an epoch's last batch ('batch 1 raised
+    ValueError: ...', from the probe's search), None where it keeps it."""
+    details = None if profile.evidence is None else profile.evidence.details
+    if details is None or not profile.drops_last:
+        return None
+    return (details.min_batch_reason or "").split("; batch ", 1)[0]
+
+
+def last_batches(profile: Profile) -> str:
+    """The last batches that raise: below the smallest batch that trained."""
+    details = None if profile.evidence is None else profile.evidence.details
+    smallest = 2 if details is None else details.min_batch_size
+    return "1 sample" if smallest == 2 else f"fewer than {smallest} samples"
+
+
+def _drop_last(profile: Profile) -> str | None:
+    """drop_last=True in the training loader, where the probe found that batch 1 raises."""
+    raised = small_batch_error(profile)
+    if raised is None:
+        return None
+    return (
+        f"True, in the training DataLoader only: {raised}, and so would an epoch's last batch of"
+        f" {last_batches(profile)}; an evaluation loader keeps every sample"
+    )
+
+
+DERIVED: tuple[DerivedSetting, ...] = (
+    DerivedSetting("drop_last", "drop_last", _drop_last, applied_by="dataloader_kwargs"),
+)
+"""Every setting a profile's helpers apply beyond ``Settings``, derived from its evidence."""

@@ -332,10 +332,18 @@ def test_a_batchnorm_model_is_tuned_from_two(
         " last batch below 2 raises it too: profile.dataloader_kwargs() sets drop_last=True"
     )
     assert profile.dataloader_kwargs()["drop_last"] is True  # the README's loop, every epoch
-    from torch_autotune.integrations import hf_training_arguments
+    from torch_autotune.integrations import (
+        hf_notes,
+        hf_training_arguments,
+        lightning_notes,
+        render_accelerate,
+    )
 
-    assert hf_training_arguments(profile)["dataloader_drop_last"] is True  # the Trainer's
-    from torch_autotune.integrations import lightning_notes
+    # the Trainer would drop evaluation's last batch too: left out, and its note says why
+    assert "dataloader_drop_last" not in hf_training_arguments(profile)
+    said = [n for n in hf_notes(profile) if n.startswith("drop_last: dataloader_drop_last is left")]
+    assert len(said) == 1
+    assert "#   drop_last: True, in the training DataLoader only" in render_accelerate(profile)
 
     (loader,) = [n for n in lightning_notes(profile) if n.startswith("DataLoader(")]
     assert "drop_last=True" in loader

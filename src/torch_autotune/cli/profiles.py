@@ -184,7 +184,11 @@ def export_command(  # click passes options by name
         text = EXPORT_FORMATS[fmt](profile)
         notes = hf_notes(profile) if fmt == "hf" else []
         if notes:  # JSON holds no comments: what TrainingArguments cannot set goes beside it
-            click.echo("autotune: note: TrainingArguments has no argument for these:", err=True)
+            click.echo(
+                "autotune: note: not in the JSON (TrainingArguments has no argument for these,"
+                " or the line says why it is left out):",
+                err=True,
+            )
             for note in notes:
                 click.echo(f"autotune: note:   {note}", err=True)
     if output is None:

@@ -21,17 +21,18 @@ tool has no entry for gets its record's generated line, so a new setting is said
   it has no argument for, and ``autotune export`` prints that list on stderr.
 - ``accelerate``: an accelerate config file (``accelerate launch --config_file FILE``).
 - ``env``: POSIX shell ``export`` lines for the profile's environment variables, to source
-  before Python starts (CUDA reads them once, at its first use).
+  before Python starts (each is read once: OpenMP's and MKL's when torch is imported, the
+  CUDA allocator's and cuBLAS's at their first use); the other settings are its comments.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune.integrations.accelerate import ACCELERATE, accelerate_config, render_accelerate
-from torch_autotune.integrations.common import arguments, header, notes, process_count
+from torch_autotune.integrations.common import arguments, notes, process_count
+from torch_autotune.integrations.env import ENV, render_env
 from torch_autotune.integrations.hf import HF, hf_notes, hf_optim, hf_training_arguments, render_hf
 from torch_autotune.integrations.lightning import (
     LIGHTNING,
@@ -68,6 +69,7 @@ EXPORTS: Mapping[Tool, Mapping[str, Export]] = {
     "lightning": LIGHTNING,
     "hf": HF,
     "accelerate": ACCELERATE,
+    "env": ENV,
 }
 """What each tool writes for a setting, by record name: its arguments, its own line, or the
 record that carries it. A setting a tool has no entry for gets its record's generated line
@@ -82,20 +84,6 @@ def tool_arguments(profile: Profile, tool: Tool) -> dict[str, Any]:
 def tool_notes(profile: Profile, tool: Tool) -> list[str]:
     """A line for each setting ``tool`` has no argument for, where the profile changes it."""
     return notes(profile, EXPORTS[tool])
-
-
-def render_env(profile: Profile) -> str:
-    """POSIX shell ``export`` lines for the profile's environment variables, safely quoted."""
-    lines = [
-        *header(profile, "Environment variables"),
-        "# Source this file before starting Python: CUDA reads them once, at its first use.",
-        "#   . ./THIS.sh && python train.py",
-    ]
-    environment = profile.settings.environment
-    if not environment:
-        lines.append("# This profile sets no environment variables: nothing to export.")
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(environment.items())]
-    return "\n".join(lines) + "\n"
 
 
 EXPORT_FORMATS: Mapping[str, Callable[[Profile], str]] = {

@@ -1,12 +1,14 @@
 """What every exporter shares: the process count, the file header, YAML, and the two walks
-over the records that give a tool's arguments and its notes from its table of ``Export``s."""
+over the records (``settings.RECORDS``, then ``records.DERIVED``: what the profile's helpers
+apply beyond ``Settings``) that give a tool's arguments and its notes from its table of
+``Export``s."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.records import Export
+from torch_autotune.records import DERIVED, Export
 from torch_autotune.settings import RECORDS, Settings
 
 if TYPE_CHECKING:
@@ -38,8 +40,8 @@ def to_yaml(data: Mapping[str, Any]) -> str:
 def arguments(profile: Profile, table: Mapping[str, Export]) -> dict[str, Any]:
     """Every argument a tool's ``table`` has for the profile's settings, in the records' order."""
     args: dict[str, Any] = {}
-    for record in RECORDS:
-        entry = table.get(record.name)
+    for name in [*(record.name for record in RECORDS), *(derived.name for derived in DERIVED)]:
+        entry = table.get(name)
         if entry is not None and entry.args is not None:
             args.update(entry.args(profile))
     return args
@@ -47,14 +49,16 @@ def arguments(profile: Profile, table: Mapping[str, Export]) -> dict[str, Any]:
 
 def notes(profile: Profile, table: Mapping[str, Export]) -> list[str]:
     """A line for each setting a tool has no argument for, where the profile changes it: the
-    tool's own wording where its ``table`` has one, else the record's generated line."""
+    tool's own wording where its ``table`` has one, else the record's generated line (a
+    derived setting's, after the records')."""
+    generated = [
+        *((record.name, record.note(profile.settings)) for record in RECORDS),
+        *((derived.name, derived.note(profile)) for derived in DERIVED),
+    ]
     lines = []
-    for record in RECORDS:
-        entry = table.get(record.name)
-        if entry is None:
-            note = record.note(profile.settings)
-        else:
-            note = entry.note(profile) if entry.note is not None else None
+    for name, own in generated:
+        entry = table.get(name)
+        note = own if entry is None else entry.note(profile) if entry.note is not None else None
         if note is not None:
             lines.append(note)
     return lines

@@ -15,7 +15,7 @@ from torch_autotune.integrations.common import (
     tf32_note,
     with_workers,
 )
-from torch_autotune.records import Export
+from torch_autotune.records import Export, last_batches, small_batch_error
 from torch_autotune.settings import Source
 
 if TYPE_CHECKING:
@@ -65,9 +65,7 @@ def _hf_loader(profile: Profile) -> dict[str, Any]:
     args: dict[str, Any] = {"dataloader_num_workers": dl.num_workers}
     if dl.num_workers > 0 and dl.prefetch_factor is not None:
         args["dataloader_prefetch_factor"] = dl.prefetch_factor
-    if profile.drops_last:  # batch 1 raised: so would an epoch's last batch of 1
-        args["dataloader_drop_last"] = True
-    return args
+    return args  # never dataloader_drop_last: see _hf_drop_last
 
 
 def _hf_compile(profile: Profile) -> dict[str, Any]:
@@ -173,6 +171,26 @@ def _hf_ddp_note(profile: Profile) -> str | None:
     )
 
 
+def _hf_drop_last(profile: Profile) -> str | None:
+    """Why ``dataloader_drop_last`` is not written, and what training's last batch needs.
+
+    The Trainer applies it to its evaluation loaders too, where it would leave samples out of
+    the metrics without a word. An epoch's last training batch too small for the model (batch
+    1 and BatchNorm) raises instead, loudly, and only for the training sets the line names.
+    """
+    raised = small_batch_error(profile)
+    if raised is None:
+        return None
+    batch = profile.settings.batch.batch_size
+    short = last_batches(profile)
+    where = f"len(train_dataset) % {batch} leaves {short} on one process" if batch else "it would"
+    return (
+        "drop_last: dataloader_drop_last is left out: the Trainer would drop the last batch of"
+        f" evaluation too, and its metrics would skip samples. An epoch's last training batch of"
+        f" {short} raises ({raised}): where {where}, train on that many samples fewer"
+    )
+
+
 HF: Mapping[str, Export] = {
     "device": Export(itself="use_cpu: hf_training_arguments"),
     "precision": Export(args=_hf_precision),
@@ -204,6 +222,7 @@ HF: Mapping[str, Export] = {
     "determinism": always(lambda s: {"full_determinism": s.backends.deterministic_algorithms}),
     "seed": always(lambda s: {} if s.seed is None else {"seed": s.seed}),
     "ddp": Export(args=_hf_ddp, note=_hf_ddp_note),
+    "drop_last": Export(note=_hf_drop_last),
     "activation_checkpointing": Export(
         args=lambda p: (
             {

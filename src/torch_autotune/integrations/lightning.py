@@ -198,6 +198,7 @@ LIGHTNING: Mapping[str, Export] = {
     "num_workers": Export(note=_lightning_loader),
     "pin_memory": Export(covered_by="num_workers"),
     "persistent_workers": Export(covered_by="num_workers"),
+    "drop_last": Export(covered_by="num_workers"),
     "grad_accum_steps": always(lambda s: {"accumulate_grad_batches": s.batch.grad_accum_steps}),
     "seed_workers": Export(covered_by="seed"),
     "determinism": always(lambda s: {"deterministic": s.backends.deterministic_algorithms}),
