@@ -42,6 +42,7 @@ def test_public_names_are_pinned() -> None:
         "Profile",
         "ProfileFileError",
         "RecordedMachine",
+        "RulesOnlyWarning",
         "SnapshotFileError",
         "Software",
         "StaleProfileWarning",

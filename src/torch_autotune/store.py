@@ -57,6 +57,7 @@ from torch_autotune.errors import (
 from torch_autotune.files import check_writable, write_atomically
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile, fingerprint
+from torch_autotune.remeasure import from_objects, measure_again
 
 ENV_HOME = "TORCH_AUTOTUNE_HOME"
 _ELSEWHERE = f"choose another place with --store DIR or {ENV_HOME}"
@@ -232,6 +233,17 @@ class ProfileStore:
             found.add(measured_on(machine))
         return sorted(name for name in found if name is not None)
 
+    def measured_from_objects(self, workload: str) -> bool:
+        """Whether a profile measured on ``workload`` from objects given to ``tune()`` is
+        stored, for any machine fingerprint (this machine's may have changed since)."""
+        key = workload_key(workload)
+        paths = [*self.profiles_dir.glob(f"*/{key}.json"), *self.profiles_dir.glob("*.json")]
+        found = (self._read_or_skip(path) for path in paths if not path.name.startswith("."))
+        return any(
+            p is not None and measured_on(p) == workload and from_objects(workload, p)
+            for p in found
+        )
+
     def measured_by_jobs(self, fingerprint_hex: str, workload: str) -> list[tuple[int, Path]]:
         """Where ``workload`` was measured by a job of several ranks for this fingerprint:
         (its ranks, its file), fewest ranks first."""
@@ -392,8 +404,7 @@ def _unreadable(path: Path, exc: OSError) -> StoreError:
 
 def _fix(workload: str | None) -> str:
     """What to do about a stored profile that cannot be used."""
-    again = "autotune" if workload is None else f"autotune -m {workload}"
-    return f"it cannot be used: delete it, or run '{again}' to measure again, which replaces it"
+    return f"it cannot be used: delete it, or {measure_again(workload)}, which replaces it"
 
 
 def changes_since(stored: Profile, now: HardwareSnapshot) -> str:
