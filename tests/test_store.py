@@ -153,11 +153,17 @@ def test_the_layout_is_the_machines_profile_and_one_file_per_workload(tmp_path: 
     fp = fingerprint(snapshot())
     assert path == tmp_path / "profiles" / fp / "resnet50.json"
     files = {p.relative_to(store.profiles_dir).as_posix() for p in store.profiles_dir.rglob("*")}
-    assert files == {fp, f"{fp}.json", f"{fp}/resnet50.json"}
+    assert files == {
+        fp,
+        f"{fp}.json",
+        f"{fp}/resnet50.json",
+        f"{fp}/speed",
+        f"{fp}/speed/resnet50.json",
+    }
     # no workload: the machine's file only (replacing a measured one needs force)
     rules_only = store.save(build_profile(snapshot(), now=NOW), force=True)
     assert rules_only == tmp_path / "profiles" / f"{fp}.json"
-    assert [p.name for p in (store.profiles_dir / fp).iterdir()] == ["resnet50.json"]
+    assert sorted(p.name for p in (store.profiles_dir / fp).iterdir()) == ["resnet50.json", "speed"]
 
 
 def test_a_store_from_an_earlier_version_is_read_as_it_is(tmp_path: Path) -> None:
@@ -414,3 +420,35 @@ def test_a_mode_never_measured_is_said_and_plain_recommend_of_nothing_is_not(
 def test_a_mode_that_does_not_exist_lists_the_modes(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^'fast' is not a mode: choose one of 'speed', 'bal"):
         on_the_h100(tmp_path, "fast")
+
+
+# --- one profile per workload and mode -----------------------------------------------------------
+
+
+def test_measuring_in_another_mode_keeps_the_first_modes_profile(tmp_path: Path) -> None:
+    """A speed run replaced the reproducible profile of the same workload: afterwards
+    recommend('reproducible', workload=...) returned the rules-only profile."""
+    careful = measured(H100, batch=128, workload="conv", mode=Mode.REPRODUCIBLE)
+    fast = measured(H100, batch=512, workload="conv")
+    store = ProfileStore(tmp_path)
+    store.save(careful)
+    store.save(fast)
+    assert on_the_h100(tmp_path, "reproducible", workload="conv") == careful
+    assert on_the_h100(tmp_path, "reproducible") == careful
+    assert on_the_h100(tmp_path, workload="conv") == fast  # the one saved last
+    assert on_the_h100(tmp_path) == fast
+    assert on_the_h100(tmp_path, "speed", workload="conv") == fast
+
+
+def test_a_store_with_one_profile_a_workload_keeps_it_when_another_mode_is_saved(
+    tmp_path: Path,
+) -> None:
+    """A store from an earlier version holds no mode folders: its reproducible profile is
+    kept in its mode's file before the speed one replaces the workload's file."""
+    careful = measured(H100, batch=128, workload="conv", mode=Mode.REPRODUCIBLE)
+    store = ProfileStore(tmp_path)
+    own = store.path_for(fingerprint(snapshot()), "conv")
+    own.parent.mkdir(parents=True)
+    own.write_text(dump_profile(careful, "json"))
+    store.save(measured(H100, batch=512, workload="conv"))
+    assert on_the_h100(tmp_path, "reproducible", workload="conv") == careful

@@ -107,7 +107,9 @@ def profile_for(
     wanted = fallback.mode_asked(mode)
     ranks = together.ranks_or_none()  # under torchrun: the profile of its world size
     try:
-        lookup = together.lookup(ProfileStore(store), snapshot, writer, workload, ranks)
+        found = ProfileStore(store)
+        mode_value = "" if wanted is None else wanted.value
+        lookup = together.lookup(found, snapshot, writer, workload, ranks, mode=mode_value)
     except StoreError as error:  # a corrupt or foreign profile, or one that cannot be read
         warnings.warn(StoredProfileWarning(error), stacklevel=3)
         lookup = Lookup(None, None, "unusable")  # said: no second warning below

@@ -1,5 +1,6 @@
-"""How to measure a workload again: the one remedy every message about a stored profile
-prints (a stale one, a corrupt one, one of another mode, one never measured).
+"""When a stored profile no longer serves: what changed on the machine since it was made, and
+how to measure its workload again, the one remedy every message about a stored profile prints
+(a stale one, a corrupt one, one of another mode, one never measured).
 
 ``autotune -m W`` builds a built-in or a ``package.module:factory`` again from its name. A
 profile that ``tune()`` measured on objects in hand (a model, an optimizer and a dataset,
@@ -10,6 +11,7 @@ so the remedy is to call ``tune()`` with the objects again. Importing this modul
 
 from __future__ import annotations
 
+from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile
 
 
@@ -48,3 +50,21 @@ def measure_again(
         f"call torch_autotune.tune(){there} with the objects of '{workload}' "
         f"(name='{workload}'{also}) and save() the profile"
     )
+
+
+def changes_since(stored: Profile, now: HardwareSnapshot) -> str:
+    """What changed between the machine a profile was made on and ``now``, in words."""
+    before = stored.provenance.snapshot
+    changes: list[str] = []
+
+    def compare(label: str, old: object, new: object) -> None:
+        if old != new:
+            changes.append(f"{label} {old} -> {new}")
+
+    compare("GPUs", [a.name for a in before.accelerators], [a.name for a in now.accelerators])
+    compare("driver", before.software.nvidia_driver_version, now.software.nvidia_driver_version)
+    compare("torch", before.software.torch_version, now.software.torch_version)
+    compare("CUDA", before.software.torch_cuda_version, now.software.torch_cuda_version)
+    compare("Python", before.software.python_version, now.software.python_version)
+    compare("usable CPUs", before.host.cpus_usable, now.host.cpus_usable)
+    return ", ".join(changes) or "the hardware or software fingerprint"
