@@ -586,3 +586,18 @@ def test_m_naming_a_profile_measured_on_objects_says_so_in_one_line(
     assert line.startswith("autotune: error: 'BNNet' was measured on objects given to tune()")
     assert "neither" not in line
     assert ("bench(" in line) == (command == ["bench"])
+
+
+def test_show_takes_a_profile_file_as_export_bench_and_report_do(tmp_path: Path) -> None:
+    """'autotune show --profile FILE' was "No such option" where export, bench and report
+    take it."""
+    from torch_autotune.profile_io import load_profile, parse_profile
+
+    path = Path(__file__).parent / "fixtures" / "profiles" / "schema-2.yaml"
+    shown = run("show", "--profile", str(path), "--json", "--store", str(tmp_path))
+    assert shown.exit_code == 0, shown.output
+    assert parse_profile(shown.stdout) == load_profile(path)
+    assert shown.stderr == ""  # no note on the store: the file is the profile
+    both = run("show", "--profile", str(path), "--mode", "speed")
+    assert both.exit_code == EXIT_USAGE
+    assert "--profile names the profile to show; --mode choose a stored one" in both.stderr
