@@ -43,6 +43,7 @@ def test_public_names_are_pinned() -> None:
         "ProfileFileError",
         "ProfileUseWarning",
         "RecordedMachine",
+        "RulesOnlyWarning",
         "SnapshotFileError",
         "Software",
         "StaleProfileWarning",

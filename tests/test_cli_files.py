@@ -47,12 +47,25 @@ def test_an_output_name_too_long_is_exit_4_on_one_line(tmp_path: Path, snapshot_
 
 
 def unwritable(tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A directory under which nothing can be written: ``kind`` 'file' (a file on the way) or
-    'denied' (a directory this user may not write in; root may, so access(2) says no)."""
+    """A directory under which nothing can be written: ``kind`` 'file' (a file on the way),
+    'denied' (a directory this user may not write in; root may, so access(2) says no) or
+    'refused' (one access(2) allows but where no file can be created, as in /proc)."""
     if kind == "file":
         blocker = tmp_path / "blocker"
         blocker.write_text("")
         return blocker / "sub"
+    if kind == "refused":
+        from torch_autotune import files
+
+        real_mkstemp = files.tempfile.mkstemp
+
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            if Path(str(kwargs["dir"])).is_relative_to(tmp_path):
+                raise FileNotFoundError(2, "No such file or directory")
+            return real_mkstemp(*args, **kwargs)
+
+        monkeypatch.setattr(files.tempfile, "mkstemp", refused)
+        return tmp_path / "sub"
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     real_access = os.access
@@ -76,7 +89,7 @@ def nothing_measured(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("nothing_measured")
-@pytest.mark.parametrize("kind", ["file", "denied"])
+@pytest.mark.parametrize("kind", ["file", "denied", "refused"])
 @pytest.mark.parametrize(
     "command",
     [

@@ -141,6 +141,48 @@ def test_a_file_in_a_directory_that_cannot_be_written_is_refused_before_it_is_ne
         files.check_writable(target, make_parents=False)
 
 
+def test_a_place_only_a_real_write_refuses_is_refused_before_it_is_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """access(2) lets root write anywhere: a store in /proc passed the check, and the run
+    measured for its whole budget before the save failed (exit 4). Nothing is left behind."""
+    target = tmp_path / "store" / "profiles"
+    real_mkstemp = files.tempfile.mkstemp
+
+    def refused(*args: object, **kwargs: object) -> tuple[int, str]:
+        if Path(str(kwargs["dir"])) == tmp_path:
+            raise FileNotFoundError(2, "No such file or directory")
+        return real_mkstemp(*args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", refused)
+    with pytest.raises(StoreError, match=f"no file can be created in {tmp_path} \\(No such"):
+        files.check_writable(target)
+    monkeypatch.undo()
+    files.check_writable(target)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("asked", ["access", "write"])
+def test_a_read_only_file_system_is_named_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked: str
+) -> None:
+    """A store on a file system mounted read-only said "Permission denied": access(2) refuses
+    root there too (EROFS), and the write itself fails with EROFS."""
+    import errno
+
+    if asked == "access":
+        monkeypatch.setattr(files, "_read_only_file_system", lambda path: path == tmp_path)
+        monkeypatch.setattr(os, "access", lambda *_args, **_kwargs: False)
+    else:
+
+        def read_only(*_args: object, **_kwargs: object) -> tuple[int, str]:
+            raise OSError(errno.EROFS, "Read-only file system")
+
+        monkeypatch.setattr(files.tempfile, "mkstemp", read_only)
+    with pytest.raises(StoreError, match=f"{tmp_path} is on a read-only file system$"):
+        files.check_writable(tmp_path / "profiles")
+
+
 def test_a_missing_directory_is_made_only_when_asked(tmp_path: Path) -> None:
     """An output (-o, --plot) into a directory that does not exist is refused, as open()
     refuses it; the store makes its own directories."""

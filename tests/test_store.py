@@ -16,10 +16,13 @@ from torch_autotune.detect import RecordedMachine
 from torch_autotune.errors import (
     EXIT_STORE,
     MeasuredProfileExistsError,
+    RulesOnlyWarning,
     StaleProfileWarning,
+    StoredProfileWarning,
     StoreError,
     UnusableGpuWarning,
 )
+from torch_autotune.evidence import WorkloadDetails
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Mode, Preferences, Profile, fingerprint
 from torch_autotune.profile_io import dump_profile
@@ -109,7 +112,8 @@ def test_profile_of_another_machine_is_not_called_stale(tmp_path: Path) -> None:
 
 def test_recommend_honours_the_mode_asked_for(tmp_path: Path) -> None:
     ProfileStore(tmp_path).save(build_profile(snapshot(), now=NOW))
-    profile = recommend("reproducible", store=tmp_path, machine=RecordedMachine(snapshot()))
+    with pytest.warns(RulesOnlyWarning, match="is for speed mode, not reproducible"):
+        profile = recommend("reproducible", store=tmp_path, machine=RecordedMachine(snapshot()))
     assert profile.mode is Mode.REPRODUCIBLE
     assert profile.settings.backends.deterministic_algorithms is True
 
@@ -149,11 +153,17 @@ def test_the_layout_is_the_machines_profile_and_one_file_per_workload(tmp_path: 
     fp = fingerprint(snapshot())
     assert path == tmp_path / "profiles" / fp / "resnet50.json"
     files = {p.relative_to(store.profiles_dir).as_posix() for p in store.profiles_dir.rglob("*")}
-    assert files == {fp, f"{fp}.json", f"{fp}/resnet50.json"}
+    assert files == {
+        fp,
+        f"{fp}.json",
+        f"{fp}/resnet50.json",
+        f"{fp}/speed",
+        f"{fp}/speed/resnet50.json",
+    }
     # no workload: the machine's file only (replacing a measured one needs force)
     rules_only = store.save(build_profile(snapshot(), now=NOW), force=True)
     assert rules_only == tmp_path / "profiles" / f"{fp}.json"
-    assert [p.name for p in (store.profiles_dir / fp).iterdir()] == ["resnet50.json"]
+    assert sorted(p.name for p in (store.profiles_dir / fp).iterdir()) == ["resnet50.json", "speed"]
 
 
 def test_a_store_from_an_earlier_version_is_read_as_it_is(tmp_path: Path) -> None:
@@ -164,15 +174,21 @@ def test_a_store_from_an_earlier_version_is_read_as_it_is(tmp_path: Path) -> Non
     legacy.write_text(dump_profile(old, "json"))
     assert on_the_h100(tmp_path) == old
     assert on_the_h100(tmp_path, workload="conv") == old
-    assert on_the_h100(tmp_path, workload="gpt2").measured is False
+    with pytest.warns(RulesOnlyWarning, match=r"measured here: conv\)"):
+        assert on_the_h100(tmp_path, workload="gpt2").measured is False
     assert ProfileStore(tmp_path).measured_workloads(fingerprint(snapshot())) == ["conv"]
 
 
 def test_a_workload_never_measured_here_gets_the_rules_only_profile(tmp_path: Path) -> None:
     ProfileStore(tmp_path).save(measured_on("resnet50"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", StaleProfileWarning)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")  # a StaleProfileWarning would be among them
         profile = on_the_h100(tmp_path, workload="gpt2")
+    assert [type(w.message) for w in said] == [RulesOnlyWarning]
+    assert str(said[0].message) == (
+        "no profile measured on gpt2 for this machine (measured here: resnet50); using the "
+        "rules-only profile (run 'autotune -m gpt2' to measure)"
+    )
     assert profile.measured is False
     assert profile.provenance.fingerprint == fingerprint(snapshot())
 
@@ -189,7 +205,9 @@ def test_a_stale_profile_of_the_workload_is_reported_with_the_command_that_measu
 
 def test_the_mode_asked_for_holds_for_a_workload_too(tmp_path: Path) -> None:
     ProfileStore(tmp_path).save(measured_on("resnet50"))
-    assert on_the_h100(tmp_path, "reproducible", workload="resnet50").mode is Mode.REPRODUCIBLE
+    with pytest.warns(RulesOnlyWarning, match="measured on resnet50 .* for speed mode"):
+        profile = on_the_h100(tmp_path, "reproducible", workload="resnet50")
+    assert profile.mode is Mode.REPRODUCIBLE
 
 
 @pytest.mark.parametrize(
@@ -331,3 +349,106 @@ def test_rules_only_replaces_rules_only_and_measured_replaces_anything(tmp_path:
 def measured_on_name(profile: Profile | None) -> str | None:
     assert profile is not None
     return None if profile.evidence is None else profile.evidence.workload
+
+
+# --- what recommend() says where it cannot return what was asked for ------------------------------
+
+
+def from_objects(name: str) -> Profile:
+    """A profile tune() measured on objects in hand, stored under the model's class."""
+    profile = measured_on(name)
+    assert profile.evidence is not None
+    details = WorkloadDetails(source="objects", batch="{'features': float32[32]}")
+    evidence = profile.evidence.model_copy(update={"details": details})
+    return profile.model_copy(update={"evidence": evidence})
+
+
+@pytest.mark.parametrize("workload", ["BNNet", None])
+def test_a_stale_profile_measured_on_objects_says_to_call_tune_again(
+    tmp_path: Path, workload: str | None
+) -> None:
+    """It said "run 'autotune -m BNNet' to measure again", which exits 5: no name builds the
+    objects given to tune()."""
+    ProfileStore(tmp_path).save(from_objects("BNNet"))
+    changed = RecordedMachine(upgraded_driver(snapshot()))
+    with pytest.warns(StaleProfileWarning) as said:
+        recommend(workload=workload, store=tmp_path, machine=changed)
+    (message,) = [str(w.message) for w in said]
+    assert "call torch_autotune.tune() with the objects of 'BNNet' (name='BNNet')" in message
+    assert "autotune -m" not in message
+
+
+def test_a_corrupt_profile_measured_on_objects_says_to_call_tune_again(tmp_path: Path) -> None:
+    store = ProfileStore(tmp_path)
+    store.save(from_objects("BNNet"))
+    store.path_for(fingerprint(snapshot()), "BNNet").write_text("{")
+    with pytest.warns(StoredProfileWarning) as said:
+        on_the_h100(tmp_path, workload="BNNet")
+    (message,) = [str(w.message) for w in said]
+    assert "delete it, or call torch_autotune.tune() with the objects of 'BNNet'" in message
+    assert "autotune -m" not in message
+
+
+@pytest.mark.parametrize("asked", ["bnnet", "BNNett"])
+def test_a_mistyped_workload_is_said_with_the_one_meant(tmp_path: Path, asked: str) -> None:
+    """recommend(workload='bnnet'), where 'BNNet' was measured, gave the rules-only profile
+    without a word."""
+    ProfileStore(tmp_path).save(from_objects("BNNet"))
+    with pytest.warns(RulesOnlyWarning, match=f"no profile measured on {asked} for this") as said:
+        profile = on_the_h100(tmp_path, workload=asked)
+    assert profile.measured is False
+    assert len(said) == 1
+    assert "perhaps you meant 'BNNet'?" in str(said[0].message)
+
+
+def test_a_mode_never_measured_is_said_and_plain_recommend_of_nothing_is_not(
+    tmp_path: Path,
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the first run, nothing measured yet: documented
+        assert on_the_h100(tmp_path).measured is False
+    ProfileStore(tmp_path).save(measured_on("resnet50"))
+    with pytest.warns(RulesOnlyWarning) as said:
+        profile = on_the_h100(tmp_path, "balanced")
+    assert profile.measured is False
+    assert str(said[0].message) == (
+        "the profile stored for this machine is for speed mode, not balanced; using the "
+        "rules-only balanced profile (run 'autotune --mode balanced' to measure)"
+    )
+
+
+def test_a_mode_that_does_not_exist_lists_the_modes(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^'fast' is not a mode: choose one of 'speed', 'bal"):
+        on_the_h100(tmp_path, "fast")
+
+
+# --- one profile per workload and mode -----------------------------------------------------------
+
+
+def test_measuring_in_another_mode_keeps_the_first_modes_profile(tmp_path: Path) -> None:
+    """A speed run replaced the reproducible profile of the same workload: afterwards
+    recommend('reproducible', workload=...) returned the rules-only profile."""
+    careful = measured(H100, batch=128, workload="conv", mode=Mode.REPRODUCIBLE)
+    fast = measured(H100, batch=512, workload="conv")
+    store = ProfileStore(tmp_path)
+    store.save(careful)
+    store.save(fast)
+    assert on_the_h100(tmp_path, "reproducible", workload="conv") == careful
+    assert on_the_h100(tmp_path, "reproducible") == careful
+    assert on_the_h100(tmp_path, workload="conv") == fast  # the one saved last
+    assert on_the_h100(tmp_path) == fast
+    assert on_the_h100(tmp_path, "speed", workload="conv") == fast
+
+
+def test_a_store_with_one_profile_a_workload_keeps_it_when_another_mode_is_saved(
+    tmp_path: Path,
+) -> None:
+    """A store from an earlier version holds no mode folders: its reproducible profile is
+    kept in its mode's file before the speed one replaces the workload's file."""
+    careful = measured(H100, batch=128, workload="conv", mode=Mode.REPRODUCIBLE)
+    store = ProfileStore(tmp_path)
+    own = store.path_for(fingerprint(snapshot()), "conv")
+    own.parent.mkdir(parents=True)
+    own.write_text(dump_profile(careful, "json"))
+    store.save(measured(H100, batch=512, workload="conv"))
+    assert on_the_h100(tmp_path, "reproducible", workload="conv") == careful

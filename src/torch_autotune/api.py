@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune import compose, together
+from torch_autotune import compose, fallback, together
 from torch_autotune.bench import TrainConfig
 from torch_autotune.detect import Machine
 from torch_autotune.detect import detect as detect_machine
@@ -36,6 +36,7 @@ from torch_autotune.launch import ranks_from_environment
 from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS, Measure
 from torch_autotune.probe.interrupts import import_torch
 from torch_autotune.profile import Evidence, Mode, Preferences, Profile, fingerprint
+from torch_autotune.remeasure import measure_again
 from torch_autotune.store import Lookup, ProfileStore, machine_id
 
 if TYPE_CHECKING:
@@ -69,10 +70,13 @@ def recommend(
     or ``autotune bench`` ran, as earlier versions did, which is the right one for a user who
     measures their own model. With several workloads measured, name the one you train.
 
-    ``mode`` asks for a mode; a stored profile of another mode is not returned. A stored
-    profile whose machine changed since is never used: a ``StaleProfileWarning`` says what
-    changed, and the rules-only profile comes back instead (``profile.measured`` is False), as
-    it does when nothing was measured on ``workload`` here. A stored profile that is corrupt
+    ``mode`` asks for a mode ("speed", "balanced", "reproducible"; any other is a ValueError
+    that lists them); a stored profile of another mode is not returned. Where the store holds
+    no profile of the ``workload`` or the ``mode`` asked for, the rules-only profile comes back
+    (``profile.measured`` is False) with a ``RulesOnlyWarning`` that names what the store holds
+    ("perhaps you meant ..."). A stored profile whose machine changed since is never used: a
+    ``StaleProfileWarning`` says what changed and how to measure again, and the rules-only
+    profile comes back instead. A stored profile that is corrupt
     or was made for another machine is never used either: a ``StoredProfileWarning`` names
     the file and the fix, and the rules-only profile comes back, so a training script goes on.
     A stored profile that cannot be read (its permissions, a directory in its place) is
@@ -100,28 +104,33 @@ def profile_for(
     machine); None for a recorded snapshot of another machine, whose history this store
     cannot know, so nothing is called stale. A rules-only profile says this host wrote it.
     """
-    wanted = None if mode is None else Mode(mode)
+    wanted = fallback.mode_asked(mode)
     ranks = together.ranks_or_none()  # under torchrun: the profile of its world size
     try:
-        lookup = together.lookup(ProfileStore(store), snapshot, writer, workload, ranks)
+        found = ProfileStore(store)
+        mode_value = "" if wanted is None else wanted.value
+        lookup = together.lookup(found, snapshot, writer, workload, ranks, mode=mode_value)
     except StoreError as error:  # a corrupt or foreign profile, or one that cannot be read
         warnings.warn(StoredProfileWarning(error), stacklevel=3)
-        lookup = Lookup(None, None, None)
+        lookup = Lookup(None, None, "unusable")  # said: no second warning below
     if lookup.profile is not None and wanted in (None, lookup.profile.mode):
         _warn_if_gpu_unused(lookup.profile)
         return lookup.profile
     if lookup.stale is not None:
         what = "the stored profile" if workload is None else f"the profile stored for {workload}"
-        again = "autotune" if workload is None else f"autotune -m {workload}"
+        evidence = lookup.stale.evidence  # the workload it was measured on is measured again
+        again = measure_again(workload or (evidence.workload if evidence else None), lookup.stale)
         warnings.warn(
             StaleProfileWarning(
                 f"{what} was made before this machine changed ({lookup.stale_reason}); using"
-                f" rules only: run '{again}' to measure again"
+                f" rules only: {again}"
             ),
             stacklevel=3,
         )
     preferences = together.job_preferences(ranks, Preferences(mode=wanted or Mode.SPEED))
     profile = rules_profile(snapshot, preferences)
+    if lookup.stale_reason is None:  # else said above; here, why not what was asked for
+        fallback.warn_if_asked_for(store, profile, workload, wanted)
     _warn_if_gpu_unused(profile)
     return profile
 
@@ -409,23 +418,6 @@ def stored_measured(store: str | Path | None, workload: str | None) -> Profile |
     profile saved last), or None when there is none or it was not measured."""
     stored = ProfileStore(store).load(fingerprint(detect()), workload)
     return stored if stored is not None and stored.evidence is not None else None
-
-
-def stored_profile(
-    snapshot: HardwareSnapshot, workload: str | None = None, store: str | Path | None = None
-) -> Profile | None:
-    """The profile the store holds for ``snapshot``'s machine (the one measured on
-    ``workload`` when one is named), whatever its mode; None when there is none, or when it
-    cannot be used (``recommend()`` has said why)."""
-    try:
-        return ProfileStore(store).load(fingerprint(snapshot), workload)
-    except StoreError:
-        return None
-
-
-def measured_workloads(profile: Profile, store: str | Path | None = None) -> list[str]:
-    """The workloads a profile was measured on, in the store, for ``profile``'s machine."""
-    return ProfileStore(store).measured_workloads(profile.provenance.fingerprint)
 
 
 def bench_estimate_s(

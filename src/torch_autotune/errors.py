@@ -118,6 +118,12 @@ class StoredProfileWarning(UserWarning):
         self.error = error
 
 
+class RulesOnlyWarning(UserWarning):
+    """``recommend()`` was asked for a workload, or a mode, that the store holds no profile of
+    for this machine, and returns the rules-only profile: the message says what was asked, what
+    the store holds instead ("perhaps you meant ..."), and how to measure it."""
+
+
 class UnusableGpuWarning(UserWarning):
     """The machine has a GPU the installed torch cannot run (no kernels for its architecture,
     or a CPU-only build of torch), so the profile trains on the CPU."""

@@ -144,23 +144,32 @@ def check_writable(path: Path, *, make_parents: bool = True) -> None:
     directories still missing on the way are ones the write makes; without, a missing one is
     refused too.
 
-    Asks the system's permission check (``access(2)``) and writes nothing; a write can still
-    fail later (a full disk), and says so itself."""
+    Asks the system's permission check (``access(2)``), then creates and removes an empty
+    temporary file where the write would make its own (``_try_creating``): root passes
+    ``access(2)`` everywhere, and ``/proc`` or a FUSE mount refuse only the real write, which
+    was found after the whole probe. Nothing is left behind; a write can still fail later (a
+    full disk), and says so itself. A read-only file system is named as such, not as "Permission
+    denied"."""
     target = Path(os.path.realpath(path))  # a link's file is the one written
     if _exists(path, target):
         if target.is_dir():  # the store's: written in
             if not os.access(target, os.W_OK | os.X_OK):
-                raise StoreError(f"cannot write {path}: Permission denied")
+                raise StoreError(f"cannot write {path}: {_denied(target)}")
+            _try_creating(path, target)
         elif not os.access(target, os.W_OK):
+            if _read_only_file_system(target):
+                raise StoreError(f"cannot write {path}: {_denied(target)}")
             raise StoreError(
                 f"cannot write {path}: the file is read-only for this user; make it writable "
                 "(chmod u+w) or name another file"
             )
-        elif not writes_in_place(target) and not os.access(target.parent, os.W_OK | os.X_OK):
-            raise StoreError(  # the new file is written beside it, then renamed over it
-                f"cannot write {path}: Permission denied in {target.parent} (the file is"
-                " replaced by one written beside it)"
-            )
+        elif not writes_in_place(target):
+            if not os.access(target.parent, os.W_OK | os.X_OK):
+                raise StoreError(  # the new file is written beside it, then renamed over it
+                    f"cannot write {path}: {_denied(target.parent)} (the file is replaced by one"
+                    " written beside it)"
+                )
+            _try_creating(path, target.parent)
         return
     directory = target.parent
     while not _exists(path, directory):
@@ -173,7 +182,45 @@ def check_writable(path: Path, *, make_parents: bool = True) -> None:
     if not directory.is_dir():
         raise StoreError(f"cannot write {path}: {directory} is not a directory")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise StoreError(f"cannot write {path}: Permission denied in {directory}")
+        raise StoreError(f"cannot write {path}: {_denied(directory)}")
+    _try_creating(path, directory)
+
+
+def _read_only_file_system(path: Path) -> bool:
+    """Whether ``path`` lies on a file system mounted read-only (``statvfs``'s ST_RDONLY;
+    never on Windows, which has no ``statvfs``)."""
+    try:
+        return bool(os.statvfs(path).f_flag & getattr(os, "ST_RDONLY", 0))
+    except (AttributeError, OSError):
+        return False
+
+
+def _denied(directory: Path) -> str:
+    """Why ``access(2)`` refused to let this user write in ``directory``, in words: root is
+    refused only by a read-only file system (EROFS), which "Permission denied" hid."""
+    if _read_only_file_system(directory):
+        return f"{directory} is on a read-only file system"
+    return f"Permission denied in {directory}"
+
+
+def _try_creating(path: Path, directory: Path) -> None:
+    """Create and remove an empty temporary file in ``directory``, as a write of ``path``
+    would there: StoreError naming ``path`` when it cannot be created. The name is the
+    temporary files' own, so one a kill left behind is removed by the next write."""
+    try:
+        handle, temporary = tempfile.mkstemp(
+            dir=directory,
+            prefix=f".{path.name}.{_host()}-{os.getpid()}-",
+            suffix=TEMPORARY_SUFFIX,
+        )
+    except OSError as exc:
+        if exc.errno == errno.EROFS:
+            why = f"{directory} is on a read-only file system"
+        else:
+            why = f"no file can be created in {directory} ({exc.strerror or exc})"
+        raise StoreError(f"cannot write {path}: {why}") from None
+    os.close(handle)
+    Path(temporary).unlink(missing_ok=True)
 
 
 def _exists(path: Path, candidate: Path) -> bool:

@@ -8,9 +8,10 @@ one, so a crash never leaves half a profile. Under ``profiles/``:
 
     <fingerprint>.json               the machine's profile: the last one saved for it, measured
                                      or rules-only; what ``recommend()`` returns
-    <fingerprint>/<workload>.json    the profile measured on each workload (``evidence.workload``;
-                                     ``workload_key`` makes the name a file name);
-                                     what ``recommend(workload=...)`` returns
+    <fingerprint>/<workload>.json    the profile measured last on each workload
+                                     (``evidence.workload``; ``workload_key`` makes the name a
+                                     file name); what ``recommend(workload=...)`` returns
+    <fingerprint>/<mode>/<workload>.json  ... in each mode, for ``recommend(mode, ...)``
 
 A job's profile (several ranks under torchrun, ``topology.world_size`` N above 1) goes beside
 them, never over the profile of one process:
@@ -20,9 +21,12 @@ them, never over the profile of one process:
 
 A measured profile is written to both, so measuring a second workload no longer replaces the
 first one's profile (before, ``autotune bench -m transformer`` silently replaced the conv
-profile). Stores written by earlier versions hold only ``<fingerprint>.json``: it is read as it
-is, and it serves ``recommend(workload=W)`` when it was measured on ``W``. Earlier versions
-read a store written by this one the same way.
+profile), nor measuring it in a second mode the first mode's (a speed run replaced the
+reproducible one). Stores written by earlier versions hold only ``<fingerprint>.json``, or no
+mode folders: they are read as they are, ``<fingerprint>.json`` serves
+``recommend(workload=W)`` when it was measured on ``W``, and a workload's profile of another
+mode is copied to its mode's file before a save replaces it. Earlier versions read a store
+written by this one the same way.
 
 A profile whose fingerprint differs from this machine's but that this machine wrote (same
 ``machine_id``) is *stale*: the GPU, driver, torch or CUDA changed since. It is reported, never
@@ -57,6 +61,7 @@ from torch_autotune.errors import (
 from torch_autotune.files import check_writable, write_atomically
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile, fingerprint
+from torch_autotune.remeasure import changes_since, from_objects, measure_again
 
 ENV_HOME = "TORCH_AUTOTUNE_HOME"
 _ELSEWHERE = f"choose another place with --store DIR or {ENV_HOME}"
@@ -142,6 +147,12 @@ class ProfileStore:
             return self.profiles_dir / f"{fingerprint_hex}.json"
         return self.profiles_dir / fingerprint_hex / f"{workload_key(workload)}.json"
 
+    def path_of_mode(self, fingerprint_hex: str, workload: str, mode: str, world: int = 1) -> Path:
+        """The profile measured on ``workload`` in ``mode``, kept beside the workload's last
+        one so that measuring in another mode does not replace it."""
+        workload_path = self.path_for(fingerprint_hex, workload, world)
+        return workload_path.parent / mode / workload_path.name
+
     def save(self, profile: Profile, *, force: bool = False) -> Path:
         """Store ``profile`` as its machine's profile and, when measured, as its workload's.
 
@@ -157,16 +168,30 @@ class ProfileStore:
         machine = self.path_for(profile.provenance.fingerprint, world=world)
         if not profile.measured and not force:
             self._check_replaceable(machine)
-        workload = measured_on(profile)
-        targets = [machine]
-        if workload is not None:
-            targets.insert(0, self.path_for(profile.provenance.fingerprint, workload, world))
-        for target in targets:
+        workload, fp = measured_on(profile), profile.provenance.fingerprint
+        writes = [(machine, text)]
+        if workload is not None:  # the workload's last profile, and its profile of this mode
+            last = self.path_for(fp, workload, world)
+            mode = self.path_of_mode(fp, workload, profile.mode.value, world)
+            writes[:0] = [*self._kept_beside(last, fp, workload), (last, text), (mode, text)]
+        for target, data in writes:
             try:
-                write_atomically(target, text, make_parents=True, replace_read_only=True)
+                write_atomically(target, data, make_parents=True, replace_read_only=True)
             except StoreError as exc:
                 raise StoreError(f"{exc}; {_ELSEWHERE}") from None
-        return targets[0]
+        return last if workload is not None else machine
+
+    def _kept_beside(self, last: Path, fp: str, workload: str) -> list[tuple[Path, str]]:
+        """The profile of another mode that the workload's file ``last`` holds, to write to
+        its mode's file before ``last`` is replaced, where that file is missing (a store from
+        an earlier version kept one profile a workload): measuring in speed mode replaced the
+        reproducible one."""
+        previous = self._read_or_skip(last)
+        if previous is None or measured_on(previous) != workload:
+            return []
+        world = previous.topology.world_size
+        keep = self.path_of_mode(fp, workload, previous.mode.value, world)
+        return [] if os.path.lexists(keep) else [(keep, last.read_text(encoding="utf-8"))]
 
     def check_writable(self) -> None:
         """StoreError now when the store cannot be written (``files.check_writable`` on the
@@ -199,14 +224,27 @@ class ProfileStore:
             )
 
     def load(
-        self, fingerprint_hex: str, workload: str | None = None, world: int = 1
+        self, fingerprint_hex: str, workload: str | None = None, world: int = 1, mode: str = ""
     ) -> Profile | None:
         """The machine's profile, or the one measured on ``workload``, of a job of ``world``
-        ranks; None when there is none.
+        ranks; None when there is none. With ``mode``, where that profile is of another mode,
+        the one measured in ``mode`` on its workload when one is stored.
 
         A workload without a file of its own gets the machine's profile when that was measured
         on it (a store written by an earlier version).
         """
+        found = self._last(fingerprint_hex, workload, world)
+        measured = workload or (None if found is None else measured_on(found))
+        if not mode or measured is None or (found is not None and found.mode.value == mode):
+            return found
+        path = self.path_of_mode(fingerprint_hex, measured, mode, world)
+        of_mode = self._of_world(self._read_for(fingerprint_hex, path, measured), world)
+        if of_mode is not None and measured_on(of_mode) == measured and of_mode.mode.value == mode:
+            return of_mode
+        return found
+
+    def _last(self, fingerprint_hex: str, workload: str | None, world: int) -> Profile | None:
+        """The machine's profile saved last, or the one measured on ``workload`` (``load``)."""
         machine_path = self.path_for(fingerprint_hex, world=world)
         if workload is None:
             return self._of_world(self._read_for(fingerprint_hex, machine_path, workload), world)
@@ -232,6 +270,17 @@ class ProfileStore:
             found.add(measured_on(machine))
         return sorted(name for name in found if name is not None)
 
+    def measured_from_objects(self, workload: str) -> bool:
+        """Whether a profile measured on ``workload`` from objects given to ``tune()`` is
+        stored, for any machine fingerprint (this machine's may have changed since)."""
+        key = workload_key(workload)
+        paths = [*self.profiles_dir.glob(f"*/{key}.json"), *self.profiles_dir.glob("*.json")]
+        found = (self._read_or_skip(path) for path in paths if not path.name.startswith("."))
+        return any(
+            p is not None and measured_on(p) == workload and from_objects(workload, p)
+            for p in found
+        )
+
     def measured_by_jobs(self, fingerprint_hex: str, workload: str) -> list[tuple[int, Path]]:
         """Where ``workload`` was measured by a job of several ranks for this fingerprint:
         (its ranks, its file), fewest ranks first."""
@@ -250,13 +299,16 @@ class ProfileStore:
         machine: str | None,
         workload: str | None = None,
         world: int = 1,
+        *,
+        mode: str = "",
     ) -> Lookup:
         """The fresh profile for this snapshot (measured on ``workload`` when one is named, for
-        a job of ``world`` ranks), or the stale one ``machine`` left behind; with ``machine``
+        a job of ``world`` ranks, in ``mode`` where one is stored), or the stale one ``machine``
+        left behind; with ``machine``
         None (a recorded snapshot of some machine, whose history this store cannot know), or
         for a job, no stale one."""
         wanted = fingerprint(snapshot)
-        fresh = self.load(wanted, workload, world)
+        fresh = self.load(wanted, workload, world, mode)
         if fresh is not None:
             return Lookup(fresh, None, None)
         if machine is None or world > 1:
@@ -392,23 +444,4 @@ def _unreadable(path: Path, exc: OSError) -> StoreError:
 
 def _fix(workload: str | None) -> str:
     """What to do about a stored profile that cannot be used."""
-    again = "autotune" if workload is None else f"autotune -m {workload}"
-    return f"it cannot be used: delete it, or run '{again}' to measure again, which replaces it"
-
-
-def changes_since(stored: Profile, now: HardwareSnapshot) -> str:
-    """What changed between the machine a profile was made on and ``now``, in words."""
-    before = stored.provenance.snapshot
-    changes: list[str] = []
-
-    def compare(label: str, old: object, new: object) -> None:
-        if old != new:
-            changes.append(f"{label} {old} -> {new}")
-
-    compare("GPUs", [a.name for a in before.accelerators], [a.name for a in now.accelerators])
-    compare("driver", before.software.nvidia_driver_version, now.software.nvidia_driver_version)
-    compare("torch", before.software.torch_version, now.software.torch_version)
-    compare("CUDA", before.software.torch_cuda_version, now.software.torch_cuda_version)
-    compare("Python", before.software.python_version, now.software.python_version)
-    compare("usable CPUs", before.host.cpus_usable, now.host.cpus_usable)
-    return ", ".join(changes) or "the hardware or software fingerprint"
+    return f"it cannot be used: delete it, or {measure_again(workload)}, which replaces it"

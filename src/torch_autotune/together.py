@@ -239,8 +239,7 @@ def _ranks_record(leader: Any, evidence: Any, rules_only: Profile, wait_s: float
 def job_preferences(ranks: Ranks | None, preferences: Preferences) -> Preferences:
     """The preferences of a job torchrun started: its processes per node and nodes, as
     torchrun started them. ``LaunchError`` where the user asked for others: a profile
-    measured by 2 ranks was saved as a job of 4, or failed an assertion after the whole
-    probe."""
+    measured by 2 ranks was saved as a job of 4, or failed an assertion after the probe."""
     if ranks is None:
         return preferences
     given, started = preferences.processes_per_node, ranks.local_world_size
@@ -308,14 +307,16 @@ def lookup(
     writer: str | None,
     workload: str | None,
     ranks: Ranks | None,
+    *,
+    mode: str = "",
 ) -> Lookup:
-    """``store.lookup`` for the job this process belongs to: the profile of its world size;
-    where only the profile of one process is stored, that one, with a ``WorldSizeWarning``."""
+    """``store.lookup`` (in ``mode``) for the job this process belongs to: the profile of its
+    world size; where only one process's is stored, that one, with a ``WorldSizeWarning``."""
     world = ranks.world_size if ranks is not None else 1
-    found = store.lookup(snapshot, writer, workload, world)
+    found = store.lookup(snapshot, writer, workload, world, mode=mode)
     if found.profile is not None or world == 1:
         return found
-    alone = store.lookup(snapshot, writer, workload)
+    alone = store.lookup(snapshot, writer, workload, mode=mode)
     if alone.profile is not None:
         warnings.warn(
             WorldSizeWarning(

@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 from torch_autotune.errors import InputFileError, ProfileFileError, SnapshotFileError
-from torch_autotune.store import ProfileStore
 
 
 def is_stdin(path: Path) -> bool:
@@ -108,6 +107,31 @@ def usable_cpus() -> int:
     return read_host()[0].cpus_usable
 
 
+def check_workload_name(workload: str | None, store: Path | None, *, bench: bool) -> None:
+    """WorkloadError (exit 5), in one line and before anything runs, where ``-m`` names a
+    stored profile measured on objects given to ``tune()``: no name builds them again, and
+    the resolver's "neither a built-in workload nor a reference" did not say why."""
+    from torch_autotune.errors import WorkloadError
+    from torch_autotune.remeasure import from_objects
+    from torch_autotune.store import ProfileStore
+
+    if workload is None or not from_objects(workload):
+        return
+    if not ProfileStore(store).measured_from_objects(workload):
+        return
+    if bench:
+        fix = (
+            f"bench it from Python with them: torch_autotune.bench(torch_autotune.recommend("
+            f"workload='{workload}'), workload={{'model': ..., 'optimizer': ..., 'dataset': ...}})"
+        )
+    else:
+        fix = f"call torch_autotune.tune() with them again (name='{workload}') and save() it"
+    raise WorkloadError(
+        f"'{workload}' was measured on objects given to tune(), which -m cannot build again "
+        f"from a name; {fix}, or give -m a package.module:factory that returns them"
+    )
+
+
 def current_profile(
     store: Path | None,
     mode: str | None,
@@ -125,8 +149,9 @@ def current_profile(
     """
     import warnings
 
-    from torch_autotune import api
+    from torch_autotune import api, fallback
     from torch_autotune.errors import (
+        RulesOnlyWarning,
         StaleProfileWarning,
         StoredProfileWarning,
         UnusableGpuWarning,
@@ -136,6 +161,7 @@ def current_profile(
     with warnings.catch_warnings(record=True) as caught:
         for category in (StaleProfileWarning, StoredProfileWarning, UnusableGpuWarning):
             warnings.simplefilter("always", category)
+        warnings.simplefilter("ignore", RulesOnlyWarning)  # the note below says it, always
         writer = None if snapshot_file is not None else api.host_id()
         profile = api.profile_for(machine, mode, workload=workload, store=store, writer=writer)
     for warning in caught:
@@ -146,74 +172,20 @@ def current_profile(
         stale = stale or isinstance(warning.message, StaleProfileWarning)
         click.echo(f"autotune: warning: {warning.message}", err=True)
     if not profile.measured and not stale:
-        stored = api.stored_profile(machine, workload, store)
-        if stored is None:
-            text = _nothing_stored(store, profile, workload, snapshot_file)
-        else:
-            text = _stored_is_not_measured(stored, profile, workload, snapshot_file)
+        machine_words, where = _machine_words(snapshot_file)
+        stored = fallback.stored_for(store, profile, workload)
+        text = fallback.why_rules_only(
+            store, profile, workload, stored=stored, machine=machine_words, where=where
+        )
         click.echo(f"autotune: note: {text}", err=True)
     return profile
 
 
 def _machine_words(snapshot_file: Path | None) -> tuple[str, str]:
     """How a note names the machine, and where the command that measures it runs."""
+    from torch_autotune.fallback import THIS_MACHINE
+
     if snapshot_file is None:
-        return "this machine", ""
+        return THIS_MACHINE, ""
     where = "on standard input" if is_stdin(snapshot_file) else f"in {snapshot_file}"
-    return f"the machine {where}", " on that machine"
-
-
-def _stored_is_not_measured(
-    stored: Any, profile: Any, workload: str | None, snapshot_file: Path | None
-) -> str:
-    """Why a rules-only profile is shown although the store holds one: the stored profile is
-    rules-only itself (``recommend --save``), or of another mode than the one asked for."""
-    machine, there = _machine_words(snapshot_file)
-    what = f"the profile stored for {machine}"
-    if workload is not None:
-        what = f"the profile measured on {workload} for {machine}"
-    if stored == profile:
-        return (
-            f"{what} is rules-only (saved by 'autotune recommend --save'), not measured (run "
-            f"'autotune'{there} to measure)"
-        )
-    mode = profile.mode.value
-    model = "" if workload is None else f" -m {workload}"
-    return (
-        f"{what} is for {stored.mode.value} mode, not {mode}; showing the rules-only {mode} "
-        f"profile (run 'autotune --mode {mode}{model}'{there} to measure)"
-    )
-
-
-def _nothing_stored(
-    store: Path | None, profile: Any, workload: str | None, snapshot_file: Path | None = None
-) -> str:
-    """Why the rules-only profile is shown, and the command that measures one."""
-    machine, there = _machine_words(snapshot_file)
-    if workload is None:
-        return (
-            f"no profile stored for {machine}; showing the rules-only profile (run "
-            f"'autotune'{there} to measure)"
-        )
-    import difflib
-
-    from torch_autotune import api
-
-    measured = api.measured_workloads(profile, store)
-    text = f"no profile measured on {workload} for {machine}"
-    jobs = ProfileStore(store).measured_by_jobs(profile.provenance.fingerprint, workload)
-    close = difflib.get_close_matches(workload, [w for w in measured if w != workload], n=1)
-    if jobs:
-        world, path = jobs[0]
-        return (
-            f"{text} in one process; one for a job of {world} ranks is stored ({path}):"
-            " recommend() returns it in each rank under torchrun, and 'autotune export"
-            " --profile' that file exports it; showing the rules-only profile of one process"
-        )
-    if close:
-        text += f"; perhaps you meant '{close[0]}'?"
-    elif measured:
-        text += f" (measured here: {', '.join(measured)})"
-    return (
-        f"{text}; showing the rules-only profile (run 'autotune -m {workload}'{there} to measure)"
-    )
+    return f"the machine {where}", "on that machine"

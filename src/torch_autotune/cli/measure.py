@@ -71,6 +71,7 @@ def bench_command(  # click passes options by name
     from torch_autotune import api
     from torch_autotune.render import progress_reporter
 
+    inputs.check_workload_name(workload, store, bench=True)
     baseline = inputs.load_baseline(baseline_file)
     if profile_file is None and not no_save:
         check_can_save(store)  # now, not after the bench

@@ -118,17 +118,43 @@ def _print_profile(profile: object, *, as_json: bool) -> None:
 @options.store()
 @options.mode(default=None)
 @options.recorded_snapshot()
+@options.profile_file(
+    "Show this profile file (saved from Python with torch_autotune.save, or by 'autotune "
+    "export') instead of the machine's stored profile ('-' reads standard input)."
+)
 @options.as_json("Print the profile as JSON.")
-def show_command(
+def show_command(  # click passes options by name
+    *,
     workload: str | None,
     store: Path | None,
     mode: str | None,
     snapshot_file: Path | None,
+    profile_file: Path | None,
     as_json: bool,
 ) -> None:
-    """Show this machine's profile: the stored one if it is fresh, else the rules-only one."""
-    profile = inputs.current_profile(store, mode, snapshot_file, workload)
+    """Show this machine's profile: the stored one if it is fresh, else the rules-only one;
+    or, with --profile, a profile file."""
+    if profile_file is not None:
+        _only_the_file("show", workload, mode, snapshot_file)
+        profile = inputs.load_profile(profile_file)
+    else:
+        profile = inputs.current_profile(store, mode, snapshot_file, workload)
     _print_profile(profile, as_json=as_json)
+
+
+def _only_the_file(
+    verb: str, workload: str | None, mode: str | None, snapshot_file: Path | None
+) -> None:
+    """A usage error (exit 2) where ``--profile`` comes with an option that chooses a stored
+    profile instead: ``-m``, ``--mode`` or ``--snapshot``."""
+    chosen = [flag for flag, value in (("-m", workload), ("--mode", mode)) if value]
+    if snapshot_file is not None:
+        chosen.append("--snapshot")
+    if chosen:
+        raise click.UsageError(
+            f"--profile names the profile to {verb}; {', '.join(chosen)} choose a stored"
+            " one: give one or the other"
+        )
 
 
 @cli.command("export")
@@ -163,14 +189,7 @@ def export_command(  # click passes options by name
     """Write this machine's profile as YAML or JSON, or as a Lightning, Hugging Face,
     accelerate or shell-environment file."""
     if profile_file is not None:
-        chosen = [flag for flag, value in (("-m", workload), ("--mode", mode)) if value]
-        if snapshot_file is not None:
-            chosen.append("--snapshot")
-        if chosen:
-            raise click.UsageError(
-                f"--profile names the profile to export; {', '.join(chosen)} choose a stored"
-                " one: give one or the other"
-            )
+        _only_the_file("export", workload, mode, snapshot_file)
         profile = inputs.load_profile(profile_file)
     else:
         profile = inputs.current_profile(store, mode, snapshot_file, workload)
