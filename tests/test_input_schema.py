@@ -126,6 +126,17 @@ def test_a_snapshot_is_held_to_its_types(old: str, new: str, expected: str) -> N
             "settings.compile.enabled must be true or false, a whole number, a number or a "
             "string, not a list",
         ),
+        # a value of one of the mapping's types, but not of its setting's: a lax check made
+        # the 1 a true when the bench ran
+        (
+            "settings: {compile.enabled: 1}",
+            "settings compile.enabled: 1 is not of its type (input should be a valid boolean)",
+        ),
+        (
+            'settings: {cpu_threads: "8"}',
+            'settings cpu_threads: "8" is not of its type (input should be a valid integer)',
+        ),
+        ("settings: {cpu_threads: true}", "settings cpu_threads: true is not of its type"),
     ],
 )
 def test_a_baseline_is_held_to_its_types(text: str, expected: str) -> None:
@@ -133,6 +144,11 @@ def test_a_baseline_is_held_to_its_types(text: str, expected: str) -> None:
         parse_baseline(text, "b.yaml")
     assert str(caught.value).startswith(f"b.yaml: {expected}")
     assert "more problem" not in str(caught.value)
+
+
+def test_a_baseline_setting_of_its_own_type_loads() -> None:
+    config = parse_baseline("settings: {compile.enabled: true, cpu_threads: 4}", "b.yaml")
+    assert config.settings == {"compile.enabled": True, "cpu_threads": 4}
 
 
 def test_a_value_no_input_file_holds_is_one_line() -> None:

@@ -7,10 +7,11 @@ pydantic and the standard library only.
 
 from __future__ import annotations
 
+import json
 import statistics
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, model_validator
+from pydantic import Field, PositiveFloat, ValidationError, model_validator
 
 from torch_autotune.bounds import (
     BatchSize,
@@ -22,7 +23,7 @@ from torch_autotune.bounds import (
     WorkerCount,
 )
 from torch_autotune.records import on_off
-from torch_autotune.settings import RECORDS, StrictModel, settings_paths
+from torch_autotune.settings import RECORDS, Settings, StrictModel, settings_paths
 
 BASELINE_BATCH_SIZE = 32
 
@@ -66,6 +67,9 @@ class TrainConfig(StrictModel):
         unknown = sorted(set(self.settings) - settings_paths())
         if unknown:
             raise ValueError(f"settings names no setting a profile holds: {', '.join(unknown)}")
+        wrong = [_wrong_type(path, value) for path, value in sorted(self.settings.items())]
+        if any(wrong):
+            raise ValueError("; ".join(w for w in wrong if w))
         return self
 
     def __hash__(self) -> int:  # the settings mapping is a dict: hash its items
@@ -175,3 +179,25 @@ class BenchEvidence(StrictModel):
     def ran(self) -> set[int]:
         """Batch sizes that trained in some arm."""
         return {arm.config.batch_size for arm in self.arms if any(v for v in arm.samples_per_s)}
+
+
+def _wrong_type(path: str, value: object) -> str | None:
+    """Why ``value`` is not of the type of the setting at ``path`` as written (``1`` for a
+    switch, ``true`` for a count, ``"8"`` for a number), None where it is: the mapping takes
+    any of a setting's types, and a lax check turned ``compile.enabled: 1`` into ``true``. Only
+    the value's own type is held here; what it means beside the other settings is the arm's."""
+    data = Settings().model_dump(mode="json")
+    *parents, leaf = path.split(".")
+    node = data
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    try:
+        Settings.model_validate_json(json.dumps(data), strict=True)
+    except ValidationError as exc:
+        parts = tuple(path.split("."))
+        for error in exc.errors():
+            if tuple(error["loc"][: len(parts)]) == parts and error["type"].endswith("_type"):
+                why = error["msg"].lower()
+                return f"settings {path}: {json.dumps(value)} is not of its type ({why})"
+    return None
