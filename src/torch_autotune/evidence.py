@@ -191,7 +191,7 @@ class LoaderRecord(StrictModel):
     error: str | None = None
 
 
-ChosenBy = Literal["fastest point", "largest point", "top candidate"]
+ChosenBy = Literal["fastest point", "fastest unsteady point", "largest point", "top candidate"]
 Confirmed = Literal["its point", "ran again", "stepped down", "not run again", "its fed pass"]
 
 
@@ -200,7 +200,9 @@ class BatchChoice(StrictModel):
     summary are written from, so that neither says more than was done.
 
     ``chosen_by``: ``fastest point``, the smallest steady point within 3% of the best steady
-    rate; ``largest point``, none was steady, so the largest size a point measured; ``top
+    rate; ``fastest unsteady point``, none was steady, so the size whose point ran fastest
+    (smaller within 3%); ``largest point`` (earlier releases, and where a variant's settings
+    are kept), none was steady, so the largest size a point measured; ``top
     candidate``, no point ran. ``fed``: loading limits training, and the batch is the smallest
     within 2% of the best rate fed by the DataLoader (``Evidence.fed_reason``). The top
     candidate is the largest batch that trained (in the search of the chosen point's

@@ -73,6 +73,7 @@ def batch_choice(
         chosen_by = "largest point" if any(r.variant == EAGER for r in records) else "top candidate"
         how = "not run again"
         if confirmed and confirmed[-1].step == POINT_CONFIRMS:
+            chosen_by = "fastest unsteady point"  # ``unsteady_choice``
             how = "its point"  # not steady, but it trained after the search with these settings
         elif confirmed:
             how = "ran again" if confirmed[-1].batch_size == candidate else "stepped down"
@@ -227,7 +228,7 @@ POINT_CONFIRMS = "confirm (its throughput point)"
 
 def confirmation(point: ThroughputRecord) -> SearchTrialRecord:
     """The throughput point of the recommended size, as the run that confirms it: steady,
-    or, where none was, the largest point, which ran with the final settings."""
+    or, where none was, ``unsteady_choice``'s, which ran with the final settings."""
     return SearchTrialRecord(
         batch_size=point.batch_size,
         fits=True,
@@ -239,12 +240,33 @@ def confirmation(point: ThroughputRecord) -> SearchTrialRecord:
     )
 
 
-def largest_point(records: Sequence[ThroughputRecord]) -> ThroughputRecord | None:
-    """Where no point was steady, the largest size a point of the base settings measured
-    (``EAGER``): it trained after the search with them, so running it once more confirms
-    nothing (on a busy 2-core CPU, batch 512 again took 16 s of a 30 s budget, and the
-    DataLoader went unmeasured)."""
-    return max((r for r in records if r.variant == EAGER), key=lambda r: r.batch_size, default=None)
+def unsteady_choice(records: Sequence[ThroughputRecord]) -> ThroughputRecord | None:
+    """Where no point was steady, the point of the base settings (``EAGER``) that ran fastest,
+    the smallest within ``FASTEST_WITHIN`` of it: it trained after the search with them, so
+    running it once more confirms nothing (on a busy 2-core CPU, batch 512 again took 16 s of
+    a 30 s budget). Noisy, but what was measured: the largest instead handed out 512 where 128
+    had run at 321 samples/s and 512 at 254, 0.84-0.91x of a plain batch 32."""
+    points = [r for r in records if r.variant == EAGER]
+    if not points:
+        return None
+    best = max(r.samples_per_s for r in points)
+    near = [r for r in points if r.samples_per_s >= best * (1 - FASTEST_WITHIN)]
+    return min(near, key=lambda r: r.batch_size)
+
+
+def unmeasured_warning(records: Sequence[ThroughputRecord]) -> str:
+    """What a run with no steady point says: why none was, or that none ran."""
+    if not records:
+        return (
+            "no throughput point ran: the batch is the top candidate of the search, not chosen"
+            " for its speed; give autotune more time (--budget)"
+        )
+    why = "; ".join(f"{r.unsteady} at {r.batch_size}" for r in records)
+    return (
+        f"no throughput point was steady ({why}): the step's fastest batch is not known, and the"
+        " size whose point ran fastest in noisy timings stands for it; run autotune again,"
+        " quieter or longer"
+    )
 
 
 def point_cost(model: TimeModel, size: int) -> float:

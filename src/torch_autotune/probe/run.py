@@ -26,7 +26,7 @@ detection, before them, counts against it too):
    budget where compile was kept, else activation checkpointing, each with a search of its
    own, kept only where its fastest point beats the fastest without it (L2); then the
    allocator's setting in a fresh process (``probe.allocator_phase``);
-4. **confirm**: the recommended size's point (none steady: ``points.largest_point``) confirms it;
+4. **confirm**: the recommended size's point (none steady: ``points.unsteady_choice``) confirms it;
 5. **workers**: DataLoader worker counts over the dataset (Windows keeps 0): the loader alone,
    then, where it cannot decide (loading limits training, or workers on a CPU), training fed by
    it at the recommended batch, whose passes also choose the batch where loading limits it.
@@ -60,8 +60,9 @@ from torch_autotune.probe.points import (
     fastest,
     fed_choice,
     halvings_below,
-    largest_point,
     measure_points,
+    unmeasured_warning,
+    unsteady_choice,
 )
 from torch_autotune.probe.recompute_phase import Recomputed, measure_recompute
 from torch_autotune.probe.seam import Progress, Trials
@@ -252,12 +253,7 @@ class _Run:
                 " autotuner on (its workspaces need more memory); smaller sizes were measured"
             )
         best = fastest(self.records)
-        if best is None and self.records:
-            why = "; ".join(f"{r.unsteady} at {r.batch_size}" for r in self.records)
-            self.warnings.append(
-                f"no throughput point was steady ({why}): the step's fastest batch is not known,"
-                " and the batch was not chosen for its speed; run autotune again, quieter or longer"
-            )
+        self.warnings += [unmeasured_warning(self.records)] if best is None else []
         return best
 
     def variant(
@@ -418,7 +414,7 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     kept = run.kept if final is not run.runner else None  # the variant the profile trains
     run.allocator = measure_allocator(run, best, kept, searched, after.workers_s + after.confirm_s)
     variant = best.variant if best is not None and final is not run.runner else EAGER
-    point = best or largest_point(run.records)  # none steady: the largest, as it ran
+    point = best or unsteady_choice(run.records)  # none steady: the fastest, as it ran
     candidate = point.batch_size if point is not None else sizes[0]
     if point is not None and (point is best or final is run.runner):  # with the final settings
         confirmed = [confirmation(point)]

@@ -145,7 +145,7 @@ def _fastest(evidence: Evidence) -> str:
         return str(evidence.fastest_batch_size) if steady else "not measured"
     if choice.chosen_by == "top candidate":
         return "not measured: no throughput point ran"
-    if choice.chosen_by == "largest point":
+    if choice.chosen_by in ("largest point", "fastest unsteady point"):
         return "not measured: no throughput point was steady"
     text = f"{evidence.fastest_batch_size} at {choice.samples_per_s or 0:,.0f} samples/s"
     if choice.best_batch_size not in (None, evidence.fastest_batch_size):

@@ -90,6 +90,8 @@ def _rate(samples_per_s: float | None) -> str:
 
 _HOW = {
     "fastest point": "the fastest steady batch measured here",
+    "fastest unsteady point": "no throughput point was steady, so the size whose point ran"
+    " fastest (a smaller one within 3% is kept), though the timings were noisy",
     "largest point": "no throughput point was steady, so the largest size a point measured, not"
     " the fastest",
     "top candidate": "no throughput point ran, so the top candidate itself",
