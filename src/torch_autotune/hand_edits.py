@@ -15,6 +15,7 @@ that did not run, bf16 on a GPU without it): an edit they refuse is refused befo
 from __future__ import annotations
 
 from torch_autotune.profile import Decision, Profile
+from torch_autotune.records import on_off
 from torch_autotune.settings import Source, setting_value
 
 __all__ = ["with_hand_edits"]
@@ -61,8 +62,5 @@ def _same(now: object, was: object) -> bool:
 
 
 def _shown(value: object) -> str:
-    if value is None:
-        return "default"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
+    """A value as the reports show it: a switch by ``records.on_off``, others as written."""
+    return on_off(value) if value is None or isinstance(value, bool) else str(value)
