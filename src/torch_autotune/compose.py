@@ -168,6 +168,8 @@ def measurements(result: ProbeResult) -> Measurements:
         memory_budget_reason=result.memory_budget_reason,
         optimizer_memory=evidence.optimizer_memory,
         allocator=evidence.allocator,
+        cpu_threads=None if result.threads is None else result.threads.threads,
+        threads_reason=None if result.threads is None else result.threads.reason,
     )
 
 

@@ -3,7 +3,6 @@ recorded and simulated rates (``probe.fed``: pure, no torch)."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 
 import pytest
@@ -20,13 +19,15 @@ from torch_autotune.probe.fed import (
     pass_seconds,
     warmup_steps,
 )
+from torch_autotune.probe.fed_threads import halved
 
-RatesTable = Mapping[tuple[int, int], float | None]
+RatesTable = Mapping[tuple[int, ...], float | None]
 
 
 class FakeFed:
-    """Passes at recorded rates: ``rates[(batch, workers)]`` samples/s (None: the pass fails).
-    Each pass moves the clock by what ``pass_seconds`` predicts for it."""
+    """Passes at recorded rates: ``rates[(batch, workers, threads)]``, else
+    ``rates[(batch, workers)]``, samples/s (None: the pass fails). Each pass moves the clock by
+    what ``pass_seconds`` predicts for it."""
 
     def __init__(self, rates: RatesTable) -> None:
         self.rates = rates
@@ -38,12 +39,17 @@ class FakeFed:
 
     def __call__(self, batch: int, workers: int, threads: int | None) -> FedTrial:
         self.calls.append((batch, workers, threads))
-        rate = self.rates[(batch, workers)]
+        rate = self.rate(batch, workers, threads)
         if rate is None:
             return FedTrial(batch, workers, threads, None, 0.1, "worker crashed: fake")
         took = pass_seconds(batch, workers, rate)
         self.now += took
         return FedTrial(batch, workers, threads, rate, took)
+
+    def rate(self, batch: int, workers: int, threads: int | None) -> float | None:
+        if (batch, workers, threads) in self.rates:
+            return self.rates[(batch, workers, threads)]
+        return self.rates[(batch, workers)]
 
 
 def _threads(workers: int) -> int | None:
@@ -74,6 +80,91 @@ def test_the_defect_the_plain_two_workers_are_fed_first_and_chosen() -> None:
     assert "1 (250), 0 (240)" in choice.workers_reason
     assert choice.batch_reason is not None
     assert "2,800 samples/s" in choice.batch_reason
+
+
+def _on_a_cpu(
+    fake: FakeFed,
+    loader: dict[int, float],
+    step: tuple[int, float],
+    *,
+    cpus: int = 2,
+    default_threads: int | None = 2,
+) -> FedChoice:
+    """``choose_fed`` at one batch (``step``: it and the step's rate there) on ``cpus`` CPUs,
+    the plain alternative first, with G6's threads (the CPUs the workers leave)."""
+    return choose_fed(
+        fake,
+        sizes=(step[0],),
+        counts=fed_order(cpus, loader),
+        loader_rates=loader,
+        step_rates=dict([step]),
+        threads_for=lambda workers: None if workers == 0 else max(1, cpus - workers),
+        default_threads=default_threads,
+    )
+
+
+def test_the_defect_0_workers_at_1_thread_is_fed_and_chosen() -> None:
+    # A tiny MLP on this 2-core VM: 2 workers at 1 thread fed 99,498 samples/s and 0 workers at
+    # torch's 2 threads 13,178, so 2 were chosen; the user's loop at 0 workers and 1 thread ran
+    # at 205,000, and the profile trained at 0.55x of it. No pass had fed 0 at 1 thread.
+    loader = {0: 400_000.0, 1: 150_000.0, 2: 180_000.0}
+    fake = FakeFed(
+        {
+            (256, 2, 1): 99_498.0,
+            (256, 1, 1): 60_000.0,
+            (256, 0, None): 13_178.0,
+            (256, 0, 1): 205_000.0,
+        }
+    )
+    choice = _on_a_cpu(fake, loader, (256, 210_000.0))
+    assert fake.calls == [(256, 2, 1), (256, 0, None), (256, 1, 1), (256, 0, 1)]
+    assert (choice.num_workers, choice.batch_size) == (0, 256)
+    assert choice.threads is not None
+    assert choice.threads.threads == 1
+    assert choice.threads.reason.startswith(
+        "1 thread: training fed by 0 worker(s) at batch 256 ran at 205,000 samples/s with them, "
+        "against 13,178 with torch's default (2 threads), the rules' count"
+    )
+    assert choice.workers_reason.startswith("0 worker(s) at 1 thread: training fed by the")
+    assert "0: 13,178 (torch's default threads)" in choice.workers_reason
+
+
+def test_fewer_threads_stop_halving_once_they_are_slower_and_need_a_loader_that_could_win() -> None:
+    """8 CPUs, 0 workers: torch's 8 threads, then 4 (faster), then 2 (slower): 1 is not fed.
+    4 workers at the rules' 4 threads are not halved: their loader alone (960) is slower than
+    the best pass by then (1,000)."""
+    loader = {0: 5_000.0, 4: 960.0, 8: 2_000.0}
+    fake = FakeFed(
+        {
+            (64, 8, 1): 800.0,
+            (64, 0, None): 950.0,
+            (64, 0, 4): 1_000.0,
+            (64, 0, 2): 700.0,
+            (64, 4, 4): 850.0,
+        }
+    )
+    choice = _on_a_cpu(fake, loader, (64, 2_000.0), cpus=8, default_threads=8)
+    assert fake.calls == [(64, 8, 1), (64, 0, None), (64, 4, 4), (64, 0, 4), (64, 0, 2)]
+    assert choice.num_workers == 0
+    assert choice.threads is not None
+    assert choice.threads.threads == 4
+
+
+def test_fewer_threads_as_fast_as_the_rules_keep_the_rules_count() -> None:
+    fake = FakeFed({(64, 2, 1): 500.0, (64, 0, None): 1_000.0, (64, 0, 1): 1_015.0})
+    choice = _on_a_cpu(fake, {0: 5_000.0, 2: 3_000.0}, (64, 2_000.0))
+    assert choice.num_workers == 0
+    assert choice.threads is not None
+    assert choice.threads.threads is None  # 1 thread within 2%: torch's default stays
+    assert "the rules' count: no fewer fed training faster beyond 2%" in choice.threads.reason
+
+
+def test_without_default_threads_no_fewer_threads_are_fed() -> None:
+    """An accelerator (or one CPU): the rules' threads only."""
+    fake = FakeFed({(64, 2, 1): 500.0, (64, 0, None): 1_000.0})
+    choice = _on_a_cpu(fake, {0: 5_000.0, 2: 3_000.0}, (64, 2_000.0), default_threads=None)
+    assert fake.calls == [(64, 2, 1), (64, 0, None)]
+    assert choice.threads is None
 
 
 def test_the_plain_alternative_stands_against_a_count_as_fast() -> None:
@@ -290,19 +381,28 @@ _rates = st.floats(min_value=1.0, max_value=10_000.0, allow_nan=False)
 @given(
     cpus=st.integers(min_value=1, max_value=6),
     sizes=st.lists(st.sampled_from([512, 256, 128, 64, 32]), min_size=1, max_size=4, unique=True),
+    threads=st.booleans(),
     data=st.data(),
 )
 def test_the_choice_is_within_the_tolerance_of_every_pass_measured(
-    cpus: int, sizes: list[int], data: st.DataObject
+    cpus: int, sizes: list[int], threads: bool, data: st.DataObject
 ) -> None:
-    """For any rates: the plain alternative (as many workers as CPUs) is fed first, the chosen
-    pass is never slower than it beyond ``FED_WITHIN``, and within ``FED_WITHIN`` of the best
-    pass measured, less the tolerance the plain alternative is given."""
+    """For any rates: the plain alternative (as many workers as CPUs, at the rules' threads) is
+    fed first, the chosen pass is never slower than it beyond ``FED_WITHIN``, and within
+    ``FED_WITHIN`` of the best pass measured, less the tolerance the plain alternative is
+    given; with the threads measured (a CPU), fewer threads than the rules' as well."""
     sizes.sort(reverse=True)
     counts = list(range(cpus + 1))
-    table: dict[tuple[int, int], float | None] = {
-        key: data.draw(st.one_of(st.none(), _rates) if key[1] else _rates)
-        for key in itertools.product(sizes, counts)
+
+    def rules(workers: int) -> int | None:  # G6: the CPUs the workers leave; None: all
+        return None if workers == 0 else max(1, cpus - workers)
+
+    options = {n: [rules(n), *halved(rules(n) or cpus)] for n in counts}
+    table: dict[tuple[int, ...], float | None] = {
+        (b, n, t): data.draw(st.one_of(st.none(), _rates) if n or t != rules(n) else _rates)
+        for b in sizes
+        for n in counts
+        for t in options[n]
     }
     loader = {n: data.draw(_rates) for n in counts}
     steps = {b: data.draw(_rates) for b in sizes}
@@ -313,20 +413,24 @@ def test_the_choice_is_within_the_tolerance_of_every_pass_measured(
         counts=fed_order(cpus, loader),
         loader_rates=loader,
         step_rates=steps,
-        threads_for=_threads,
+        threads_for=rules,
+        default_threads=cpus if threads and cpus > 1 else None,
     )
-    assert fake.calls[0][1] == cpus
+    assert fake.calls[0][1:] == (cpus, rules(cpus))
     ran = [t for t in fake_trials(fake) if t.samples_per_s is not None]
     if choice.num_workers is None:
         assert not ran
         return
-    rates = {(t.batch_size, t.num_workers): t.samples_per_s for t in ran}
+    rates = {(t.batch_size, t.num_workers, t.threads): t.samples_per_s for t in ran}
     best = max(r for r in rates.values() if r is not None)
-    chosen = rates.get((choice.batch_size, choice.num_workers))
+    picked = choice.threads.threads if choice.threads is not None else rules(choice.num_workers)
+    chosen = rates.get((choice.batch_size, choice.num_workers, picked))
     if chosen is None:  # the step limits: its batch stays, rated by the workers' pass
         assert choice.batch_size == sizes[0]
-        chosen = max(r for (_, n), r in rates.items() if n == choice.num_workers and r is not None)
-    plain = rates.get((fake.calls[0][0], cpus))
+        chosen = max(
+            r for (_, n, t), r in rates.items() if (n, t) == (choice.num_workers, picked) and r
+        )
+    plain = rates.get((fake.calls[0][0], cpus, rules(cpus)))
     if plain is not None:  # never slower than the plain alternative beyond the tolerance
         assert chosen >= plain * (1 - FED_WITHIN)
     assert chosen >= best * (1 - FED_WITHIN) / (1 + FED_WITHIN)
@@ -334,4 +438,4 @@ def test_the_choice_is_within_the_tolerance_of_every_pass_measured(
 
 def fake_trials(fake: FakeFed) -> list[FedTrial]:
     """The passes the fake ran, rebuilt from its calls."""
-    return [FedTrial(b, n, t, fake.rates[(b, n)], 0.0) for b, n, t in fake.calls]
+    return [FedTrial(b, n, t, fake.rate(b, n, t), 0.0) for b, n, t in fake.calls]

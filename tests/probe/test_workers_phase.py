@@ -201,19 +201,65 @@ def test_a_cpu_whose_main_process_loads_40x_the_step_feeds_the_plain_alternative
     assert "training fed by the DataLoader ran at" in workers.reason
 
 
-def test_a_main_process_that_loads_70x_the_step_keeps_ahead_alone(
+def test_a_main_process_that_loads_70x_the_step_keeps_ahead_and_a_cpu_feeds_its_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The loader alone keeps ahead with 0 workers (1.1% of the time in series), so no other
+    count loads; on a CPU the step's threads are still fed: the plain alternative, 0 at
+    torch's 2 threads and at 1, where 2 threads stay (twice as fast)."""
     monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
     machine = cpu_machine(first_s=0.3, autotune_s=0.0, load_s=3e-6, shares_cpus=True, host_cpus=2)
     profile = tune_on(machine, "conv", TWO_CPUS, budget_s=120)
     evidence = profile.evidence
     assert evidence is not None
     assert [r.num_workers for r in evidence.loader] == [0]
-    assert evidence.fed == ()
+    assert [(r.num_workers, r.cpu_threads) for r in evidence.fed] == [(2, 1), (0, None), (0, 1)]
     assert profile.settings.dataloader.num_workers == 0
+    assert profile.settings.cpu_threads is None
+    threads = profile.decision("cpu_threads")
+    assert threads is not None
+    assert threads.source is Source.MEASURED
+    assert threads.reason.startswith("torch's default (2 threads), the rules' count: no fewer fed")
     assert "in series with the training step's" in (evidence.workers_reason or "")
     assert re.search(r"takes 1\.\d% of training's time, at most 2%", evidence.workers_reason or "")
+
+
+def test_a_tiny_model_on_a_cpu_trains_at_the_threads_fed_fastest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tiny MLP on 2 busy cores: torch's 2 threads cost more to synchronise than the work
+    they split, and taking a batch from a worker costs more than its step. 0 workers at 1
+    thread feeds training fastest; the profile sets it, measured, and the bench's knob sees it
+    (the profile's threads differ from a plain loop's)."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    machine = cpu_machine(
+        first_s=0.3,
+        autotune_s=0.0,
+        shares_cpus=True,
+        host_cpus=2,
+        fixed_s=0.0004,
+        per_sample_s=2e-6,
+        thread_sync_s=0.003,
+        load_s=2e-6,
+        receive_s=4e-6,
+    )
+    profile = tune_on(machine, "mlp", TWO_CPUS, budget_s=60)
+    evidence = profile.evidence
+    assert evidence is not None
+    fed = {(r.num_workers, r.cpu_threads): r.samples_per_s for r in evidence.fed}
+    assert fed[(0, 1)] > 1.3 * fed[(0, None)]  # as simulated: 132,231 against 93,979
+    assert fed[(0, 1)] > 1.2 * fed[(2, 1)]  # the plain alternative: 104,575
+    assert profile.settings.dataloader.num_workers == 0
+    assert profile.settings.cpu_threads == 1
+    assert profile.settings.environment.get("OMP_NUM_THREADS") == "1"
+    threads = profile.decision("cpu_threads")
+    assert threads is not None
+    assert threads.source is Source.MEASURED
+    assert threads.reason.startswith("1 thread: training fed by 0 worker(s) at batch")
+    console = Console(record=True, width=120)
+    render_run(profile, console, None)  # one pass recommended: 0 workers at 1 thread
+    fed_table = console.export_text().split("Training fed by the DataLoader")[1]
+    assert re.findall(r"\n +\d+ +(\d+) +(\S+) +[\d.]+ +recommended", fed_table) == [("0", "1")]
 
 
 def _slow_step_cpu() -> SimulatedMachine:
@@ -364,6 +410,7 @@ def _phase(runner: _SlowLoader, budget_s: float) -> workers_phase.WorkersOutcome
         step_rates={64: 2000.0},
         budget=Budget(budget_s, runner.clock, started=0.0),
         progress=lambda _phase, _what: None,
+        threads_for=lambda workers: None if workers == 0 else 1,  # G6 on 2 CPUs
     )
 
 

@@ -15,7 +15,8 @@ with the CPU threads the profile sets beside that many workers.
    training never makes it load faster. They run at the batch the training step ran fastest
    at, or at the largest of its halvings where all of them fit in the time left (a pass is a
    warm-up through the batches the workers loaded ahead, then at least ``MIN_STEPS`` steps
-   and ``PASS_S`` seconds: at batch 512 and 60 samples/s, a minute).
+   and ``PASS_S`` seconds: at batch 512 and 60 samples/s, a minute). On a CPU, fewer threads
+   than the rules' are fed then too (``probe.fed_threads``).
 2. **Batch.** Where the best fed rate stays below the training step's own (loading limits
    training), smaller sizes are fed by the best count while they keep within ``FED_WITHIN``
    of the best: a smaller batch trains as fast there, on less memory. Otherwise the batch
@@ -43,12 +44,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from torch_autotune.probe.fed_passes import (
+    FED_WITHIN,
+    PASS_S,
+    Fed,
+    FedTrial,
+    Passes,
+    fmt_rate,
+    pass_seconds,
+    rate_of,
+    threads_text,
+    warmup_steps,
+)
+from torch_autotune.probe.fed_threads import (
+    MeasuredThreads,
+    feed_fewer_threads,
+    measured_threads,
+    pick_pass,
+)
 from torch_autotune.probe.workers import HEADROOM
 
 __all__ = [
     "FED_WITHIN",
+    "PASS_S",
     "Fed",
     "FedChoice",
     "FedTrial",
@@ -57,31 +77,6 @@ __all__ = [
     "pass_seconds",
     "warmup_steps",
 ]
-
-FED_WITHIN = 0.02
-"""A pass within this fraction of the best fed rate is as fast (the bench's ``MIN_EFFECT``)."""
-
-
-@dataclass(frozen=True)
-class FedTrial:
-    """One fed pass: training at ``batch_size`` fed by ``num_workers`` workers, with
-    ``threads`` CPU threads (None: the process's), in samples/s; or why it failed."""
-
-    batch_size: int
-    num_workers: int
-    threads: int | None
-    samples_per_s: float | None
-    seconds: float = 0.0  # wall time of the pass, warm-up included
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.samples_per_s is not None
-
-
-Fed = Callable[[int, int, "int | None"], FedTrial]
-"""``fed(batch_size, num_workers, threads) -> FedTrial``: one pass of training fed by the
-DataLoader."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +89,7 @@ class FedChoice:
     trials: tuple[FedTrial, ...]
     workers_reason: str
     batch_reason: str | None  # None: the batch the step chose stays
+    threads: MeasuredThreads | None = None  # where fewer threads than the rules' were fed
 
 
 def fed_order(max_workers: int, loader_rates: Mapping[int, float]) -> list[int]:
@@ -115,14 +111,17 @@ def choose_fed(
     threads_for: Callable[[int], int | None],
     until: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    default_threads: int | None = None,
 ) -> FedChoice:
     """Feed training from each count of ``counts``, then from the best one at other ``sizes``
     where loading limits training; choose (module docstring). ``sizes``: the batch the step
     ran fastest at, then smaller ones, descending. ``loader_rates``: samples/s of each count
     measured alone; ``step_rates``: the step's own samples/s at the sizes it was measured at.
+    ``default_threads``: on a CPU, what ``threads_for``'s None (torch's pool) stands for, and
+    fewer threads are fed too (``probe.fed_threads``); None: the rules' threads only.
     No choice (``num_workers`` None) when no pass fits in the time left before ``until``, or
     every pass failed."""
-    run = _Passes(
+    run = Passes(
         fed=fed,
         threads_for=threads_for,
         until=until,
@@ -131,35 +130,26 @@ def choose_fed(
         step_rates=step_rates,
         step_rate=step_rates.get(sizes[0]),
     )
-    passes = min(len(counts), 2)  # the plain alternative and the loader's best, at least
-    at = next((b for b in sizes if run.fits(b, counts, passes)), None)
-    if at is None and run.fits(sizes[-1], counts):
-        at = sizes[-1]  # the plain alternative at least
-    if at is None:
-        return FedChoice(None, None, (), "no pass fit in the time left", None)
-    for count in counts:
-        alone = loader_rates.get(count)
-        if alone is not None and run.best is not None and alone < run.best:
-            run.skipped.append(count)
-        elif not run.fits(at, [count]):
-            run.stop = f"the time budget ran out before {count} worker(s)"
-            break
-        else:
-            run.feed(at, count)
-    if run.best is None:
+    at = _feed_counts(run, sizes, counts)
+    if at is None or run.best is None:
         failed = "; ".join(f"{t.num_workers}: {t.error}" for t in run.trials)
         why = f"every pass failed ({failed})" if failed else "no pass fit in the time left"
         return FedChoice(None, None, tuple(run.trials), why, None)
-    workers = _pick_workers([t for t in run.trials if t.batch_size == at], counts[0])
+    if default_threads is not None:
+        feed_fewer_threads(run, at, default_threads)
+    picked = pick_pass(run, [t for t in run.trials if t.batch_size == at], counts[0])
+    workers = picked.num_workers
+    run.chosen_threads[workers] = picked.threads
+    threads = None if default_threads is None else measured_threads(run, picked, default_threads)
     step_limits = run.step_rate is not None and run.best >= run.step_rate * (1 - FED_WITHIN)
     if step_limits or (at != sizes[0] and not _as_fast_as_the_step_could_be(run, sizes[0])):
         # The step limits: its batch. Or no pass fed the step's own batch (it would not fit in
         # the time left), and the smaller batch fed slower than that batch could train at
         # (its step alone, or its loader alone where that is slower): nothing measured says it
         # is as fast, so the step's batch stays.
-        chosen = next(t for t in run.trials if (t.batch_size, t.num_workers) == (at, workers))
-        reason = _workers_reason(run, chosen, at, loader_rates) + _unfed(sizes[0], at)
-        return FedChoice(workers, sizes[0], tuple(run.trials), reason, None)
+        reason = _workers_reason(run, picked, at, loader_rates) + _unfed(sizes[0], at)
+        trials = tuple(run.trials)
+        return FedChoice(workers, sizes[0], trials, reason, None, threads)
     _feed_sizes(run, at, sizes, workers, step_rates)
     chosen = _pick_batch(run, at, workers)
     return FedChoice(
@@ -168,7 +158,31 @@ def choose_fed(
         tuple(run.trials),
         _workers_reason(run, chosen, at, loader_rates),
         _batch_reason(run, chosen, sizes[0]),
+        threads,
     )
+
+
+def _feed_counts(run: Passes, sizes: Sequence[int], counts: Sequence[int]) -> int | None:
+    """Feed each of ``counts`` at the rules' threads (step 1 of the module docstring), at the
+    largest of ``sizes`` where two passes fit in the time left (the plain alternative and
+    the loader's best), else the smallest where one does; return that batch (None: none fit,
+    nothing ran)."""
+    passes = min(len(counts), 2)
+    at = next((b for b in sizes if run.fits(b, counts, passes)), None)
+    if at is None and run.fits(sizes[-1], counts):
+        at = sizes[-1]  # the plain alternative at least
+    if at is None:
+        return None
+    for count in counts:
+        alone = run.loader_rates.get(count)
+        if alone is not None and run.best is not None and alone < run.best:
+            run.skipped.append(count)
+        elif not run.fits(at, [count]):
+            run.stop = f"the time budget ran out before {count} worker(s)"
+            break
+        else:
+            run.feed(at, count)
+    return at
 
 
 def _unfed(recommended: int, at: int) -> str:
@@ -181,7 +195,7 @@ def _unfed(recommended: int, at: int) -> str:
     )
 
 
-def _as_fast_as_the_step_could_be(run: _Passes, batch_size: int) -> bool:
+def _as_fast_as_the_step_could_be(run: Passes, batch_size: int) -> bool:
     """Whether the best pass is within ``FED_WITHIN`` of the most that training at
     ``batch_size``, never fed, could reach: its step alone, or the fastest loader alone where
     that is slower (feeding never makes either faster); False where neither is known."""
@@ -195,7 +209,7 @@ def _as_fast_as_the_step_could_be(run: _Passes, batch_size: int) -> bool:
 
 
 def _feed_sizes(
-    run: _Passes, at: int, sizes: Sequence[int], workers: int, step_rates: Mapping[int, float]
+    run: Passes, at: int, sizes: Sequence[int], workers: int, step_rates: Mapping[int, float]
 ) -> None:
     """Where loading limits training: the larger sizes, up to the step's fastest, while the
     step alone may be what limits at ``at`` and each is faster; then the smaller sizes while
@@ -210,194 +224,97 @@ def _feed_sizes(
                 run.stop = f"the time budget ran out before batch {size}"
                 return
             trial = run.feed(size, workers)
-            if not trial.ok or _rate(trial) <= before * (1 + FED_WITHIN):
+            if not trial.ok or rate_of(trial) <= before * (1 + FED_WITHIN):
                 break
     for size in sorted((b for b in sizes if b < at), reverse=True):
         step = step_rates.get(size)
         if step is not None and step < run.best * (1 - FED_WITHIN):
             run.notes.append(
-                f"batch {size} not fed: the step alone ran at {_fmt(step)} samples/s there"
+                f"batch {size} not fed: the step alone ran at {fmt_rate(step)} samples/s there"
             )
             return
         if not run.fits(size, [workers]):
             run.stop = f"the time budget ran out before batch {size}"
             return
         trial = run.feed(size, workers)
-        if not trial.ok or _rate(trial) < run.best * (1 - FED_WITHIN):
+        if not trial.ok or rate_of(trial) < run.best * (1 - FED_WITHIN):
             return
 
 
-MIN_STEPS = 3  # timed steps of a pass, at least
-PASS_S = 1.5  # timed seconds of a pass, at least
-START_S = 0.5  # starting the workers of a pass (fork: a fraction of this; spawn: more)
-
-
-def warmup_steps(num_workers: int) -> int:
-    """Untimed steps of a pass: one round of the workers' first batches (one step without
-    workers). The model is warm (the points trained it), so no step is slow enough for the
-    workers to fill their queue ahead of a data-bound step, which a timed window would then
-    count as loaded for free; they deliver a round every batch-time from the start."""
-    return max(1, num_workers)
-
-
-def pass_seconds(batch_size: int, num_workers: int, rate: float) -> float:
-    """Predicted wall time of one pass at ``rate`` samples/s: starting the workers, the
-    warm-up (``warmup_steps``), then ``PASS_S`` and at least ``MIN_STEPS`` steps, in whole
-    rounds of one batch per worker."""
-    step = batch_size / rate
-    per_round = max(1, num_workers)
-    timed = -(-MIN_STEPS // per_round) * per_round * step
-    warmup = warmup_steps(num_workers) * step
-    return (START_S if num_workers else 0.0) + warmup + max(PASS_S, timed)
-
-
-@dataclass
-class _Passes:
-    """The passes run so far, the best rate among them, and whether another fits in time."""
-
-    fed: Fed
-    threads_for: Callable[[int], int | None]
-    until: float | None
-    clock: Callable[[], float]
-    loader_rates: Mapping[int, float]
-    step_rates: Mapping[int, float]
-    step_rate: float | None  # at the step's fastest batch
-    trials: list[FedTrial] = field(default_factory=list)
-    skipped: list[int] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    stop: str | None = None
-
-    @property
-    def best(self) -> float | None:
-        rates = [_rate(t) for t in self.trials if t.ok]
-        return max(rates) if rates else None
-
-    def rate(self, count: int, batch_size: int) -> float | None:
-        """The rate a pass with ``count`` workers at ``batch_size`` is expected at: as fed
-        before at that batch, else the slower of its loader alone and the step alone there
-        (``_step``), else as fed at another batch; None where none is known."""
-        ran = [t for t in self.trials if t.ok and t.num_workers == count]
-        here = [_rate(t) for t in ran if t.batch_size == batch_size]
-        if here:
-            return max(here)
-        known = [r for r in (self.loader_rates.get(count), self._step(batch_size)) if r]
-        if known:
-            return min(known)
-        return max((_rate(t) for t in ran), default=self.best)
-
-    def _step(self, batch_size: int) -> float | None:
-        """The step alone's samples/s at ``batch_size``: as measured there, else a batch that
-        many at the step time of the next larger size measured (a smaller batch takes no
-        longer a step; a step of 1.2 s at any size trains batch 1 at 1/8 of batch 8's rate,
-        not at the same rate)."""
-        if batch_size in self.step_rates:
-            return self.step_rates[batch_size]
-        larger = sorted(b for b in self.step_rates if b > batch_size)
-        return batch_size * self.step_rates[larger[0]] / larger[0] if larger else None
-
-    def fits(self, batch_size: int, counts: Sequence[int], passes: int = 1) -> bool:
-        """Whether ``passes`` passes at ``batch_size`` with the first of ``counts`` end in time
-        (a rate that cannot be predicted fits while time is left)."""
-        if self.until is None:
-            return True
-        left = self.until - self.clock()
-        rate = self.rate(counts[0], batch_size) if counts else None
-        if rate is None:
-            return left > 0
-        return passes * pass_seconds(batch_size, counts[0], rate) <= left
-
-    def feed(self, batch_size: int, workers: int) -> FedTrial:
-        trial = self.fed(batch_size, workers, self.threads_for(workers))
-        self.trials.append(trial)
-        return trial
-
-
-def _pick_workers(trials: Sequence[FedTrial], plain: int) -> int:
-    """The ``plain`` count (as many workers as usable CPUs) unless another fed training faster
-    beyond ``FED_WITHIN``; then the fewest workers within ``FED_WITHIN`` of the best."""
-    ran = [t for t in trials if t.ok]
-    best = max(_rate(t) for t in ran)
-    first = next((t for t in ran if t.num_workers == plain), None)
-    if first is not None and best <= _rate(first) * (1 + FED_WITHIN):
-        return plain
-    return min(t.num_workers for t in ran if _rate(t) >= best * (1 - FED_WITHIN))
-
-
-def _pick_batch(run: _Passes, at: int, workers: int) -> FedTrial:
+def _pick_batch(run: Passes, at: int, workers: int) -> FedTrial:
     """The smallest batch ``workers`` fed within ``FED_WITHIN`` of the best pass of all; else
     their pass at ``at``."""
     assert run.best is not None
-    mine = [t for t in run.trials if t.ok and t.num_workers == workers]
-    near = [t for t in mine if _rate(t) >= run.best * (1 - FED_WITHIN)]
+    threads = run.threads_of(workers)
+    mine = [t for t in run.trials if t.ok and (t.num_workers, t.threads) == (workers, threads)]
+    near = [t for t in mine if rate_of(t) >= run.best * (1 - FED_WITHIN)]
     if near:
         return min(near, key=lambda t: t.batch_size)
     return next(t for t in mine if t.batch_size == at)
 
 
-def _rate(trial: FedTrial) -> float:
-    if trial.samples_per_s is None:
-        raise ValueError(f"the pass at {trial.num_workers} worker(s) failed: it has no rate")
-    return trial.samples_per_s
-
-
-def _fmt(rate: float | None) -> str:
-    if rate is None:
-        return "?"
-    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}"
-
-
 def _trace(trials: Sequence[FedTrial], batch_size: int) -> str:
-    """'0: 140, 1: 251 (1 thread), 2: failed (worker crashed: ...)' for one batch size."""
+    """'0: 140, 1: 251 (1 thread), 2: failed (worker crashed: ...)' for one batch size; torch's
+    default threads named where a count was fed at fewer too."""
+    mine = [t for t in trials if t.batch_size == batch_size]
+    fewer = {t.num_workers for t in mine if t.threads is not None}
     parts = []
-    for t in trials:
-        if t.batch_size != batch_size:
-            continue
-        threads = "" if t.threads is None else f" ({t.threads} thread{'s' * (t.threads != 1)})"
-        value = f"{_fmt(t.samples_per_s)}{threads}" if t.ok else f"failed ({t.error})"
+    for t in mine:
+        named = t.threads is not None or t.num_workers in fewer
+        threads = f" ({threads_text(t.threads)})" if named else ""
+        value = f"{fmt_rate(t.samples_per_s)}{threads}" if t.ok else f"failed ({t.error})"
         parts.append(f"{t.num_workers}: {value}")
     return ", ".join(parts)
 
 
 def _workers_reason(
-    run: _Passes, chosen: FedTrial, batch_size: int, loader_rates: Mapping[int, float]
+    run: Passes, chosen: FedTrial, batch_size: int, loader_rates: Mapping[int, float]
 ) -> str:
-    at = {t.num_workers: _rate(t) for t in run.trials if t.ok and t.batch_size == batch_size}
-    mine, fastest = at[chosen.num_workers], max(at.values())
-    plain = run.trials[0].num_workers  # the first pass: as many workers as usable CPUs
+    at = [t for t in run.trials if t.ok and t.batch_size == batch_size]
+    fastest = max(rate_of(t) for t in at)
+    mine = max(rate_of(t) for t in at if (t.num_workers, t.threads) == _pair(chosen))
+    plain = run.trials[0]  # the first pass: as many workers as usable CPUs, the rules' threads
     if mine >= fastest:
         where = "the fastest of"
-    elif chosen.num_workers == plain:
+    elif _pair(chosen) == _pair(plain):
         where = (
             f"no other count faster beyond {FED_WITHIN:.0%} (the fastest: "
-            f"{_fmt(fastest)} samples/s), so the plain alternative, as many workers as usable "
+            f"{fmt_rate(fastest)} samples/s), so the plain alternative, as many workers as usable "
             "CPUs, stands, of"
         )
     else:
-        where = f"within {FED_WITHIN:.0%} of the fastest ({_fmt(fastest)} samples/s) of"
+        where = f"within {FED_WITHIN:.0%} of the fastest ({fmt_rate(fastest)} samples/s) of"
+    fewer = any(t.threads != run.threads_for(t.num_workers) for t in at)
+    threads = "" if not fewer else f" at {threads_text(chosen.threads)}"
     text = (
-        f"{chosen.num_workers} worker(s): training fed by the DataLoader ran at {_fmt(mine)} "
-        f"samples/s with them at batch {batch_size}, {where} the counts measured with "
-        "loading and training together (samples/s, with the CPU threads the profile sets "
-        f"beside each count): {_trace(run.trials, batch_size)}"
+        f"{chosen.num_workers} worker(s){threads}: training fed by the DataLoader ran at "
+        f"{fmt_rate(mine)} samples/s with them at batch {batch_size}, {where} the counts "
+        "measured with loading and training together (samples/s, with the CPU threads the "
+        f"profile sets beside each count{', and fewer' * fewer}): "
+        f"{_trace(run.trials, batch_size)}"
     )
     if run.skipped:
-        skipped = ", ".join(f"{n} ({_fmt(loader_rates[n])})" for n in run.skipped)
+        skipped = ", ".join(f"{n} ({fmt_rate(loader_rates[n])})" for n in run.skipped)
         text += f"; not fed, as their loader alone was slower than that: {skipped} samples/s"
     if run.stop is not None:
         text += f"; {run.stop}"
     return text
 
 
-def _batch_reason(run: _Passes, chosen: FedTrial, batch_size: int) -> str:
+def _pair(trial: FedTrial) -> tuple[int, int | None]:
+    return trial.num_workers, trial.threads
+
+
+def _batch_reason(run: Passes, chosen: FedTrial, batch_size: int) -> str:
     trace = ", ".join(
-        f"{t.batch_size}: {_fmt(t.samples_per_s) if t.ok else 'failed'}"
+        f"{t.batch_size}: {fmt_rate(t.samples_per_s) if t.ok else 'failed'}"
         for t in run.trials
-        if t.num_workers == chosen.num_workers
+        if _pair(t) == _pair(chosen)
     )
-    step = "unknown" if run.step_rate is None else f"{_fmt(run.step_rate)} samples/s"
+    step = "unknown" if run.step_rate is None else f"{fmt_rate(run.step_rate)} samples/s"
     text = (
         f"{chosen.batch_size}: training fed by the DataLoader runs below the step alone (at "
-        f"best {_fmt(run.best)} samples/s; the step alone ran at {step} at batch {batch_size}, "
+        f"best {fmt_rate(run.best)} samples/s; the step alone ran at {step} at batch {batch_size}, "
         "the batch chosen for it: loading limits training, or takes CPUs from it), so the"
         f" batch is the smallest within {FED_WITHIN:.0%} of the best rate of training fed by "
         f"{chosen.num_workers} worker(s): {trace} samples/s"

@@ -45,6 +45,7 @@ from torch_autotune.evidence import WORKERS_OUT_OF_TIME
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.allocator_phase import measure_allocator
 from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.fed_threads import MeasuredThreads
 from torch_autotune.probe.findings import run_evidence
 from torch_autotune.probe.guard import trial_record
 from torch_autotune.probe.loop import FedRunner
@@ -118,6 +119,7 @@ class ProbeResult:
     memory_budget: float | None = None  # compile's activation memory budget, where kept
     memory_budget_reason: str | None = None  # L2's: why kept, or why not measured or not kept
     recompute_checked: tuple[Agreement | None, int] | None = None  # the search's ``checked``
+    threads: MeasuredThreads | None = None  # CPU threads fed by the DataLoader (fed_threads)
 
 
 def measure(
@@ -442,4 +444,6 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     loader = {"loader": workers.loader, "workers_reason": workers.reason, "fed": workers.fed}
     made = evidence.model_copy(update={**loader, "fed_reason": workers.batch_reason})
     l2 = (run.recomputed or Recomputed(best, final)).decisions()
-    return ProbeResult(made, workers.num_workers, recompute_checked=searched.checked, **l2)
+    return ProbeResult(
+        made, workers.num_workers, recompute_checked=searched.checked, threads=workers.threads, **l2
+    )

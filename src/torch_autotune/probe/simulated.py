@@ -104,6 +104,10 @@ class SimulatedMachine:
     host_cpus: int = 2  # the cores the DataLoader's workers (and a CPU step) run on
     shares_cpus: bool = False  # the step computes on the host CPUs too (a CPU machine)
     worker_start_s: float = 0.1  # starting one DataLoader worker
+    receive_s: float = 0.0  # the main process's time a sample to take it from a worker (the
+    # queue, unpickling): beside a tiny model's step, more than the step itself
+    thread_sync_s: float = 0.0  # a CPU step's cost per thread beyond the first (the pool's
+    # synchronisation: on a tiny model or a busy CPU, more than the work the threads split)
     leaves: int = 137  # leaf modules: what the compile time is predicted from
     now: float = 0.0
     started: bool = False
@@ -143,7 +147,20 @@ class SimulatedMachine:
         step = self.fixed_s + self.per_sample_s * math.pow(batch_size, self.exponent)
         step = step * self.recompute_factor if checkpointed else step
         step = step * self.budget_factor if budgeted else step
-        return step / self.compiled_speedup if compiled else step
+        step = step / self.compiled_speedup if compiled else step
+        return step + self._sync_s(None)
+
+    def _sync_s(self, threads: int | None) -> float:
+        """What a step's pool of ``threads`` (None: all the host's) costs to synchronise."""
+        if not self.shares_cpus:
+            return 0.0
+        return self.thread_sync_s * ((threads or self.host_cpus) - 1)
+
+    def _cpu_step_s(self, batch_size: int, threads: int | None, how: dict[str, bool]) -> float:
+        """A step on ``threads`` of the host's cores (None: all): their share of the work,
+        and their synchronisation."""
+        work = (self.step_s(batch_size, **how) - self._sync_s(None)) * self.host_cpus
+        return work / (threads or self.host_cpus) + self._sync_s(threads)
 
     def _limit(self, *, compiled: bool, checkpointed: bool, budgeted: bool = False) -> int:
         if checkpointed and self.checkpointed_limit:
@@ -194,15 +211,17 @@ class SimulatedMachine:
         how = {"compiled": compiled, "checkpointed": checkpointed, "budgeted": budgeted}
         step = self.step_s(batch_size, **how) / batch_size
         load = self.load_s or 0.0
+        if self.shares_cpus:
+            step = self._cpu_step_s(batch_size, threads, how) / batch_size
         if num_workers == 0:
             return 1 / (load + step)
+        step += self.receive_s
         if not self.shares_cpus:
             return min(self.loader_rate(num_workers), 1 / step) if load else 1 / step
         cpus = self.host_cpus
-        core_s = step * cpus  # the step's CPU time a sample, on all cores
-        stepping = (threads or cpus) / core_s
+        core_s = step * (threads or cpus)  # the step's CPU time a sample, on its threads
         loading = self.loader_rate(num_workers) if load else math.inf
-        return min(loading, stepping, cpus / (load + core_s))
+        return min(loading, 1 / step, cpus / (load + core_s))
 
 
 class SimulatedTrials:

@@ -9,8 +9,10 @@ is not enough and training must be fed by it to choose (``probe.fed``).
 2. **Loading and training together** (``probe.fed.choose_fed``) where the loader alone cannot
    decide: no count keeps ahead of the step (loading limits training), or the step's rate is
    unknown, or on a CPU wherever workers would be used, since there they take cores from the
-   training step and a loader measured alone overstates what training gets. The worker count
-   and, where loading limits training, the batch come from those passes.
+   training step and a loader measured alone overstates what training gets, and on a CPU of
+   more than one core, where the step's threads are fed too (``probe.fed_threads``). The
+   worker count, on a CPU the threads, and, where loading limits training, the batch come
+   from those passes.
 
 The time: the phase runs last and has what the earlier phases left. ``workers_seconds`` is
 what they keep for it: 10% of the budget, at most 20 s, on an accelerator, where the loader
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch_autotune.evidence import (
     WORKERS_OUT_OF_TIME,
@@ -33,6 +35,7 @@ from torch_autotune.evidence import (
 )
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import PASS_S, FedChoice, choose_fed, fed_order
+from torch_autotune.probe.fed_threads import MeasuredThreads
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import round_down
 from torch_autotune.probe.workers import (
@@ -119,6 +122,7 @@ class WorkersOutcome:
     fed: tuple[FedRecord, ...] = ()
     batch_size: int | None = None
     batch_reason: str | None = None
+    threads: MeasuredThreads | None = None  # where fewer CPU threads than the rules' were fed
 
 
 def step_rates(
@@ -176,7 +180,8 @@ def measure_workers(
     if min(batch_size, MAIN_PROCESS_BATCH_CAP) < batch_size:
         sizes = f"{min(batch_size, LOADER_BATCH_CAP)}, {MAIN_PROCESS_BATCH_CAP} without workers"
         alone += f" (loaded in batches of {sizes}: samples/s hardly depend on the batch)"
-    if not _needs_feeding(choice, step_rate, profile.device):
+    default_threads = _default_threads(profile)
+    if not _needs_feeding(choice, step_rate, profile.device, default_threads):
         return WorkersOutcome(choice.num_workers, records, alone)
     rates = {t.num_workers: t.samples_per_s for t in choice.trials if t.samples_per_s}
     failed = {t.num_workers for t in choice.trials if not t.ok}
@@ -190,6 +195,7 @@ def measure_workers(
         threads_for=threads_for or (lambda _count: None),
         until=budget.deadline,
         clock=budget.clock,
+        default_threads=default_threads,
     )
     fallback = _unfed(choice, rates, most, step_rate, profile.device)
     return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
@@ -244,14 +250,31 @@ def _alone(
     )
 
 
-def _needs_feeding(choice: WorkerChoice, step_rate: float | None, device: str) -> bool:
+def _needs_feeding(
+    choice: WorkerChoice, step_rate: float | None, device: str, default_threads: int | None
+) -> bool:
     """Whether the loader alone cannot decide: no count keeps ahead of a known step rate
     (``keeps_ahead``: 0 workers only where loading in series costs at most 2%), or on a CPU
-    the chosen count uses workers (they take cores from the step)."""
+    the chosen count uses workers (they take cores from the step), or the step's threads
+    are to be measured (``default_threads``: a CPU with more than one)."""
     chosen = next(t for t in choice.trials if t.num_workers == choice.num_workers and t.ok)
     rate = chosen.samples_per_s or 0.0
     ahead = step_rate is not None and keeps_ahead(choice.num_workers, rate, step_rate)
-    return not ahead or (device == "cpu" and choice.num_workers > 0)
+    cpu = device == "cpu" and (choice.num_workers > 0 or default_threads is not None)
+    return not ahead or cpu
+
+
+def _default_threads(profile: Profile) -> int | None:
+    """On a CPU, the threads of torch's default pool, where the passes fed by the DataLoader
+    try fewer (``probe.fed_threads``): one per physical core (G1), no more than this process
+    may run on; None elsewhere (the accelerator computes) and where there is one."""
+    if profile.device != "cpu":
+        return None
+    host = profile.provenance.snapshot.host
+    threads = host.cpu_cores_physical or host.cpu_cores_logical or 1
+    here = _process_cpus()
+    threads = min(threads, here) if here is not None else threads
+    return threads if threads > 1 else None
 
 
 def _outcome(
@@ -284,4 +307,5 @@ def _outcome(
         return WorkersOutcome(choice.num_workers, records, why, passes)
     reason = f"{fed.workers_reason}. The DataLoader alone, measured first: {alone}"
     batch = fed.batch_size if fed.batch_size != batch_size else None
-    return WorkersOutcome(fed.num_workers, records, reason, passes, batch, fed.batch_reason)
+    outcome = WorkersOutcome(fed.num_workers, records, reason, passes, batch, fed.batch_reason)
+    return replace(outcome, threads=fed.threads)

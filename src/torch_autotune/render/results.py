@@ -15,7 +15,7 @@ from torch_autotune.profile import CompileRecord, Evidence, Profile, RanksRecord
 from torch_autotune.records import SettingRecord
 from torch_autotune.render.machine import facts_table
 from torch_autotune.rules.optimizer import except_compile, optimizer_memory_text
-from torch_autotune.settings import RECORD_BY_NAME, RECORDS
+from torch_autotune.settings import RECORD_BY_NAME, RECORDS, Settings
 
 
 def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
@@ -27,7 +27,7 @@ def render_run(profile: Profile, console: Console, saved: Path | None) -> None:
     if evidence is not None and evidence.loader:
         console.print(_loader_table(evidence))
     if evidence is not None and evidence.fed:
-        console.print(_fed_table(evidence, profile.settings.dataloader.num_workers))
+        console.print(_fed_table(evidence, profile.settings))
     for warning in evidence.warnings if evidence is not None else ():
         console.print(Text(f"warning: {warning}", style="yellow"))
     if saved is not None:
@@ -238,13 +238,15 @@ def _loader_table(evidence: Evidence) -> Table:
     return table
 
 
-def _fed_table(evidence: Evidence, workers: int) -> Table:
-    """The passes of training fed by the DataLoader, the recommended one marked."""
+def _fed_table(evidence: Evidence, settings: Settings) -> Table:
+    """The passes of training fed by the DataLoader, the recommended one marked: the profile's
+    batch, worker count and CPU threads."""
+    mine = (evidence.batch_size, settings.dataloader.num_workers, settings.cpu_threads)
     table = Table(title="Training fed by the DataLoader", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("batch", "workers", "threads", "samples/s", "note"):
         table.add_column(column, justify="right" if column != "note" else "left")
     for fed in evidence.fed:
-        chosen = (fed.batch_size, fed.num_workers) == (evidence.batch_size, workers)
+        chosen = (fed.batch_size, fed.num_workers, fed.cpu_threads) == mine
         table.add_row(
             str(fed.batch_size),
             str(fed.num_workers),

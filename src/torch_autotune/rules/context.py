@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from torch_autotune.bounds import STRICT, BatchSize, WorkerCount
+from torch_autotune.bounds import STRICT, BatchSize, CpuCount, WorkerCount
 from torch_autotune.evidence import AllocatorRecord, BatchChoice, OptimizerMemoryRecord
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
 from torch_autotune.invariants import device_accelerators
@@ -43,6 +43,8 @@ class Measurements(BaseModel):
     memory_budget_reason: str | None = None  # why kept, or why not measured or not kept
     optimizer_memory: OptimizerMemoryRecord | None = None  # fused against foreach, where measured
     allocator: AllocatorRecord | None = None  # J1's setting in a fresh process, or why not
+    cpu_threads: CpuCount | None = None  # where threads_reason: fed fastest (None: torch's)
+    threads_reason: str | None = None  # the CPU threads measured fed by the DataLoader
 
 
 @dataclass(frozen=True)

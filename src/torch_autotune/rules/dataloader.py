@@ -305,10 +305,15 @@ def cpu_threads(ctx: Context) -> Iterator[Finding]:
 
     Reads ``dataloader.num_workers``, so the dataloader rule must run first.
     """
-    threads, rule, why = (
-        _cpu_training_threads(ctx) if ctx.device == "cpu" else _gpu_training_threads(ctx)
-    )
-    yield Finding("cpu_threads", threads, rule, why)
+    measured = ctx.measurements
+    if ctx.device == "cpu" and measured is not None and measured.threads_reason is not None:
+        threads, rule, why = measured.cpu_threads, "G6", measured.threads_reason
+        yield Finding("cpu_threads", threads, rule, why, Source.MEASURED)
+    else:
+        threads, rule, why = (
+            _cpu_training_threads(ctx) if ctx.device == "cpu" else _gpu_training_threads(ctx)
+        )
+        yield Finding("cpu_threads", threads, rule, why)
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if threads is None:
             yield Finding(

@@ -1,0 +1,126 @@
+"""Fewer CPU threads than the rules set, fed by the DataLoader, and the pass the fed passes
+choose. Pure: no torch; ``probe.fed`` runs these after feeding each worker count.
+
+On a CPU the rules give torch's compute pool the CPUs the workers leave (G6): torch's default,
+one thread per physical core, without workers. That is the most compute a large model can use,
+and the worst a small one can get: a tiny MLP on this 2-core VM trained at 13,178 samples/s
+with 0 workers at torch's 2 threads and at 205,000 with 0 workers at 1 thread (the pool's
+synchronisation outweighs the work it splits, and a busy neighbour's core stalls every step).
+The profile chose 2 workers at 99,498, and trained at 0.55x of a plain loop at 1 thread. No
+rule knows where that turns over; it is measured:
+
+1. After each count was fed at the rules' threads, the counts that could still win (their
+   loader alone was faster than the best pass so far; feeding never loads faster), fastest
+   pass first, are fed at half the threads, then half again while each is faster than the
+   last, down to 1.
+2. **The choice** (``pick_pass``): the plain alternative (as many workers as usable CPUs, at
+   the rules' threads) stands unless another pass fed training faster beyond ``FED_WITHIN``;
+   then the fewest workers within ``FED_WITHIN`` of the best, at the rules' threads where they
+   are as fast, else the fewest threads among those passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch_autotune.probe.fed_passes import (
+    FED_WITHIN,
+    FedTrial,
+    Passes,
+    fmt_rate,
+    rate_of,
+    threads_text,
+)
+
+__all__ = ["MeasuredThreads", "feed_fewer_threads", "measured_threads", "pick_pass"]
+
+
+@dataclass(frozen=True)
+class MeasuredThreads:
+    """The CPU threads the passes fed by the DataLoader chose (None: torch's default pool),
+    and why, with the rates (``threads_reason``)."""
+
+    threads: int | None
+    reason: str
+
+
+def halved(threads: int) -> list[int]:
+    """The thread counts below ``threads`` by halving, down to 1: 8 -> [4, 2, 1], 3 -> [1]."""
+    counts: list[int] = []
+    while threads > 1:
+        threads //= 2
+        counts.append(threads)
+    return counts
+
+
+def feed_fewer_threads(run: Passes, at: int, default_threads: int) -> None:
+    """Step 1 of the module docstring at batch ``at``. ``default_threads``: what the rules'
+    None (torch's default pool) stands for here."""
+    first = [t for t in run.trials if t.ok and t.batch_size == at]
+    for trial in sorted(first, key=lambda t: -rate_of(t)):
+        count = trial.num_workers
+        alone = run.loader_rates.get(count)
+        best = run.best
+        if best is None or (alone is not None and alone <= best):
+            continue
+        last = trial
+        for threads in halved(trial.threads or default_threads):
+            if not run.fits(at, [count]):
+                run.stop = (
+                    f"the time budget ran out before {count} worker(s) at {threads} thread(s)"
+                )
+                return
+            fed = run.feed_at(at, count, threads)
+            if not fed.ok or rate_of(fed) <= rate_of(last):
+                break
+            last = fed
+
+
+def pick_pass(run: Passes, trials: Sequence[FedTrial], plain: int) -> FedTrial:
+    """The pass chosen among ``trials`` (one batch): step 2 of the module docstring."""
+    ran = [t for t in trials if t.ok]
+    best = max(rate_of(t) for t in ran)
+    first = next((t for t in ran if t.num_workers == plain), None)  # at the rules' threads
+    if first is not None and best <= rate_of(first) * (1 + FED_WITHIN):
+        return first
+    near = [t for t in ran if rate_of(t) >= best * (1 - FED_WITHIN)]
+    return min(
+        near,
+        key=lambda t: (
+            t.num_workers,
+            t.threads != run.threads_for(t.num_workers),
+            t.threads or 0,
+        ),
+    )
+
+
+def measured_threads(run: Passes, chosen: FedTrial, default_threads: int) -> MeasuredThreads | None:
+    """``chosen``'s thread count and why, where fewer threads than the rules' were fed with
+    its worker count (None where none were)."""
+    count, at = chosen.num_workers, chosen.batch_size
+    rules = run.threads_for(count)
+    mine = [t for t in run.trials if t.num_workers == count and t.batch_size == at]
+    if all(t.threads == rules for t in mine):
+        return None
+    trace = ", ".join(
+        f"{threads_text(t.threads, default_threads)}: "
+        f"{fmt_rate(t.samples_per_s) if t.ok else f'failed ({t.error})'}"
+        for t in mine
+    )
+    which = threads_text(chosen.threads, default_threads)
+    if chosen.threads == rules:
+        verdict = f"{which}, the rules' count: no fewer fed training faster beyond {FED_WITHIN:.0%}"
+    else:
+        verdict = (
+            f"{which}: training fed by {count} worker(s) at batch {at} ran at "
+            f"{fmt_rate(chosen.samples_per_s)} samples/s with them, against "
+            f"{_rate_at(mine, rules)} with {threads_text(rules, default_threads)}, the rules' count"
+        )
+    reason = f"{verdict} (measured with {count} worker(s) at batch {at}, samples/s: {trace})"
+    return MeasuredThreads(chosen.threads, reason)
+
+
+def _rate_at(trials: Sequence[FedTrial], threads: int | None) -> str:
+    rates = [rate_of(t) for t in trials if t.ok and t.threads == threads]
+    return fmt_rate(max(rates)) if rates else "? (failed)"
