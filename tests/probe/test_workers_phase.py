@@ -143,7 +143,7 @@ def test_data_bound_on_two_cpus_the_plain_two_workers_are_fed_and_chosen(
     assert choice is not None
     assert choice.fed
     assert choice.confirmed == "its fed pass"
-    assert "loading limits training: the smallest batch as fast fed by the DataLoader" in summary
+    assert "256 (training fed by the DataLoader ran below the step alone: the smallest" in summary
     assert "ran again" not in summary
 
 

@@ -20,6 +20,10 @@ with the CPU threads the profile sets beside that many workers.
    training), smaller sizes are fed by the best count while they keep within ``FED_WITHIN``
    of the best: a smaller batch trains as fast there, on less memory. Otherwise the batch
    stays the one the step ran fastest at, and only the worker count comes from these passes.
+   The batch's reason says why training ran below the step alone, by the chosen count's
+   loader alone (``workers.keeps_ahead``): loading limits training where it does not keep
+   ahead; else it takes the step's CPU time (0 workers: in series with the step, its share of
+   the time; workers: the cores they run on).
    Where that batch itself was not fed (its passes would not fit in the time left), a smaller
    one is chosen only if it fed within 2% of the most the larger could train at (its step
    alone, or the loader alone where slower): a step of 1.2 s at any batch fed batch 1 at
@@ -45,7 +49,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from torch_autotune.probe.workers import HEADROOM
+from torch_autotune.probe.workers import HEADROOM, format_share, keeps_ahead, serial_share
 
 __all__ = [
     "FED_WITHIN",
@@ -394,13 +398,17 @@ def _batch_reason(run: _Passes, chosen: FedTrial, batch_size: int) -> str:
         for t in run.trials
         if t.num_workers == chosen.num_workers
     )
-    step = "unknown" if run.step_rate is None else f"{_fmt(run.step_rate)} samples/s"
+    if run.step_rate is None:
+        below = f"the step alone was not timed at batch {batch_size}, the batch chosen for it"
+    else:
+        below = (
+            f"training fed by the DataLoader runs below the step alone (at best "
+            f"{_fmt(run.best)} samples/s; the step alone ran at {_fmt(run.step_rate)} samples/s "
+            f"at batch {batch_size}, the batch chosen for it): {_why_below(run, chosen)}"
+        )
     text = (
-        f"{chosen.batch_size}: training fed by the DataLoader runs below the step alone (at "
-        f"best {_fmt(run.best)} samples/s; the step alone ran at {step} at batch {batch_size}, "
-        "the batch chosen for it: loading limits training, or takes CPUs from it), so the"
-        f" batch is the smallest within {FED_WITHIN:.0%} of the best rate of training fed by "
-        f"{chosen.num_workers} worker(s): {trace} samples/s"
+        f"{chosen.batch_size}: {below}, so the batch is the smallest within {FED_WITHIN:.0%} of "
+        f"the best rate of training fed by {chosen.num_workers} worker(s): {trace} samples/s"
     )
     for note in run.notes:
         text += f"; {note}"
@@ -409,3 +417,28 @@ def _batch_reason(run: _Passes, chosen: FedTrial, batch_size: int) -> str:
     if run.stop is not None:
         text += f"; {run.stop}"
     return text
+
+
+def _why_below(run: _Passes, chosen: FedTrial) -> str:
+    """What the chosen count's loader alone says of the loss against the step alone: loading
+    limits training where it does not keep ahead of the step (``workers.keeps_ahead``); else
+    it takes the step's CPU time (in series with it, or on the cores its workers use)."""
+    step, loaded = run.step_rate, run.loader_rates.get(chosen.num_workers)
+    if step is None or loaded is None:
+        return "its DataLoader alone was not measured at that count"
+    ratio = loaded / step
+    times = f"{ratio:.1f}x" if ratio < 10 else f"{ratio:,.0f}x"
+    alone = f"{_fmt(loaded)} samples/s alone, {times} the step"
+    if chosen.num_workers == 0:
+        share = format_share(serial_share(loaded, step))
+        limits = "loading limits training: " if loaded < step else ""
+        return (
+            f"{limits}in the main process, loading ({alone}) runs in series with the step and"
+            f" takes {share} of training's time"
+        )
+    if not keeps_ahead(chosen.num_workers, loaded, step):
+        return f"loading limits training: {chosen.num_workers} worker(s) loaded {alone}"
+    return (
+        f"loading keeps ahead of the step ({chosen.num_workers} worker(s): {alone}), so it does"
+        " not limit training: its workers take CPU time from the step"
+    )

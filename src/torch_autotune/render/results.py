@@ -162,8 +162,8 @@ _CONFIRMED = {
     "stepped down": "the candidate did not run again; this smaller size did",
     "not run again": "not run a second time: the budget was spent; it ran once, with these"
     " settings",
-    "its fed pass": "loading limits training: the smallest batch as fast fed by the DataLoader,"
-    " which it trained in with these settings",
+    "its fed pass": "training fed by the DataLoader ran below the step alone: the smallest batch"
+    " as fast fed by the DataLoader, which it trained in with these settings",
 }
 
 
