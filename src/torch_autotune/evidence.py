@@ -210,7 +210,8 @@ class BatchChoice(StrictModel):
     ``variant``), less ``margin`` where memory limited it (K2), rounded down to ``multiple``
     (K4). ``confirmed``: ``its point``, its steady point ran after the search with the final
     settings; ``ran again``; ``stepped down``, a smaller size ran instead; ``not run again``,
-    the budget was spent (it ran once, with these settings); ``its fed pass``.
+    it would not fit in the time budget left (it ran once, with these settings); ``its fed
+    pass``.
     """
 
     chosen_by: ChosenBy

@@ -247,6 +247,27 @@ def test_passes_that_do_not_fit_in_the_time_are_not_started() -> None:
     assert choice.num_workers == 2
 
 
+def test_a_pass_stopped_for_time_says_how_much_time_was_left() -> None:
+    # After the first pass 1 s is left, and a pass with 0 workers takes about 1.7 s: the
+    # reason said "the time budget ran out" where time was left
+    fake = FakeFed({(64, 2): 100.0, (64, 0): 90.0})
+    choice = choose_fed(
+        fake,
+        sizes=(64,),
+        counts=[2, 0],
+        loader_rates={2: 500.0, 0: 400.0},
+        step_rates={64: 900.0},
+        threads_for=_threads,
+        until=pass_seconds(64, 2, 100.0) + 1.0,
+        clock=fake.clock,
+    )
+    assert [c[:2] for c in fake.calls] == [(64, 2)]
+    assert "ran out" not in choice.workers_reason
+    assert choice.workers_reason.endswith(
+        "a pass with 0 worker(s) did not fit in the 1 s of the time budget left"
+    )
+
+
 def test_a_smaller_batch_fed_as_fast_as_the_unfed_one_could_train_is_chosen() -> None:
     _, choice, _ = _little_time({(64, 2): 119.0, (128, 2): 119.0, (64, 1): 60.0, (64, 0): 40.0})
     assert choice.batch_size == 64

@@ -146,7 +146,7 @@ def choose_fed(
         if alone is not None and run.best is not None and alone < run.best:
             run.skipped.append(count)
         elif not run.fits(at, [count]):
-            run.stop = f"the time budget ran out before {count} worker(s)"
+            run.stop = run.short(f"a pass with {count} worker(s)")
             break
         else:
             run.feed(at, count)
@@ -211,7 +211,7 @@ def _feed_sizes(
         for size in sorted(b for b in sizes if b > at):
             before = run.best
             if not run.fits(size, [workers]):
-                run.stop = f"the time budget ran out before batch {size}"
+                run.stop = run.short(f"a pass at batch {size}")
                 return
             trial = run.feed(size, workers)
             if not trial.ok or _rate(trial) <= before * (1 + FED_WITHIN):
@@ -224,7 +224,7 @@ def _feed_sizes(
             )
             return
         if not run.fits(size, [workers]):
-            run.stop = f"the time budget ran out before batch {size}"
+            run.stop = run.short(f"a pass at batch {size}")
             return
         trial = run.feed(size, workers)
         if not trial.ok or _rate(trial) < run.best * (1 - FED_WITHIN):
@@ -309,6 +309,11 @@ class _Passes:
         if rate is None:
             return left > 0
         return passes * pass_seconds(batch_size, counts[0], rate) <= left
+
+    def short(self, what: str) -> str:
+        """Why ``what`` was not run: the time left was shorter than it was predicted to take."""
+        left = 0.0 if self.until is None else max(0.0, self.until - self.clock())
+        return f"{what} did not fit in the {left:.0f} s of the time budget left"
 
     def feed(self, batch_size: int, workers: int) -> FedTrial:
         trial = self.fed(batch_size, workers, self.threads_for(workers))
