@@ -159,6 +159,9 @@ def test_the_batch_reason_states_exactly_what_was_done(
     assert ("margin" in reason) is (margin is not None)
     assert ("multiple of 8" in reason) is (multiple == 8)
     assert ("once more" in reason) is (confirmed == "ran again")
+    # not run again: predicted not to fit in the time left, which was not nothing
+    assert "spent" not in reason
+    assert ("would not fit in the time budget left" in reason) is (confirmed == "not run again")
     assert ("fastest steady batch measured" in reason) is fastest
     assert ("compiled" in reason) is (compiled and fastest)
     # a compiled point came from the compiled model's own search, and the reason says so

@@ -293,7 +293,7 @@ def _worker_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]
     if not reason.startswith(f"{workers} worker(s)"):
         found.append(f"the workers reason does not begin with {workers}: '{reason[:60]}'")
     fed_at = re.search(
-        rf"{workers} worker\(s\): training fed by the DataLoader ran at {_RATE} "
+        rf"{workers} worker\(s\)(?: at [^:]*)?: training fed by the DataLoader ran at {_RATE} "
         r"with them at batch (\d+)",
         reason,
     )
@@ -543,7 +543,7 @@ def _rate_changed(profile: Profile, setting: str, old: str, new: str) -> Profile
     [
         ("ran at 443 samples/s", "ran at 450 samples/s", "no fed pass of 2 worker(s)"),
         ("counts measured", "counts measured", None),
-        ("beside each count): 2: 443", "beside each count): 2: 400", "did not run at 400"),
+        ("and fewer): 2: 443", "and fewer): 2: 400", "did not run at 400"),
         ("2 worker(s)", "3 worker(s)", "does not begin with 2"),
         ("training step's 3,869", "training step's 3,000", "no step ran at that rate"),
     ],

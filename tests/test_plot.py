@@ -457,3 +457,18 @@ def test_a_size_not_run_for_the_budget_says_so() -> None:
     assert "batch 800  ✗ not run (too slow for the time budget)" in text
     assert "peak memory" not in text  # not read: no memory axis either
     assert [ax.get_label() for ax in build_figure(profile).axes] == ["throughput"]
+
+
+def test_a_main_process_loader_is_ahead_only_by_the_probes_own_test() -> None:
+    # Seen on a 2-CPU machine: 0 workers loaded about 40x the step, which costs 2.4% of
+    # training's time in series with it; the workers' reason said no count keeps ahead
+    # (at most 2%), and the report called it "ahead of training"
+    loader = (
+        LoaderRecord(num_workers=0, samples_per_s=92_000.0),  # 40x the step's 2,300
+        LoaderRecord(num_workers=4, samples_per_s=3_500.0),
+    )
+    evidence = h100_evidence().model_copy(update={"loader": loader})
+    lines = charts(measured().model_copy(update={"evidence": evidence})).splitlines()
+    main = next(line for line in lines if line.startswith("  0 workers"))
+    assert "not ahead: in series with training, 2.4% of its time" in main
+    assert "ahead of training" in next(line for line in lines if line.startswith("  4 workers"))

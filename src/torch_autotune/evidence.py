@@ -203,13 +203,15 @@ class BatchChoice(StrictModel):
     rate; ``fastest unsteady point``, none was steady, so the size whose point ran fastest
     (smaller within 3%); ``largest point`` (earlier releases, and where a variant's settings
     are kept), none was steady, so the largest size a point measured; ``top
-    candidate``, no point ran. ``fed``: loading limits training, and the batch is the smallest
+    candidate``, no point ran. ``fed``: training fed by the DataLoader ran below the step alone
+    beyond 2% (loading limits it, or takes its CPU time), and the batch is the smallest
     within 2% of the best rate fed by the DataLoader (``Evidence.fed_reason``). The top
     candidate is the largest batch that trained (in the search of the chosen point's
     ``variant``), less ``margin`` where memory limited it (K2), rounded down to ``multiple``
     (K4). ``confirmed``: ``its point``, its steady point ran after the search with the final
     settings; ``ran again``; ``stepped down``, a smaller size ran instead; ``not run again``,
-    the budget was spent (it ran once, with these settings); ``its fed pass``.
+    it would not fit in the time budget left (it ran once, with these settings); ``its fed
+    pass``.
     """
 
     chosen_by: ChosenBy
@@ -233,7 +235,9 @@ class BatchChoice(StrictModel):
     best_batch_size: BatchSize | None = None
     confirmed: Confirmed
     fed: bool = Field(
-        default=False, description="Loading limits training: the fed passes chose the batch."
+        default=False,
+        description="Training fed by the DataLoader ran below the step alone: the fed passes "
+        "chose the batch.",
     )
 
     @property

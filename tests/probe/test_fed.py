@@ -167,6 +167,48 @@ def test_without_default_threads_no_fewer_threads_are_fed() -> None:
     assert choice.threads is None
 
 
+def test_the_batch_reason_says_loading_does_not_limit_where_the_loader_is_far_ahead() -> None:
+    # Seen on this 2-CPU machine: the step alone 387.8 samples/s at batch 32, the loader alone
+    # about 40x that; 2 workers fed 201.6 and 1 fed 203.4 (they take the step's cores), 0
+    # fed 373.0. The reason said "loading limits training"
+    loader = {0: 15_500.0, 1: 15_000.0, 2: 16_000.0}
+    fake = FakeFed({(32, 2): 201.6, (32, 1): 203.4, (32, 0): 373.0})
+    choice = choose_fed(
+        fake,
+        sizes=(32, 16),
+        counts=fed_order(2, loader),
+        loader_rates=loader,
+        step_rates={32: 387.8, 16: 300.0},
+        threads_for=_threads,
+    )
+    assert (choice.num_workers, choice.batch_size) == (0, 32)
+    assert choice.batch_reason is not None
+    assert "loading limits training" not in choice.batch_reason
+    assert (
+        "in the main process, loading (15,500 samples/s alone, 40x the step) runs in series "
+        "with the step and takes 2.4% of training's time" in choice.batch_reason
+    )
+
+
+def test_the_batch_reason_says_loading_limits_where_no_loader_keeps_ahead() -> None:
+    loader = {0: 240.0, 1: 250.0, 2: 480.0}  # the step alone: 2,800 samples/s
+    fake = FakeFed({(512, 2): 446.0, (512, 1): 250.0, (512, 0): 150.0, (256, 2): 440.0})
+    choice = choose_fed(
+        fake,
+        sizes=(512, 256),
+        counts=fed_order(2, loader),
+        loader_rates=loader,
+        step_rates={512: 2800.0},
+        threads_for=_threads,
+    )
+    assert choice.batch_size == 256
+    assert choice.batch_reason is not None
+    assert (
+        "loading limits training: 2 worker(s) loaded 480 samples/s alone, 0.2x the step"
+        in choice.batch_reason
+    )
+
+
 def test_the_plain_alternative_stands_against_a_count_as_fast() -> None:
     # Recorded on this busy 2-CPU VM: 2 workers fed 228 samples/s and 1 fed 231 while a
     # neighbour held a core; the bench, later, measured 2 at 1.8x of 1.
@@ -294,6 +336,27 @@ def test_passes_that_do_not_fit_in_the_time_are_not_started() -> None:
     # measured says 64 is as fast, so the step's batch stays.
     assert (choice.batch_size, choice.batch_reason) == (512, None)
     assert choice.num_workers == 2
+
+
+def test_a_pass_stopped_for_time_says_how_much_time_was_left() -> None:
+    # After the first pass 1 s is left, and a pass with 0 workers takes about 1.7 s: the
+    # reason said "the time budget ran out" where time was left
+    fake = FakeFed({(64, 2): 100.0, (64, 0): 90.0})
+    choice = choose_fed(
+        fake,
+        sizes=(64,),
+        counts=[2, 0],
+        loader_rates={2: 500.0, 0: 400.0},
+        step_rates={64: 900.0},
+        threads_for=_threads,
+        until=pass_seconds(64, 2, 100.0) + 1.0,
+        clock=fake.clock,
+    )
+    assert [c[:2] for c in fake.calls] == [(64, 2)]
+    assert "ran out" not in choice.workers_reason
+    assert choice.workers_reason.endswith(
+        "a pass with 0 worker(s) did not fit in the 1 s of the time budget left"
+    )
 
 
 def test_a_smaller_batch_fed_as_fast_as_the_unfed_one_could_train_is_chosen() -> None:

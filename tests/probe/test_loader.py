@@ -559,3 +559,20 @@ def test_the_choice_is_always_a_count_that_ran_within_the_maximum(
         assert not any(_ahead(t.num_workers, _rate(t), step_rate) for t in smaller)
     else:
         assert rate >= best * 0.95
+
+
+def test_a_count_stopped_for_time_says_how_much_time_was_left() -> None:
+    # Each count takes 5 s; at 15 s, 3 s are left: the reason said "the time budget ran out"
+    now = [0.0]
+
+    def measure(num_workers: int) -> LoaderTrial:
+        now[0] += 5.0
+        return FakeMeasure({0: 100.0, 1: 200.0, 2: 400.0})(num_workers)
+
+    choice = search_workers(measure, max_workers=4, until=18.0, clock=lambda: now[0])
+    assert [t.num_workers for t in choice.trials] == [0, 1, 2]
+    assert "ran out" not in choice.reason
+    assert (
+        "stopped before 4: 3 s of the time budget were left, less than the longest count so far "
+        "took (5.0 s)" in choice.reason
+    )

@@ -82,7 +82,9 @@ def test_compiles_judgement_reads_as_it_did_before_variants() -> None:
 # --- measuring a variant ------------------------------------------------------------------------
 
 
-def _measured(machine: SimulatedMachine, variant: Variant, floor: int = 1) -> VariantOutcome:
+def _measured(
+    machine: SimulatedMachine, variant: Variant, floor: int = 1, budget: Budget | None = None
+) -> VariantOutcome:
     """``variant`` measured against the base's point at 832 on ``machine`` (an H100 profile's
     settings for a conv net: the cuDNN autotuner on), with a search's bounds: no cap below the
     device's, 80 GiB, ``floor`` the smallest batch the model trains at."""
@@ -99,7 +101,7 @@ def _measured(machine: SimulatedMachine, variant: Variant, floor: int = 1) -> Va
         base_sizes=[1664, 832, 416],
         base_model=TimeModel(),
         bounds=bounds,
-        budget=Budget(600, machine.clock),
+        budget=budget or Budget(600, machine.clock),
         progress=lambda _phase, _what: None,
         reserve_s=0.0,
     )
@@ -238,3 +240,14 @@ def test_where_compile_was_not_measured_an_eager_batch_stands_as_its_reason_says
     assert evidence.compile is not None
     unmeasured = evidence.compile.model_copy(update={"measured": False}).model_dump()
     assert _with_batch(profile, 1664, compile=unmeasured).settings.batch.batch_size == 1664
+
+
+def test_a_variant_out_of_its_phases_time_says_the_run_had_time_left() -> None:
+    # The phase's share ran out, not the budget: the reason said "the time budget ran out"
+    machine = SimulatedMachine()
+    budget = Budget(600, machine.clock)
+    with budget.phase("compile", 0.0):
+        outcome = _measured(machine, compiled("default"), budget=budget)
+    assert outcome.failed is not None
+    assert "ran no throughput point in its phase's share of the time budget" in outcome.failed
+    assert "ran out" not in outcome.failed

@@ -143,7 +143,7 @@ def test_data_bound_on_two_cpus_the_plain_two_workers_are_fed_and_chosen(
     assert choice is not None
     assert choice.fed
     assert choice.confirmed == "its fed pass"
-    assert "loading limits training: the smallest batch as fast fed by the DataLoader" in summary
+    assert "256 (training fed by the DataLoader ran below the step alone: the smallest" in summary
     assert "ran again" not in summary
 
 
@@ -287,7 +287,7 @@ def test_a_cpu_without_time_to_feed_training_keeps_0_workers_where_it_loads_ahea
     zero = machine.fed_rate(batch, 0, None, compiled=False)
     assert zero > machine.fed_rate(batch, 1, 1, compiled=False)
     reason = evidence.workers_reason or ""
-    assert reason.startswith("0 workers: on a CPU workers take cores from the training step")
+    assert reason.startswith("0 worker(s): on a CPU workers take cores from the training step")
     assert "takes 6.0% of training's time, in series with the step" in reason
     assert "The DataLoader alone, measured first: 1 worker(s) at 250 samples/s" in reason
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from torch_autotune.errors import ProfileFileError
+from torch_autotune.probe.workers import format_share, keeps_ahead, serial_share
 from torch_autotune.profile import Evidence, Profile, SearchTrialRecord, target_accelerators
 
 if TYPE_CHECKING:
@@ -246,6 +247,18 @@ def step_rate(evidence: Evidence) -> float | None:
     at = [r for r in evidence.throughput if r.batch_size == evidence.batch_size]
     same = [r for r in at if evidence.kind_of(r.variant) == kind]
     return next((r.samples_per_s for r in same or at), None)
+
+
+def loader_pace(num_workers: int, loaded: float, step: float) -> str:
+    """Whether ``num_workers`` loading at ``loaded`` samples/s keeps ahead of a step of ``step``
+    samples/s, by the probe's own test (``probe.workers.keeps_ahead``): 0 workers loads in
+    series with the step, so a loader faster than the step can still cost training time."""
+    if keeps_ahead(num_workers, loaded, step):
+        return "ahead of training"
+    if num_workers == 0 and loaded >= step:
+        share = format_share(serial_share(loaded, step))
+        return f"not ahead: in series with training, {share} of its time"
+    return "behind training"
 
 
 def effect_rows(bench: BenchEvidence) -> list[EffectRow]:

@@ -20,6 +20,7 @@ from torch_autotune.plot.data import (
     batch_rows,
     chart_title,
     effect_rows,
+    loader_pace,
     measured,
     memory_peaks,
     panels,
@@ -164,7 +165,7 @@ def _print_loader(
             continue
         pace = ""
         if rate is not None:
-            pace = "  ahead of training" if r.samples_per_s >= rate else "  behind training"
+            pace = f"  {loader_pace(r.num_workers, r.samples_per_s, rate)}"
         number = f"{r.samples_per_s:,.1f}/s".rjust(number_w)
         mark = ((f"  ◀ {mark_word}", "green"),) if r.num_workers == chosen else ()
         bars.append(_BarRow(label, r.samples_per_s / top, ((f" {number}{pace}", ""), *mark)))

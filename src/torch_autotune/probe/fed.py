@@ -21,6 +21,10 @@ with the CPU threads the profile sets beside that many workers.
    training), smaller sizes are fed by the best count while they keep within ``FED_WITHIN``
    of the best: a smaller batch trains as fast there, on less memory. Otherwise the batch
    stays the one the step ran fastest at, and only the worker count comes from these passes.
+   The batch's reason says why training ran below the step alone, by the chosen count's
+   loader alone (``workers.keeps_ahead``): loading limits training where it does not keep
+   ahead; else it takes the step's CPU time (0 workers: in series with the step, its share of
+   the time; workers: the cores they run on).
    Where that batch itself was not fed (its passes would not fit in the time left), a smaller
    one is chosen only if it fed within 2% of the most the larger could train at (its step
    alone, or the loader alone where slower): a step of 1.2 s at any batch fed batch 1 at
@@ -64,7 +68,7 @@ from torch_autotune.probe.fed_threads import (
     measured_threads,
     pick_pass,
 )
-from torch_autotune.probe.workers import HEADROOM
+from torch_autotune.probe.workers import HEADROOM, format_share, keeps_ahead, serial_share
 
 __all__ = [
     "FED_WITHIN",
@@ -178,7 +182,7 @@ def _feed_counts(run: Passes, sizes: Sequence[int], counts: Sequence[int]) -> in
         if alone is not None and run.best is not None and alone < run.best:
             run.skipped.append(count)
         elif not run.fits(at, [count]):
-            run.stop = f"the time budget ran out before {count} worker(s)"
+            run.stop = run.short(f"a pass with {count} worker(s)")
             break
         else:
             run.feed(at, count)
@@ -221,7 +225,7 @@ def _feed_sizes(
         for size in sorted(b for b in sizes if b > at):
             before = run.best
             if not run.fits(size, [workers]):
-                run.stop = f"the time budget ran out before batch {size}"
+                run.stop = run.short(f"a pass at batch {size}")
                 return
             trial = run.feed(size, workers)
             if not trial.ok or rate_of(trial) <= before * (1 + FED_WITHIN):
@@ -234,7 +238,7 @@ def _feed_sizes(
             )
             return
         if not run.fits(size, [workers]):
-            run.stop = f"the time budget ran out before batch {size}"
+            run.stop = run.short(f"a pass at batch {size}")
             return
         trial = run.feed(size, workers)
         if not trial.ok or rate_of(trial) < run.best * (1 - FED_WITHIN):
@@ -311,13 +315,17 @@ def _batch_reason(run: Passes, chosen: FedTrial, batch_size: int) -> str:
         for t in run.trials
         if _pair(t) == _pair(chosen)
     )
-    step = "unknown" if run.step_rate is None else f"{fmt_rate(run.step_rate)} samples/s"
+    if run.step_rate is None:
+        below = f"the step alone was not timed at batch {batch_size}, the batch chosen for it"
+    else:
+        below = (
+            f"training fed by the DataLoader runs below the step alone (at best "
+            f"{fmt_rate(run.best)} samples/s; the step alone ran at {fmt_rate(run.step_rate)} "
+            f"samples/s at batch {batch_size}, the batch chosen for it): {_why_below(run, chosen)}"
+        )
     text = (
-        f"{chosen.batch_size}: training fed by the DataLoader runs below the step alone (at "
-        f"best {fmt_rate(run.best)} samples/s; the step alone ran at {step} at batch {batch_size}, "
-        "the batch chosen for it: loading limits training, or takes CPUs from it), so the"
-        f" batch is the smallest within {FED_WITHIN:.0%} of the best rate of training fed by "
-        f"{chosen.num_workers} worker(s): {trace} samples/s"
+        f"{chosen.batch_size}: {below}, so the batch is the smallest within {FED_WITHIN:.0%} of "
+        f"the best rate of training fed by {chosen.num_workers} worker(s): {trace} samples/s"
     )
     for note in run.notes:
         text += f"; {note}"
@@ -326,3 +334,28 @@ def _batch_reason(run: Passes, chosen: FedTrial, batch_size: int) -> str:
     if run.stop is not None:
         text += f"; {run.stop}"
     return text
+
+
+def _why_below(run: Passes, chosen: FedTrial) -> str:
+    """What the chosen count's loader alone says of the loss against the step alone: loading
+    limits training where it does not keep ahead of the step (``workers.keeps_ahead``); else
+    it takes the step's CPU time (in series with it, or on the cores its workers use)."""
+    step, loaded = run.step_rate, run.loader_rates.get(chosen.num_workers)
+    if step is None or loaded is None:
+        return "its DataLoader alone was not measured at that count"
+    ratio = loaded / step
+    times = f"{ratio:.1f}x" if ratio < 10 else f"{ratio:,.0f}x"
+    alone = f"{fmt_rate(loaded)} samples/s alone, {times} the step"
+    if chosen.num_workers == 0:
+        share = format_share(serial_share(loaded, step))
+        limits = "loading limits training: " if loaded < step else ""
+        return (
+            f"{limits}in the main process, loading ({alone}) runs in series with the step and"
+            f" takes {share} of training's time"
+        )
+    if not keeps_ahead(chosen.num_workers, loaded, step):
+        return f"loading limits training: {chosen.num_workers} worker(s) loaded {alone}"
+    return (
+        f"loading keeps ahead of the step ({chosen.num_workers} worker(s): {alone}), so it does"
+        " not limit training: its workers take CPU time from the step"
+    )

@@ -128,6 +128,11 @@ class Passes:
             return left > 0
         return passes * pass_seconds(batch_size, counts[0], rate) <= left
 
+    def short(self, what: str) -> str:
+        """Why ``what`` was not run: the time left was shorter than it was predicted to take."""
+        left = 0.0 if self.until is None else max(0.0, self.until - self.clock())
+        return f"{what} did not fit in the {left:.0f} s of the time budget left"
+
     def threads_of(self, workers: int) -> int | None:
         """The CPU threads passes with ``workers`` run at: the count the thread passes chose
         (``probe.fed_threads``), else the rules' beside that many workers."""

@@ -67,9 +67,7 @@ def feed_fewer_threads(run: Passes, at: int, default_threads: int) -> None:
         last = trial
         for threads in halved(trial.threads or default_threads):
             if not run.fits(at, [count]):
-                run.stop = (
-                    f"the time budget ran out before {count} worker(s) at {threads} thread(s)"
-                )
+                run.stop = run.short(f"a pass with {count} worker(s) at {threads_text(threads)}")
                 return
             fed = run.feed_at(at, count, threads)
             if not fed.ok or rate_of(fed) <= rate_of(last):

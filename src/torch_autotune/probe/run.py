@@ -348,8 +348,9 @@ class _Run:
         keep that run (and say so)."""
         if candidate in self.ran_with(final.settings) and predicted_s > self.budget.left_in_run():
             self.warnings.append(
-                f"batch {candidate} was not run a second time: the time budget ran out (it ran "
-                "once with these settings)"
+                f"batch {candidate} was not run a second time: it was predicted to take "
+                f"{predicted_s:.0f} s, and {self.budget.left_in_run():.0f} s of the time budget "
+                "were left (it ran once with these settings)"
             )
             return []
         with self.budget.phase("confirm"):

@@ -99,8 +99,7 @@ def measure_variant(
             outcome.paid_s = next((r.warmup_s for r in searched.records if r.fits), None)
             largest = max((r.batch_size for r in searched.records if r.fits), default=None)
             if largest is None:
-                ran = [r for r in searched.records if r.seconds is not None]
-                outcome.failed = _failure(variant, [r.batch_size for r in ran if not r.fits])
+                outcome.failed = _failure(variant, _out_of_memory(searched.records), budget)
                 return outcome
             limited = outcome.limited_by = searched.limited_by
             outcome.largest = largest
@@ -118,7 +117,8 @@ def measure_variant(
             outcome.paid_s = outcome.points[0].warmup_s
         best = fastest(outcome.points) or (outcome.points[0] if outcome.points else None)
         if best is None:
-            outcome.failed = _failure(variant, [r for r in measured if isinstance(r, int)])
+            failed = [r for r in measured if isinstance(r, int)]
+            outcome.failed = _failure(variant, failed, budget, "ran no throughput point")
             return outcome
         outcome.point = best
         outcome.judgement = judge(variant, base_best, best, outcome.paid_s or 0.0)
@@ -173,12 +173,27 @@ def _search(
     return _Searched(guard.records, found.limited_by, name, guard.model)
 
 
-def _failure(variant: Variant, failed: Sequence[int]) -> str:
-    """Why no point of ``variant`` ran: out of memory at ``failed``, or out of time."""
+def _out_of_memory(records: Sequence[SearchTrialRecord]) -> list[int]:
+    """The sizes of a search that ran and did not fit (not those refused without running)."""
+    return [r.batch_size for r in records if r.seconds is not None and not r.fits]
+
+
+def _failure(
+    variant: Variant, failed: Sequence[int], budget: Budget, none: str = "finished no step"
+) -> str:
+    """Why ``variant`` has no point (``none`` says what did not happen: it finished no step,
+    or ran no throughput point): out of memory at ``failed``, or out of time: its phase's
+    share of the budget, where the run had time left for the phases after it."""
     if failed:
         sizes = ", ".join(map(str, failed))
         return f"the {variant.name} model ran out of memory at batch {sizes}"
-    return f"the time budget ran out before the {variant.name} model finished a step"
+    left = budget.left_in_run()
+    if left < 1:
+        return f"the {variant.name} model {none} before the time budget ran out"
+    return (
+        f"the {variant.name} model {none} in its phase's share of the time budget"
+        f" ({left:.0f} s of it were left, kept for the phases after it)"
+    )
 
 
 def compile_record(mode: str, predicted_s: float, outcome: VariantOutcome) -> CompileRecord:

@@ -194,7 +194,10 @@ def _run_until_stop(
     for count in counts:
         began = clock()
         if trials and until is not None and began + longest > until:
-            return trials, f"stopped before {count}: the time budget ran out"
+            return trials, (
+                f"stopped before {count}: {max(0.0, until - began):.0f} s of the time budget "
+                f"were left, less than the longest count so far took ({longest:.1f} s)"
+            )
         trial = measure(count)
         longest = max(longest, clock() - began)
         trials.append(trial)

@@ -223,7 +223,7 @@ def _unfed(
     if device != "cpu" or choice.num_workers == 0 or main is None or main < step * HEADROOM:
         return None
     return 0, (
-        f"0 workers: on a CPU workers take cores from the training step, and training fed by "
+        f"0 worker(s): on a CPU workers take cores from the training step, and training fed by "
         f"the DataLoader was not measured for want of time (give autotune more with --budget); "
         f"in the main process, loading at {format_rate(main)} samples/s takes "
         f"{format_share(serial_share(main, step))} of training's time, in series with the step."

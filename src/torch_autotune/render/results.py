@@ -160,10 +160,10 @@ _CONFIRMED = {
     "its point": "its throughput point ran after the search, with these settings",
     "ran again": "run once more with these settings before it was recommended",
     "stepped down": "the candidate did not run again; this smaller size did",
-    "not run again": "not run a second time: the budget was spent; it ran once, with these"
-    " settings",
-    "its fed pass": "loading limits training: the smallest batch as fast fed by the DataLoader,"
-    " which it trained in with these settings",
+    "not run again": "not run a second time: it would not fit in the time budget left; it ran"
+    " once, with these settings",
+    "its fed pass": "training fed by the DataLoader ran below the step alone: the smallest batch"
+    " as fast fed by the DataLoader, which it trained in with these settings",
 }
 
 

@@ -100,8 +100,8 @@ _CONFIRMED = {
     "its point": "its throughput point ran after the search, with these settings",
     "ran again": "it ran once more, with these settings, before it was kept",
     "stepped down": "the candidate did not run when run again, and this smaller size did",
-    "not run again": "it was not run a second time (the budget was spent): it ran once, with"
-    " these settings",
+    "not run again": "it was not run a second time (it would not fit in the time budget left):"
+    " it ran once, with these settings",
     "its fed pass": "it trained fed by the DataLoader, with these settings",
 }
 
