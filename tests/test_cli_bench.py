@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -73,6 +74,20 @@ def test_bench_prints_arms_settings_and_the_verdict(
     assert "the baseline's speed" in result.output
     assert measured_file.read_bytes() == before  # the file benched is never rewritten
     assert not (tmp_path / "store").exists()  # nor the store: --profile leaves it alone
+
+
+def test_every_row_of_the_arms_table_holds_an_arm_and_its_numbers(measured_file: Path) -> None:
+    """An arm that goes by two names (the baseline is also the profile without its batch)
+    printed its second name on a row of its own, a row with no values."""
+    result = run("bench", "--profile", str(measured_file), *QUICK)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["arm", "trains"]) + 2
+    rows = lines[start : lines.index("", start)]
+    assert len(rows) >= 2
+    for row in rows:
+        assert re.search(r"\d+\.\d+\s+\d+%$", row), row  # samples/s and spread, on every row
+    assert any("baseline = tuned - batch_size" in row for row in rows)
 
 
 def test_bench_json_and_output_file_hold_the_evidence(measured_file: Path, tmp_path: Path) -> None:
