@@ -192,7 +192,8 @@ def on_the_l4(snapshot_path: Path, command: str, store: Path, *args: str) -> Res
 def test_show_and_export_select_the_workload_with_m(snapshot_path: Path, l4_store: Path) -> None:
     shown = on_the_l4(snapshot_path, "show", l4_store, "-m", "resnet50")
     assert shown.exit_code == 0, shown.output
-    assert "measured on this machine with the resnet50 workload" in shown.stdout
+    l4 = snapshot_path / "l4.json"  # the machine the command is about: not this one
+    assert f"measured on the machine in {l4} with the resnet50 workload" in shown.stdout
     assert "gpt2" in on_the_l4(snapshot_path, "show", l4_store).stdout  # saved last
     exported = on_the_l4(snapshot_path, "export", l4_store, "--format", "json", "-m", "resnet50")
     assert exported.exit_code == 0, exported.output
@@ -440,9 +441,10 @@ def test_a_snapshot_of_another_machine_is_not_compared_with_this_ones_history(
 
 def test_a_snapshot_with_a_stored_profile_shows_it(snapshot_path: Path, tmp_path: Path) -> None:
     ProfileStore(tmp_path).save(measured("l4", batch=512))
-    result = run("show", "--snapshot", str(snapshot_path / "l4.json"), "--store", str(tmp_path))
+    l4 = snapshot_path / "l4.json"
+    result = run("show", "--snapshot", str(l4), "--store", str(tmp_path))
     assert result.exit_code == 0, result.output
-    assert "measured on this machine" in result.stdout
+    assert f"measured on the machine in {l4}" in result.stdout
     assert result.stderr == ""
 
 
@@ -586,6 +588,37 @@ def test_m_naming_a_profile_measured_on_objects_says_so_in_one_line(
     assert line.startswith("autotune: error: 'BNNet' was measured on objects given to tune()")
     assert "neither" not in line
     assert ("bench(" in line) == (command == ["bench"])
+
+
+@pytest.mark.parametrize(
+    ("here", "writer", "header"),
+    [
+        ("l4", "this host", "measured on this machine with the conv workload"),
+        ("cpu-laptop-linux", "this host", "measured on this machine before it changed (GPUs"),
+        ("cpu-laptop-linux", "another host", "measured on another machine (what differs, that"),
+    ],
+)
+def test_show_says_where_a_profile_file_was_measured(
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+    here: str,
+    writer: str,
+    header: str,
+) -> None:
+    """A profile file measured on an L4 was shown on a laptop as "measured on this machine"."""
+    detected_as(here)
+    profile = measured("l4")
+    if writer == "another host":
+        provenance = profile.provenance.model_copy(update={"machine_id": "0" * 16})
+        profile = profile.model_copy(update={"provenance": provenance})
+    path = tmp_path / "l4.yaml"
+    path.write_text(torch_autotune.profile_io.dump_profile(profile))
+    result = run("show", "--profile", str(path), "--store", str(tmp_path / "store"))
+    assert result.exit_code == 0, result.output
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("Profile for NVIDIA L4 (cuda), mode speed: ")
+    assert header in first
+    assert ("this machine:" in first or "GPUs ['NVIDIA L4'] -> []" in first) == (here != "l4")
 
 
 def test_show_takes_a_profile_file_as_export_bench_and_report_do(tmp_path: Path) -> None:

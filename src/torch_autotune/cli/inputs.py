@@ -172,16 +172,16 @@ def current_profile(
         stale = stale or isinstance(warning.message, StaleProfileWarning)
         click.echo(f"autotune: warning: {warning.message}", err=True)
     if not profile.measured and not stale:
-        machine_words, where = _machine_words(snapshot_file)
+        machine, where = machine_words(snapshot_file)
         stored = fallback.stored_for(store, profile, workload)
         text = fallback.why_rules_only(
-            store, profile, workload, stored=stored, machine=machine_words, where=where
+            store, profile, workload, stored=stored, machine=machine, where=where
         )
         click.echo(f"autotune: note: {text}", err=True)
     return profile
 
 
-def _machine_words(snapshot_file: Path | None) -> tuple[str, str]:
+def machine_words(snapshot_file: Path | None) -> tuple[str, str]:
     """How a note names the machine, and where the command that measures it runs."""
     from torch_autotune.fallback import THIS_MACHINE
 
