@@ -144,34 +144,75 @@ def test_a_bad_baseline_is_one_line_and_exit_code_3(
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("workers", "refused"), [(8000, True), (9, True), (8, False)])
-def test_a_baseline_asking_more_workers_than_the_machine_can_run_is_refused(
+WORKERS_BOUND = "at most 8 DataLoader workers (4 a CPU, for a loader that waits on storage)"
+THREADS_BOUND = "at most 2 CPU threads (1 a CPU, more would take turns on them, slower)"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("num_workers", 8000, WORKERS_BOUND),
+        ("num_workers", 9, WORKERS_BOUND),
+        ("num_workers", 8, None),
+        ("cpu_threads", 64, THREADS_BOUND),
+        ("cpu_threads", 3, THREADS_BOUND),
+        ("cpu_threads", 2, None),
+    ],
+)
+def test_a_baseline_asking_more_than_the_machine_can_run_is_refused(
     tmp_path: Path,
     measured_file: Path,
     monkeypatch: pytest.MonkeyPatch,
-    workers: int,
-    refused: bool,
+    case: tuple[str, int, str | None],
 ) -> None:
     """num_workers: 8000 was accepted, and the bench hung starting 8000 DataLoader workers; the
-    bound is 4 a usable CPU (thresholds.BASELINE_WORKERS_PER_CPU)."""
+    bound is 4 a usable CPU (thresholds.BASELINE_WORKERS_PER_CPU). cpu_threads: 64 on 2 CPUs
+    was accepted: the baseline ran oversubscribed, slower than the user's script would run, and
+    the profile measured faster against it; the bound is 1 a usable CPU."""
     from torch_autotune.cli import inputs
 
+    key, count, bound = case
     started: list[object] = []
     monkeypatch.setattr(inputs, "usable_cpus", lambda: 2)
     monkeypatch.setattr(api, "bench", lambda *args, **_kwargs: started.append(args))
     baseline = tmp_path / "mine.yaml"
-    baseline.write_text(f"num_workers: {workers}\n")
+    baseline.write_text(f"{key}: {count}\n")
     result = run("bench", "--profile", str(measured_file), "--baseline", str(baseline))
-    if not refused:
+    if bound is None:
         assert started  # past the check (the faked bench returns nothing to show)
         return
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert result.stderr.splitlines() == [
-        f"autotune: error: {baseline}: num_workers {workers} is more than this machine can run: "
-        "2 usable CPUs, at most 8 DataLoader workers (4 a CPU, for a loader that waits on "
-        "storage); ask for 8 or fewer"
+        f"autotune: error: {baseline}: {key} {count} is more than this machine can run: "
+        f"2 usable CPUs, {bound}; ask for {bound.split()[2]} or fewer"
     ]
     assert not started
+
+
+def test_the_workers_option_has_the_bound_a_baseline_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'autotune --workers 9' on 2 CPUs was accepted where a baseline's num_workers: 9 was
+    refused."""
+    from torch_autotune.cli import inputs
+
+    asked: list[int] = []
+
+    def fake_tune(*_args: object, num_workers: int, **_kwargs: object) -> None:
+        asked.append(num_workers)
+        raise ProbeError("stopped by the test after tuning was asked for")
+
+    monkeypatch.setattr(inputs, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(api, "tune", fake_tune)
+    refused = run("--workers", "9", "--no-save", "--store", str(tmp_path))
+    assert refused.exit_code == EXIT_USAGE, refused.output
+    assert refused.stderr.splitlines() == [
+        "autotune: error: --workers 9 is more than this machine can run: 2 usable CPUs, "
+        f"{WORKERS_BOUND}; ask for 8 or fewer; see 'autotune --help'"
+    ]
+    assert asked == []
+    run("--workers", "8", "--no-save", "--store", str(tmp_path))
+    assert asked == [8]
 
 
 def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:
