@@ -307,7 +307,7 @@ def test_without_a_terminal_each_phase_and_trial_is_one_plain_line(fake_tune: li
     assert result.exit_code == 0, result.output
     assert fake_tune == [30.0]
     lines = result.stderr.splitlines()
-    assert all(re.match(r"autotune: \[\d+\.\d s of 30 s\] ", line) for line in lines), lines
+    assert all(re.match(r"autotune: \[\d+\.\d s of 30 s budget\] ", line) for line in lines), lines
     assert [line.split("] ", 1)[1] for line in lines] == [
         "detect: this machine",
         "search: batch 1",
@@ -364,9 +364,36 @@ def test_a_plain_progress_line_says_the_time_spent_of_the_budget() -> None:
         report("search", "batch [8]")  # a name with brackets is text, not markup
         report("workers", "0, 1, 2")
     assert log.getvalue().splitlines() == [
-        "autotune: [0.0 s of 120 s] detect: this machine",
-        "autotune: [2.5 s of 120 s] search: batch [8]",
-        "autotune: [90.0 s of 120 s] workers: 0, 1, 2",
+        "autotune: [0.0 s of 120 s budget] detect: this machine",
+        "autotune: [2.5 s of 120 s budget] search: batch [8]",
+        "autotune: [90.0 s of 120 s budget] workers: 0, 1, 2",
+    ]
+
+
+def test_a_bench_progress_line_says_its_estimate_and_when_it_is_past_it() -> None:
+    """'autotune bench' that tuned first read '[334.5 s of 30 s]': the tuning's budget had
+    replaced the bench's estimate, and nothing said what the 30 s was."""
+    from rich.console import Console
+
+    from torch_autotune.render import progress_reporter
+
+    log = io.StringIO()
+    times = iter([0.0, 0.0, 20.0, 20.0, 34.0])
+    reporter = progress_reporter(
+        36, console=Console(file=log), clock=lambda: next(times), estimate=True
+    )
+    with reporter as report:
+        report("detect", "this machine")
+        report("budget", "20 s")  # the tuning's, part of the estimate already
+        report("workers", "0, 1, 2")
+        report("estimate", "12 s for 2 arms x 5 rounds")  # what is left, from the arms planned
+        report("bench", "round 5/5: tuned")
+    assert log.getvalue().splitlines() == [
+        "autotune: [0.0 s of about 36 s (estimate)] detect: this machine",
+        "autotune: [0.0 s of about 36 s (estimate)] budget: 20 s",
+        "autotune: [20.0 s of about 36 s (estimate)] workers: 0, 1, 2",
+        "autotune: [20.0 s of about 32 s (estimate)] estimate: 12 s for 2 arms x 5 rounds",
+        "autotune: [34.0 s, past the 32 s estimate] bench: round 5/5: tuned",
     ]
 
 

@@ -72,6 +72,10 @@ def test_bench_prints_arms_settings_and_the_verdict(
     assert "baseline" in result.output
     assert "float32, batch 32, 0 workers" in result.output
     assert "the baseline's speed" in result.output
+    assert result.stderr.splitlines()[0] == (  # before the bench starts: how long, and why
+        "autotune: the bench should take about 4 s: 2 arms x 2 rounds x (0.05 s + about 1 s to"
+        " start each)"
+    )
     assert measured_file.read_bytes() == before  # the file benched is never rewritten
     assert not (tmp_path / "store").exists()  # nor the store: --profile leaves it alone
 
