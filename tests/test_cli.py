@@ -192,7 +192,8 @@ def on_the_l4(snapshot_path: Path, command: str, store: Path, *args: str) -> Res
 def test_show_and_export_select_the_workload_with_m(snapshot_path: Path, l4_store: Path) -> None:
     shown = on_the_l4(snapshot_path, "show", l4_store, "-m", "resnet50")
     assert shown.exit_code == 0, shown.output
-    assert "measured on this machine with the resnet50 workload" in shown.stdout
+    l4 = snapshot_path / "l4.json"  # the machine the command is about: not this one
+    assert f"measured on the machine in {l4} with the resnet50 workload" in shown.stdout
     assert "gpt2" in on_the_l4(snapshot_path, "show", l4_store).stdout  # saved last
     exported = on_the_l4(snapshot_path, "export", l4_store, "--format", "json", "-m", "resnet50")
     assert exported.exit_code == 0, exported.output
@@ -306,7 +307,7 @@ def test_without_a_terminal_each_phase_and_trial_is_one_plain_line(fake_tune: li
     assert result.exit_code == 0, result.output
     assert fake_tune == [30.0]
     lines = result.stderr.splitlines()
-    assert all(re.match(r"autotune: \[\d+\.\d s of 30 s\] ", line) for line in lines), lines
+    assert all(re.match(r"autotune: \[\d+\.\d s of 30 s budget\] ", line) for line in lines), lines
     assert [line.split("] ", 1)[1] for line in lines] == [
         "detect: this machine",
         "search: batch 1",
@@ -363,9 +364,36 @@ def test_a_plain_progress_line_says_the_time_spent_of_the_budget() -> None:
         report("search", "batch [8]")  # a name with brackets is text, not markup
         report("workers", "0, 1, 2")
     assert log.getvalue().splitlines() == [
-        "autotune: [0.0 s of 120 s] detect: this machine",
-        "autotune: [2.5 s of 120 s] search: batch [8]",
-        "autotune: [90.0 s of 120 s] workers: 0, 1, 2",
+        "autotune: [0.0 s of 120 s budget] detect: this machine",
+        "autotune: [2.5 s of 120 s budget] search: batch [8]",
+        "autotune: [90.0 s of 120 s budget] workers: 0, 1, 2",
+    ]
+
+
+def test_a_bench_progress_line_says_its_estimate_and_when_it_is_past_it() -> None:
+    """'autotune bench' that tuned first read '[334.5 s of 30 s]': the tuning's budget had
+    replaced the bench's estimate, and nothing said what the 30 s was."""
+    from rich.console import Console
+
+    from torch_autotune.render import progress_reporter
+
+    log = io.StringIO()
+    times = iter([0.0, 0.0, 20.0, 20.0, 34.0])
+    reporter = progress_reporter(
+        36, console=Console(file=log), clock=lambda: next(times), estimate=True
+    )
+    with reporter as report:
+        report("detect", "this machine")
+        report("budget", "20 s")  # the tuning's, part of the estimate already
+        report("workers", "0, 1, 2")
+        report("estimate", "12 s for 2 arms x 5 rounds")  # what is left, from the arms planned
+        report("bench", "round 5/5: tuned")
+    assert log.getvalue().splitlines() == [
+        "autotune: [0.0 s of about 36 s (estimate)] detect: this machine",
+        "autotune: [0.0 s of about 36 s (estimate)] budget: 20 s",
+        "autotune: [20.0 s of about 36 s (estimate)] workers: 0, 1, 2",
+        "autotune: [20.0 s of about 32 s (estimate)] estimate: 12 s for 2 arms x 5 rounds",
+        "autotune: [34.0 s, past the 32 s estimate] bench: round 5/5: tuned",
     ]
 
 
@@ -440,9 +468,10 @@ def test_a_snapshot_of_another_machine_is_not_compared_with_this_ones_history(
 
 def test_a_snapshot_with_a_stored_profile_shows_it(snapshot_path: Path, tmp_path: Path) -> None:
     ProfileStore(tmp_path).save(measured("l4", batch=512))
-    result = run("show", "--snapshot", str(snapshot_path / "l4.json"), "--store", str(tmp_path))
+    l4 = snapshot_path / "l4.json"
+    result = run("show", "--snapshot", str(l4), "--store", str(tmp_path))
     assert result.exit_code == 0, result.output
-    assert "measured on this machine" in result.stdout
+    assert f"measured on the machine in {l4}" in result.stdout
     assert result.stderr == ""
 
 
@@ -586,6 +615,37 @@ def test_m_naming_a_profile_measured_on_objects_says_so_in_one_line(
     assert line.startswith("autotune: error: 'BNNet' was measured on objects given to tune()")
     assert "neither" not in line
     assert ("bench(" in line) == (command == ["bench"])
+
+
+@pytest.mark.parametrize(
+    ("here", "writer", "header"),
+    [
+        ("l4", "this host", "measured on this machine with the conv workload"),
+        ("cpu-laptop-linux", "this host", "measured on this machine before it changed (GPUs"),
+        ("cpu-laptop-linux", "another host", "measured on another machine (what differs, that"),
+    ],
+)
+def test_show_says_where_a_profile_file_was_measured(
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+    here: str,
+    writer: str,
+    header: str,
+) -> None:
+    """A profile file measured on an L4 was shown on a laptop as "measured on this machine"."""
+    detected_as(here)
+    profile = measured("l4")
+    if writer == "another host":
+        provenance = profile.provenance.model_copy(update={"machine_id": "0" * 16})
+        profile = profile.model_copy(update={"provenance": provenance})
+    path = tmp_path / "l4.yaml"
+    path.write_text(torch_autotune.profile_io.dump_profile(profile))
+    result = run("show", "--profile", str(path), "--store", str(tmp_path / "store"))
+    assert result.exit_code == 0, result.output
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("Profile for NVIDIA L4 (cuda), mode speed: ")
+    assert header in first
+    assert ("this machine:" in first or "GPUs ['NVIDIA L4'] -> []" in first) == (here != "l4")
 
 
 def test_show_takes_a_profile_file_as_export_bench_and_report_do(tmp_path: Path) -> None:

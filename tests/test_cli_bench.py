@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,8 +72,31 @@ def test_bench_prints_arms_settings_and_the_verdict(
     assert "baseline" in result.output
     assert "float32, batch 32, 0 workers" in result.output
     assert "the baseline's speed" in result.output
+    estimate = re.fullmatch(  # before the bench starts: how long, and why
+        r"autotune: the bench should take about (\d+) s: (\d+) arms x 2 rounds x \(0\.05 s"
+        r" \+ about 1 s to start each\)",
+        result.stderr.splitlines()[0],
+    )
+    assert estimate is not None, result.stderr
+    assert int(estimate[1]) == round(int(estimate[2]) * 2 * 1.05)
     assert measured_file.read_bytes() == before  # the file benched is never rewritten
     assert not (tmp_path / "store").exists()  # nor the store: --profile leaves it alone
+
+
+def test_every_row_of_the_arms_table_holds_an_arm_and_its_numbers(measured_file: Path) -> None:
+    """An arm that goes by two names (the baseline is also the profile without its batch)
+    printed its second name on a row of its own, a row with no values."""
+    result = run("bench", "--profile", str(measured_file), *QUICK)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["arm", "trains"]) + 2
+    rows = lines[start : lines.index("", start)]
+    arms = json.loads(run("bench", "--profile", str(measured_file), *QUICK, "--json").stdout)
+    names = [" = ".join(arm["names"]) for arm in arms["arms"]]
+    assert any(len(arm["names"]) > 1 for arm in arms["arms"])
+    assert [row.strip().split("  ")[0] for row in rows] == names  # one row an arm
+    for row in rows:
+        assert re.search(r"\d+\.\d+\s+\d+%$", row), row  # samples/s and spread, on every row
 
 
 def test_bench_json_and_output_file_hold_the_evidence(measured_file: Path, tmp_path: Path) -> None:
@@ -129,34 +153,75 @@ def test_a_bad_baseline_is_one_line_and_exit_code_3(
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("workers", "refused"), [(8000, True), (9, True), (8, False)])
-def test_a_baseline_asking_more_workers_than_the_machine_can_run_is_refused(
+WORKERS_BOUND = "at most 8 DataLoader workers (4 a CPU, for a loader that waits on storage)"
+THREADS_BOUND = "at most 2 CPU threads (1 a CPU, more would take turns on them, slower)"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("num_workers", 8000, WORKERS_BOUND),
+        ("num_workers", 9, WORKERS_BOUND),
+        ("num_workers", 8, None),
+        ("cpu_threads", 64, THREADS_BOUND),
+        ("cpu_threads", 3, THREADS_BOUND),
+        ("cpu_threads", 2, None),
+    ],
+)
+def test_a_baseline_asking_more_than_the_machine_can_run_is_refused(
     tmp_path: Path,
     measured_file: Path,
     monkeypatch: pytest.MonkeyPatch,
-    workers: int,
-    refused: bool,
+    case: tuple[str, int, str | None],
 ) -> None:
     """num_workers: 8000 was accepted, and the bench hung starting 8000 DataLoader workers; the
-    bound is 4 a usable CPU (thresholds.BASELINE_WORKERS_PER_CPU)."""
+    bound is 4 a usable CPU (thresholds.BASELINE_WORKERS_PER_CPU). cpu_threads: 64 on 2 CPUs
+    was accepted: the baseline ran oversubscribed, slower than the user's script would run, and
+    the profile measured faster against it; the bound is 1 a usable CPU."""
     from torch_autotune.cli import inputs
 
+    key, count, bound = case
     started: list[object] = []
     monkeypatch.setattr(inputs, "usable_cpus", lambda: 2)
     monkeypatch.setattr(api, "bench", lambda *args, **_kwargs: started.append(args))
     baseline = tmp_path / "mine.yaml"
-    baseline.write_text(f"num_workers: {workers}\n")
+    baseline.write_text(f"{key}: {count}\n")
     result = run("bench", "--profile", str(measured_file), "--baseline", str(baseline))
-    if not refused:
+    if bound is None:
         assert started  # past the check (the faked bench returns nothing to show)
         return
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert result.stderr.splitlines() == [
-        f"autotune: error: {baseline}: num_workers {workers} is more than this machine can run: "
-        "2 usable CPUs, at most 8 DataLoader workers (4 a CPU, for a loader that waits on "
-        "storage); ask for 8 or fewer"
+        f"autotune: error: {baseline}: {key} {count} is more than this machine can run: "
+        f"2 usable CPUs, {bound}; ask for {bound.split()[2]} or fewer"
     ]
     assert not started
+
+
+def test_the_workers_option_has_the_bound_a_baseline_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'autotune --workers 9' on 2 CPUs was accepted where a baseline's num_workers: 9 was
+    refused."""
+    from torch_autotune.cli import inputs
+
+    asked: list[int] = []
+
+    def fake_tune(*_args: object, num_workers: int, **_kwargs: object) -> None:
+        asked.append(num_workers)
+        raise ProbeError("stopped by the test after tuning was asked for")
+
+    monkeypatch.setattr(inputs, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(api, "tune", fake_tune)
+    refused = run("--workers", "9", "--no-save", "--store", str(tmp_path))
+    assert refused.exit_code == EXIT_USAGE, refused.output
+    assert refused.stderr.splitlines() == [
+        "autotune: error: --workers 9 is more than this machine can run: 2 usable CPUs, "
+        f"{WORKERS_BOUND}; ask for 8 or fewer; see 'autotune --help'"
+    ]
+    assert asked == []
+    run("--workers", "8", "--no-save", "--store", str(tmp_path))
+    assert asked == [8]
 
 
 def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ from rich.console import Console
 
 from tests.probe.fake_trials import cpu_machine, recorded, tune_on
 from tests.probe.test_workers_phase import TWO_CPUS
+from tests.test_bench import measured
 from torch_autotune.plot.text import render_charts
 from torch_autotune.probe import workers_phase
-from torch_autotune.profile import Source
+from torch_autotune.profile import Profile, Source
 from torch_autotune.profile_io import dump_profile, parse_profile
 from torch_autotune.rules.engine import build_profile
 
@@ -68,3 +69,41 @@ def test_a_measured_worker_count_edited_is_not_marked_chosen(
     chart = console.export_text()
     assert "◀ set by hand" in chart
     assert "◀ chosen" not in chart
+
+
+def _workers_made(machine: str, count: int) -> Profile:
+    """A profile measured with no workers, its num_workers made ``count`` by hand."""
+    text = dump_profile(measured(machine, workers=0))
+    assert "num_workers: 0\n" in text
+    return parse_profile(text.replace("num_workers: 0\n", f"num_workers: {count}\n", 1), "p.yaml")
+
+
+def test_what_follows_from_an_edited_worker_count_is_reasoned_for_it() -> None:
+    """num_workers 0 made 2: persistent_workers still said "no workers to keep", and
+    prefetch_factor "without workers nothing is prefetched"."""
+    edited = _workers_made("cpu-laptop-linux", 2)  # workers start with fork there
+    persistent = edited.decision("dataloader.persistent_workers")
+    prefetch = edited.decision("dataloader.prefetch_factor")
+    assert persistent is not None
+    assert prefetch is not None
+    assert edited.settings.dataloader.persistent_workers is False  # the file's values stay
+    assert "no workers" not in persistent.reason
+    assert persistent.reason.startswith("workers start with 'fork'")
+    assert "2 batches ahead per worker, 4 in all" in prefetch.reason
+    assert "nothing is prefetched" not in prefetch.reason
+    assert "persistent_workers" in edited.notes[-1]
+
+
+def test_a_setting_whose_rule_now_differs_from_the_file_says_both() -> None:
+    """With workers started by spawn, the rules keep them between epochs: the file's off is
+    the profile's for 0 workers, and the reason says so and what the rules give for 2."""
+    edited = _workers_made("rtx-3060-windows", 2)
+    persistent = edited.decision("dataloader.persistent_workers")
+    assert persistent is not None
+    assert persistent.value is False
+    assert persistent.reason.startswith(
+        "off: as the profile had it with dataloader.num_workers 0 (no workers to keep"
+    )
+    assert "with 2, set by hand, the rules give on (F4: workers start with 'spawn'" in (
+        persistent.reason
+    )

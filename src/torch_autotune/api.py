@@ -361,6 +361,9 @@ def bench(
     plan, not_ablated = compose.bench_plan(
         profile, baseline, has_dataset=chosen.dataset is not None, workload=chosen.name
     )
+    if progress is not None:  # what is left, from the arms planned (a guess before they were)
+        arms_s = compose.arms_estimate_s(len(plan.configs), rounds, seconds)
+        progress("estimate", f"{arms_s:.0f} s for {len(plan.configs)} arms x {rounds} rounds")
     results = run_arms(
         plan,
         chosen,
@@ -420,13 +423,14 @@ def stored_measured(store: str | Path | None, workload: str | None) -> Profile |
     return stored if stored is not None and stored.evidence is not None else None
 
 
-def bench_estimate_s(
+def bench_estimate(
     profile: Profile | None, rounds: int, seconds: float, budget_s: float | None
-) -> float:
-    """Seconds ``bench(profile, rounds=..., seconds=...)`` should take, for a progress bar;
-    with no measured profile, the tuning it does first (``budget_s`` or the longest default)."""
+) -> tuple[float, str]:
+    """Seconds ``bench(profile, rounds=..., seconds=...)`` should take, for a progress bar, and
+    how that is made, in words; with no measured profile, the tuning it does first
+    (``budget_s`` or the longest default)."""
     tune_s = budget_s if budget_s is not None else default_tune_budget_s()
-    return compose.bench_estimate_s(profile, rounds, seconds, tune_s)
+    return compose.bench_estimate(profile, rounds, seconds, tune_s)
 
 
 def settings_diff(first: Profile, second: Profile) -> list[tuple[str, Any, Any]]:

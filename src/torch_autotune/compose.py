@@ -266,15 +266,34 @@ def bench_evidence(
     )
 
 
-def bench_estimate_s(
+def arms_estimate_s(arms: int, rounds: int, seconds: float) -> float:
+    """Seconds ``arms`` arms should take over ``rounds`` rounds: each measured ``seconds``, plus
+    a guess at its start (``ARM_WARMUP_S``)."""
+    return float(arms * rounds * (seconds + ARM_WARMUP_S))
+
+
+def bench_estimate(
     profile: Profile | None, rounds: int, seconds: float, tune_budget_s: float
-) -> float:
-    """Seconds a bench should take, for a progress bar: arms x rounds x (seconds + warm-up),
-    plus ``tune_budget_s`` when there is no measured profile yet and it tunes first."""
+) -> tuple[float, str]:
+    """Seconds a bench should take, for a progress bar, and how that is made, in words: 'about
+    45 s: 3 arms x 5 rounds x (2 s + about 1 s to start each)'; where there is no measured
+    profile yet, the tuning's budget first, and the arms guessed (``TUNE_FIRST_ARMS``) until
+    the profile it measures says how many."""
+    arms = (
+        TUNE_FIRST_ARMS
+        if profile is None
+        else len(plan_arms(TrainConfig(), tuned_config(profile)).configs)
+    )
+    arms_s = arms_estimate_s(arms, rounds, seconds)
+    plural = "s" if rounds != 1 else ""
+    how = (
+        f"{'about ' if profile is None else ''}{arms} arms x {rounds} round{plural} x"
+        f" ({seconds:g} s + about {ARM_WARMUP_S:g} s to start each)"
+    )
     if profile is None:
-        return tune_budget_s + rounds * TUNE_FIRST_ARMS * (seconds + ARM_WARMUP_S)
-    plan = plan_arms(TrainConfig(), tuned_config(profile))
-    return float(len(plan.configs) * rounds * (seconds + ARM_WARMUP_S))
+        total = tune_budget_s + arms_s
+        return total, f"about {total:.0f} s: tuning first (budget {tune_budget_s:g} s), then {how}"
+    return arms_s, f"about {arms_s:.0f} s: {how}"
 
 
 def settings_diff(first: Profile, second: Profile) -> list[tuple[str, Any, Any]]:

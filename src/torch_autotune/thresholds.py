@@ -31,9 +31,16 @@ FP32_PRECISION_API_MIN_TORCH = (2, 9)
 allow_tf32 flags raises)."""
 
 BASELINE_WORKERS_PER_CPU = 4
-"""The most DataLoader workers a bench baseline may ask for, per usable CPU of the machine that
-runs it. torch's DataLoader already warns above one worker per CPU of the process's affinity
-mask (``_check_worker_number_rationality``); a loader that waits on storage or the network can
-use a few per CPU, so the user's own baseline may go past one. Beyond four every worker is a
-process holding a copy of the dataset and its prefetched batches with no CPU to run on, and at
-thousands the bench hung starting them."""
+"""The most DataLoader workers a bench baseline or ``autotune --workers`` may ask for, per usable
+CPU of the machine that runs it. torch's DataLoader already warns above one worker per CPU of
+the process's affinity mask (``_check_worker_number_rationality``); a loader that waits on
+storage or the network can use a few per CPU, so the user's own count may go past one. Beyond
+four every worker is a process holding a copy of the dataset and its prefetched batches with no
+CPU to run on, and at thousands the bench hung starting them."""
+
+BASELINE_THREADS_PER_CPU = 1
+"""The most CPU (intra-op) threads a bench baseline may ask for, per usable CPU. Unlike a worker,
+a compute thread never waits on storage: a thread beyond one per CPU only takes turns with the
+others on it, the oversubscription that slows torch's CPU kernels down, and a baseline slowed
+so would flatter the profile it is held against. torch's own default (no ``cpu_threads``) is
+left alone: it is what the user's script gets."""

@@ -94,7 +94,7 @@ def cli(  # click passes options by name
         return
     options.check_batch_range(ctx, min_batch_size, max_batch_size)
     from torch_autotune import api
-    from torch_autotune.cli.inputs import check_workload_name
+    from torch_autotune.cli.inputs import check_workers_option, check_workload_name
     from torch_autotune.cli.launch import launch, quiet_rank
     from torch_autotune.launch import ranks_from_environment
     from torch_autotune.render import progress_reporter
@@ -102,6 +102,7 @@ def cli(  # click passes options by name
     if nproc_per_node is not None or nnodes > 1:  # start the job's ranks, or print the line
         ctx.exit(launch(ctx, nproc_per_node or 1, nnodes, rdzv_endpoint))
     check_workload_name(workload, store, bench=False)
+    check_workers_option(workers)
     quiet = quiet_rank(ranks_from_environment(os.environ))  # a rank other than 0: no report
     if not (quiet or no_save):
         check_can_save(store)  # now, not after the probe

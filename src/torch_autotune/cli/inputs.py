@@ -84,20 +84,56 @@ def load_baseline(path: Path | None) -> Any:
 
 
 def _check_workers(baseline: Any, source: str) -> None:
-    """ProfileFileError where the baseline asks for more DataLoader workers than this machine
-    can run (``thresholds.BASELINE_WORKERS_PER_CPU`` a usable CPU): 8000 workers on 2 CPUs
-    hung the bench while it started them."""
-    from torch_autotune.thresholds import BASELINE_WORKERS_PER_CPU
+    """ProfileFileError where the baseline asks for more DataLoader workers or CPU threads than
+    this machine can run (``too_many``): 8000 workers on 2 CPUs hung the bench while it
+    started them, and 64 threads on 2 CPUs slowed the baseline the profile is held against."""
+    for name, asked in (
+        ("num_workers", baseline.num_workers),
+        ("cpu_threads", baseline.cpu_threads),
+    ):
+        problem = too_many(name, asked, f"{source}: {name}")
+        if problem is not None:
+            raise ProfileFileError(problem)
 
+
+def check_workers_option(workers: int | None) -> None:
+    """A usage error (exit 2) where ``--workers`` asks for more DataLoader workers than this
+    machine can run, the bound a baseline's ``num_workers`` has (``too_many``)."""
+    problem = too_many("num_workers", workers, "--workers")
+    if problem is not None:
+        raise click.UsageError(problem)
+
+
+def too_many(name: str, asked: int | None, named: str) -> str | None:
+    """The one line that refuses ``asked`` DataLoader workers (``name`` 'num_workers') or CPU
+    threads ('cpu_threads'), ``named`` as the input names it, where this machine cannot run
+    so many: ``thresholds.BASELINE_WORKERS_PER_CPU`` workers, or
+    ``BASELINE_THREADS_PER_CPU`` threads, a usable CPU. None where it can."""
+    from torch_autotune.thresholds import BASELINE_THREADS_PER_CPU, BASELINE_WORKERS_PER_CPU
+
+    if asked is None:
+        return None
     cpus = usable_cpus()
-    most = BASELINE_WORKERS_PER_CPU * cpus
-    if baseline.num_workers > most:
-        raise ProfileFileError(
-            f"{source}: num_workers {baseline.num_workers} is more than this machine can run: "
-            f"{cpus} usable CPU{'s' if cpus > 1 else ''}, at most {most} DataLoader workers "
-            f"({BASELINE_WORKERS_PER_CPU} a CPU, for a loader that waits on storage); ask for "
-            f"{most} or fewer"
+    if name == "num_workers":
+        per_cpu, what, why = (
+            BASELINE_WORKERS_PER_CPU,
+            "DataLoader workers",
+            "for a loader that waits on storage",
         )
+    else:
+        per_cpu, what, why = (
+            BASELINE_THREADS_PER_CPU,
+            "CPU threads",
+            "more would take turns on them, slower",
+        )
+    most = per_cpu * cpus
+    if asked <= most:
+        return None
+    return (
+        f"{named} {asked} is more than this machine can run: {cpus} usable CPU"
+        f"{'s' if cpus > 1 else ''}, at most {most} {what} ({per_cpu} a CPU, {why}); ask for "
+        f"{most} or fewer"
+    )
 
 
 def usable_cpus() -> int:
@@ -172,16 +208,16 @@ def current_profile(
         stale = stale or isinstance(warning.message, StaleProfileWarning)
         click.echo(f"autotune: warning: {warning.message}", err=True)
     if not profile.measured and not stale:
-        machine_words, where = _machine_words(snapshot_file)
+        machine, where = machine_words(snapshot_file)
         stored = fallback.stored_for(store, profile, workload)
         text = fallback.why_rules_only(
-            store, profile, workload, stored=stored, machine=machine_words, where=where
+            store, profile, workload, stored=stored, machine=machine, where=where
         )
         click.echo(f"autotune: note: {text}", err=True)
     return profile
 
 
-def _machine_words(snapshot_file: Path | None) -> tuple[str, str]:
+def machine_words(snapshot_file: Path | None) -> tuple[str, str]:
     """How a note names the machine, and where the command that measures it runs."""
     from torch_autotune.fallback import THIS_MACHINE
 

@@ -76,10 +76,11 @@ def bench_command(  # click passes options by name
     if profile_file is None and not no_save:
         check_can_save(store)  # now, not after the bench
     profile = _profile_to_bench(profile_file, store, workload)
-    estimate = api.bench_estimate_s(profile, rounds, seconds, budget)
+    estimate, how = api.bench_estimate(profile, rounds, seconds, budget)
+    click.echo(f"autotune: the bench should take {how}", err=True)
 
     def run() -> Any:
-        with progress_reporter(estimate) as report:
+        with progress_reporter(estimate, estimate=True) as report:
             return api.bench(
                 profile,
                 workload,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -101,16 +102,34 @@ def recommend_command(  # click passes options by name
     _print_profile(profile, as_json=as_json)
 
 
-def _print_profile(profile: object, *, as_json: bool) -> None:
-    """A profile as JSON, or as a table of its settings, each with its rule and reason."""
+def _print_profile(profile: Any, *, as_json: bool, measured_on: str = "this machine") -> None:
+    """A profile as JSON, or as a table of its settings, each with its rule and reason, and
+    where it was measured (``measured_on``)."""
     if as_json:
         from torch_autotune.profile_io import dump_profile
 
-        click.echo(dump_profile(profile, "json"), nl=False)  # type: ignore[arg-type]
+        click.echo(dump_profile(profile, "json"), nl=False)
         return
     from torch_autotune.render import render_profile
 
-    render_profile(profile, console())  # type: ignore[arg-type]
+    render_profile(profile, console(), measured_on=measured_on)
+
+
+def _measured_on(profile: Any) -> str:
+    """Where the measured ``profile`` of a file was measured, in words: this machine where the
+    fingerprints agree; else this machine before it changed (it wrote the profile), or
+    another machine, with what differs."""
+    from torch_autotune import api
+    from torch_autotune.profile import fingerprint
+    from torch_autotune.remeasure import changes_since
+
+    here = inputs.snapshot(None)
+    if profile.provenance.fingerprint == fingerprint(here):
+        return "this machine"
+    changes = changes_since(profile, here)
+    if profile.provenance.machine_id == api.host_id():
+        return f"this machine before it changed ({changes})"
+    return f"another machine (what differs, that machine -> this one: {changes})"
 
 
 @cli.command("show")
@@ -134,12 +153,15 @@ def show_command(  # click passes options by name
 ) -> None:
     """Show this machine's profile: the stored one if it is fresh, else the rules-only one;
     or, with --profile, a profile file."""
+    where = inputs.machine_words(snapshot_file)[0]  # the store keeps each under its machine
     if profile_file is not None:
         _only_the_file("show", workload, mode, snapshot_file)
         profile = inputs.load_profile(profile_file)
+        if profile.measured and not as_json:  # a file may come from anywhere: compare
+            where = _measured_on(profile)
     else:
         profile = inputs.current_profile(store, mode, snapshot_file, workload)
-    _print_profile(profile, as_json=as_json)
+    _print_profile(profile, as_json=as_json, measured_on=where)
 
 
 def _only_the_file(

@@ -129,20 +129,27 @@ def progress_reporter(
     budget_s: float,
     console: Console | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    *,
+    estimate: bool = False,
 ) -> Iterator[Callable[[str, str], None]]:
-    """A progress callback that shows each phase and what it tries, against the time budget.
+    """A progress callback that shows each phase and what it tries, against the time budget,
+    or with ``estimate`` against an estimate of the whole (the bench's: it has no budget).
 
     On a terminal, a progress bar that is gone when the run ends. Anywhere else (CI, nohup, a
     log file), where a bar shows nothing, one plain line per call on ``console`` (default:
-    stderr), such as ``autotune: [12.3 s of 120 s] search: batch 64``: one for each phase
-    and each trial, so that a log says where the time went.
+    stderr), such as ``autotune: [12.3 s of 120 s budget] search: batch 64``: one for each
+    phase and each trial, so that a log says where the time went.
 
     The clock starts at the first report, which ``tune()`` makes when its budget starts (after
     importing torch), so the times shown are the budget's and end where its run time does.
+    A ``("budget", "180 s")`` report replaces the budget; with ``estimate``, it is part of the
+    estimate already, and an ``("estimate", "40 s")`` report (what is left, from now) replaces
+    it instead (``"40 s for 3 arms x 5 rounds"``: the seconds first).
     """
     console = console or make_console(stderr=True)
+    told = _Told(budget_s, estimate, clock)
     if not is_terminal(console):
-        yield _plain_reporter(budget_s, console, clock)
+        yield _plain_reporter(told, console)
         return
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -151,53 +158,70 @@ def progress_reporter(
         TextColumn("{task.description}"),
         BarColumn(),
         TimeElapsedColumn(),
-        TextColumn("of {task.total:.0f} s budget"),
+        TextColumn(
+            "of about {task.total:.0f} s (estimate)" if estimate else "of {task.total:.0f} s budget"
+        ),
         console=console,
         transient=True,
     ) as progress:
         task = progress.add_task("starting", total=budget_s)
-        started: list[float] = []
 
         def report(phase: str, what: str) -> None:
-            now = clock()
-            if not started:
-                started.append(now)
-            total = _budget_told(phase, what)
-            if total is not None:
-                progress.update(task, total=total)
-            progress.update(task, description=f"{phase}: {what}", completed=now - started[0])
+            elapsed = told.report(phase, what)
+            progress.update(
+                task, description=f"{phase}: {what}", completed=elapsed, total=told.total
+            )
 
         yield report
 
 
-def _budget_told(phase: str, what: str) -> float | None:
-    """The budget ``tune()`` chose, from its ``("budget", "180 s")`` report; None otherwise."""
-    if phase != "budget":
-        return None
+class _Told:
+    """The time a run has taken since its first report, and the total it is shown against:
+    its budget, or with ``estimate`` an estimate of the whole that a later report refines."""
+
+    def __init__(self, total: float, estimate: bool, clock: Callable[[], float]) -> None:
+        self.total, self.estimate, self.clock = total, estimate, clock
+        self.started: float | None = None
+
+    def report(self, phase: str, what: str) -> float:
+        """Seconds since the first report, the total updated from this one."""
+        now = self.clock()
+        if self.started is None:
+            self.started = now
+        elapsed = now - self.started
+        seconds = _seconds_told(what)
+        if seconds is not None and phase == ("estimate" if self.estimate else "budget"):
+            self.total = elapsed + seconds if self.estimate else seconds
+        return elapsed
+
+    def words(self, elapsed: float) -> str:
+        """'12.3 s of 120 s budget', '12.3 s of about 40 s (estimate)', or past an estimate,
+        '52.3 s, past the 40 s estimate'."""
+        if not self.estimate:
+            return f"{elapsed:.1f} s of {self.total:.0f} s budget"
+        if elapsed > self.total:
+            return f"{elapsed:.1f} s, past the {self.total:.0f} s estimate"
+        return f"{elapsed:.1f} s of about {self.total:.0f} s (estimate)"
+
+
+def _seconds_told(what: str) -> float | None:
+    """The seconds of a ``("budget", "180 s")`` or ``("estimate", "40 s for ...")`` report."""
     try:
-        return float(what.removesuffix(" s"))
+        return float(what.split(" s", 1)[0])
     except ValueError:
         return None
 
 
-def _plain_reporter(
-    budget_s: float, console: Console, clock: Callable[[], float]
-) -> Callable[[str, str], None]:
+def _plain_reporter(told: _Told, console: Console) -> Callable[[str, str], None]:
     """One line per call (a call that repeats the one before is left out)."""
-    started: list[float] = []
     last: list[tuple[str, str]] = []
-    total = [budget_s]
 
     def report(phase: str, what: str) -> None:
-        now = clock()
-        if not started:
-            started.append(now)
+        elapsed = told.report(phase, what)
         if last == [(phase, what)]:
             return
         last[:] = [(phase, what)]
-        told = _budget_told(phase, what)
-        total[0] = total[0] if told is None else told
-        line = f"autotune: [{now - started[0]:.1f} s of {total[0]:.0f} s] {phase}: {what}"
+        line = f"autotune: [{told.words(elapsed)}] {phase}: {what}"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     return report

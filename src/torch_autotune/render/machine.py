@@ -164,11 +164,18 @@ def plain_value(value: object) -> str:
     return str(value)
 
 
-def render_profile(profile: Profile, console: Console, *, title: str | None = None) -> None:
-    """Print a profile: every setting with its value, the rule that chose it, and why."""
+def render_profile(
+    profile: Profile,
+    console: Console,
+    *,
+    title: str | None = None,
+    measured_on: str = "this machine",
+) -> None:
+    """Print a profile: every setting with its value, the rule that chose it, and why.
+    ``measured_on``: where a measured profile was measured, in words."""
     snapshot = profile.provenance.snapshot
     gpus = ", ".join(sorted({a.name for a in snapshot.accelerators})) or "no GPU"
-    measured = "measured on this machine" if profile.measured else "rules only, not measured"
+    measured = f"measured on {measured_on}" if profile.measured else "rules only, not measured"
     if profile.evidence is not None:
         measured += f" with the {profile.evidence.workload} workload"
     console.print(

@@ -351,10 +351,10 @@ def _arms_table(bench: BenchEvidence) -> Table:
     for column, justify in (("arm", "left"), ("trains with", "left"), ("samples/s", "right")):
         arms.add_column(column, justify=justify)  # type: ignore[arg-type]
     arms.add_column("spread", justify="right")
-    for arm in bench.arms:
+    for arm in bench.arms:  # one arm, one row: a second line of names read as a blank row
         median, spread = arm.median, arm.spread
         arms.add_row(
-            "\n".join(arm.names),
+            " = ".join(arm.names),
             arm.config.describe(),
             "failed" if median is None else f"{median:.1f}",
             arm.error or ("-" if spread is None else f"{spread * 100:.0f}%"),
