@@ -150,6 +150,38 @@ def test_fewer_threads_stop_halving_once_they_are_slower_and_need_a_loader_that_
     assert choice.threads.threads == 4
 
 
+def test_at_fewer_threads_than_the_points_ran_at_the_smaller_batches_are_fed_again() -> None:
+    # A conv net on this busy 2-core VM: the points, at torch's 2 threads, chose batch 128
+    # (62 samples/s); 0 workers at 1 thread fed 138 there, and the bench then measured batch
+    # 32 at 1 thread at 1.6x of 128 at 1 thread: the points' batch did not hold at 1 thread.
+    fake = FakeFed(
+        {
+            (128, 2, 1): 102.2,
+            (128, 0, None): 44.8,
+            (128, 0, 1): 138.2,
+            (64, 0, 1): 160.0,
+            (32, 0, 1): 170.7,
+        }
+    )
+    choice = choose_fed(
+        fake,
+        sizes=(128, 64, 32),
+        counts=fed_order(2, {0: 10_162.0}),
+        loader_rates={0: 10_162.0},
+        step_rates={128: 62.2},
+        threads_for=_threads,
+        default_threads=2,
+    )
+    assert fake.calls[-2:] == [(64, 0, 1), (32, 0, 1)]
+    assert (choice.num_workers, choice.batch_size) == (0, 32)
+    assert choice.batch_reason is not None
+    assert choice.batch_reason.startswith(
+        "32: the step's throughput points ran at torch's default (2 threads) and chose batch "
+        "128; training fed by the DataLoader trains at 1 thread (cpu_threads), where the batch "
+        "was fed again, so the batch is the smallest within 2% of the best rate"
+    )
+
+
 def test_fewer_threads_as_fast_as_the_rules_keep_the_rules_count() -> None:
     fake = FakeFed({(64, 2, 1): 500.0, (64, 0, None): 1_000.0, (64, 0, 1): 1_015.0})
     choice = _on_a_cpu(fake, {0: 5_000.0, 2: 3_000.0}, (64, 2_000.0))

@@ -145,8 +145,11 @@ def choose_fed(
     workers = picked.num_workers
     run.chosen_threads[workers] = picked.threads
     threads = None if default_threads is None else measured_threads(run, picked, default_threads)
+    retimed = _retimed(picked, default_threads)
     step_limits = run.step_rate is not None and run.best >= run.step_rate * (1 - FED_WITHIN)
-    if step_limits or (at != sizes[0] and not _as_fast_as_the_step_could_be(run, sizes[0])):
+    if (step_limits and retimed is None) or (
+        at != sizes[0] and not _as_fast_as_the_step_could_be(run, sizes[0])
+    ):
         # The step limits: its batch. Or no pass fed the step's own batch (it would not fit in
         # the time left), and the smaller batch fed slower than that batch could train at
         # (its step alone, or its loader alone where that is slower): nothing measured says it
@@ -154,16 +157,26 @@ def choose_fed(
         reason = _workers_reason(run, picked, at, loader_rates) + _unfed(sizes[0], at)
         trials = tuple(run.trials)
         return FedChoice(workers, sizes[0], trials, reason, None, threads)
-    _feed_sizes(run, at, sizes, workers, step_rates)
+    _feed_sizes(run, at, sizes, workers, step_rates if retimed is None else {})
     chosen = _pick_batch(run, at, workers)
     return FedChoice(
         chosen.num_workers,
         chosen.batch_size,
         tuple(run.trials),
         _workers_reason(run, chosen, at, loader_rates),
-        _batch_reason(run, chosen, sizes[0]),
+        _batch_reason(run, chosen, sizes[0], retimed if step_limits else None),
         threads,
     )
+
+
+def _retimed(picked: FedTrial, default_threads: int | None) -> int | None:
+    """The threads the step's points ran at (torch's pool, ``default_threads``), where the
+    pass chosen trains at fewer: the points' rates, and the batch they chose, do not hold at
+    its threads (a conv net on 2 busy cores: batch 128 fastest at 2 threads, 32 at 1, 1.6x
+    faster than 128 there), so the smaller sizes are fed at them too. None elsewhere."""
+    if picked.threads is None or default_threads is None:
+        return None
+    return default_threads if picked.threads < default_threads else None
 
 
 def _feed_counts(run: Passes, sizes: Sequence[int], counts: Sequence[int]) -> int | None:
@@ -309,13 +322,19 @@ def _pair(trial: FedTrial) -> tuple[int, int | None]:
     return trial.num_workers, trial.threads
 
 
-def _batch_reason(run: Passes, chosen: FedTrial, batch_size: int) -> str:
+def _batch_reason(run: Passes, chosen: FedTrial, batch_size: int, retimed: int | None) -> str:
     trace = ", ".join(
         f"{t.batch_size}: {fmt_rate(t.samples_per_s) if t.ok else 'failed'}"
         for t in run.trials
         if _pair(t) == _pair(chosen)
     )
-    if run.step_rate is None:
+    if retimed is not None:
+        below = (
+            f"the step's throughput points ran at {threads_text(None, retimed)} and chose batch "
+            f"{batch_size}; training fed by the DataLoader trains at "
+            f"{threads_text(chosen.threads)} (cpu_threads), where the batch was fed again"
+        )
+    elif run.step_rate is None:
         below = f"the step alone was not timed at batch {batch_size}, the batch chosen for it"
     else:
         below = (
