@@ -50,6 +50,19 @@ class Plan:
     confirm_s: float
     note: str | None  # why a variant the rules want is not measured
 
+    def throughput_s(self, left_s: float, model: TimeModel, smallest: int) -> float:
+        """The throughput phase's seconds of the ``left_s`` left in the run: less what the
+        variant, the workers and the confirmation keep. Where that is too short for the
+        shortest point (a warm-up and three steps, predicted) of the ``smallest`` candidate,
+        the confirmation's seconds are the phase's too: a point that runs confirms the batch
+        it recommends and no confirmation runs after it (``probe.run``), so they would be left
+        unused (a busy 2-core CPU: 24 s of a 60 s run, no point, batch 512 not chosen for its
+        speed)."""
+        share = left_s - self.variant_s - self.workers_s
+        shortest = model.predict(smallest, 3)
+        need = shortest.seconds if shortest is not None else 0.0
+        return share if share - self.confirm_s < need else share - self.confirm_s
+
 
 def plan(
     variant: Variant | None,

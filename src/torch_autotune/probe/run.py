@@ -233,7 +233,7 @@ class _Run:
         """Steady points at ``sizes``; the fastest steady one (None: none was steady)."""
         self.runner.apply_flags()
         self.ran_as(variant_record(EAGER, self.runner.settings.settings))
-        left = self.budget.left_in_run() - plan.variant_s - plan.workers_s - plan.confirm_s
+        left = plan.throughput_s(self.budget.left_in_run(), model, sizes[-1])
         with self.budget.phase("throughput", left):
             sizes, note = affordable(sizes, model, self.budget.left(), self.settings.device)
             self.warnings += [note] if note else []

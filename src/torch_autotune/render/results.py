@@ -273,8 +273,14 @@ def _run_time(evidence: Evidence) -> str:
     """'41.2 s of 120 s budget (search 12.0 s, throughput 20.1 s, ...)'."""
     text = f"{evidence.elapsed_s:.1f} s of {evidence.budget_s:.0f} s budget"
     if evidence.phases:
-        text += " (" + ", ".join(f"{p.name} {p.seconds:.1f} s" for p in evidence.phases) + ")"
+        text += " (" + ", ".join(f"{p.name} {_phase_s(p.seconds)}" for p in evidence.phases) + ")"
     return text
+
+
+def _phase_s(seconds: float) -> str:
+    """A phase's seconds: to the tenth, a phase that ran but took less to the millisecond (a
+    workers phase of 11 ms, the loader alone at 0 workers, printed 'workers 0.0 s')."""
+    return f"{seconds:.1f} s" if seconds >= 0.05 or seconds == 0 else f"{seconds:.3f} s"
 
 
 def _compile_text(record: CompileRecord) -> str:
