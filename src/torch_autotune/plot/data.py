@@ -72,6 +72,7 @@ class EffectRow:
     arm: str  # "as tuned", "after drops", "on alone", "in the profile"
     effect: Effect | None
     dropped: bool
+    note: str = "not measured"  # in the bar's place where ``effect`` is None
 
 
 def measured(profile: Profile) -> Evidence:
@@ -262,10 +263,15 @@ def loader_pace(num_workers: int, loaded: float, step: float) -> str:
 
 
 def effect_rows(bench: BenchEvidence) -> list[EffectRow]:
-    """The whole profile against the baseline, then each setting on alone and in the profile."""
+    """The whole profile against the baseline, as tuned and after the drops (where every
+    setting was dropped, a row that says it is the baseline itself, with no bar), then each
+    setting on alone and in the profile."""
     rows = [EffectRow("whole profile", "whole profile", "as tuned", bench.tuned, False)]
     if bench.final is not None:
         rows.append(EffectRow("whole profile", "whole profile", "after drops", bench.final, False))
+    elif bench.final_is_baseline:
+        itself = "the baseline itself"  # no arm compared it with itself
+        rows.append(EffectRow("whole profile", "whole profile", "after drops", None, False, itself))
     for s in bench.settings:
         label = f"{s.setting} {s.baseline_value}→{s.tuned_value}"
         dropped = s.outcome == "dropped"

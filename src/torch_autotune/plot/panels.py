@@ -323,11 +323,19 @@ def _loader_legend(evidence: Evidence, chosen: int) -> list[Handle]:
 def draw_bench(ax: Axes, bench: BenchEvidence) -> int:
     """The bench panel: a horizontal bar per arm from 1.00x, grouped by setting, top down."""
     rows = effect_rows(bench)
-    positions, ticks, labels, end = _bench_layout(rows, bench.final is not None)
+    positions, ticks, labels, end = _bench_layout(rows)
     extremes = [1.0]
     for row, at in zip(rows, positions, strict=True):
         if row.effect is None:
-            ax.text(1.0, at, "  not measured", va="center", fontsize=7, color=GREY)
+            ax.text(
+                1.0,
+                at,
+                f"  {row.note}",
+                va="center",
+                fontsize=7,
+                color=GREY,
+                gid=f"{row.setting}: {row.arm}",
+            )
             continue
         extremes += [row.effect.low, row.effect.high]
         _effect_bar(ax, row, row.effect, at)
@@ -347,11 +355,10 @@ def draw_bench(ax: Axes, bench: BenchEvidence) -> int:
     return _legend_below(ax, _bench_legend(bench, rows), columns=1)
 
 
-def _bench_layout(
-    rows: list[EffectRow], after_drops: bool
-) -> tuple[list[float], list[float], list[str], float]:
+def _bench_layout(rows: list[EffectRow]) -> tuple[list[float], list[float], list[str], float]:
     """Where each bar sits (0.4 apart, 0.5 more between settings), one tick and label per
     setting, and where the last bar ends."""
+    after_drops = sum(row.setting == "whole profile" for row in rows) > 1
     positions: list[float] = []
     ticks: list[float] = []
     labels: list[str] = []

@@ -212,7 +212,7 @@ def _print_bench(console: Console, bench: BenchEvidence, width: int) -> None:
         head = f"  {label.ljust(label_w)} {row.arm.ljust(arm_w)} "
         e = row.effect
         if e is None:
-            _line(console, (head, ""), (" " * left + "│", ""), (" not measured", "dim"))
+            _line(console, (head, ""), (" " * left + "│", ""), (f" {row.note}", "dim"))
             continue
         share = math.log(e.speedup)
         bars = (
