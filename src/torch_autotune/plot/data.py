@@ -51,6 +51,25 @@ class Series:
     name: str  # "eager", "compiled", "checkpointed", "fed, 2 workers, 1 thread, compiled"
     kind: str  # "eager", "compiled", "memory-budgeted", "checkpointed" or "fed"
     points: tuple[Point, ...]
+    fed_by: tuple[int, int | None] | None = None  # a fed series': (workers, CPU threads)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """What the profile trains with, which the charts mark: its batch, and the DataLoader
+    workers and CPU threads that pick its fed series (None workers: none given, the fastest
+    fed pass at the batch stands for it; None threads: torch's default)."""
+
+    batch_size: int
+    num_workers: int | None = None
+    cpu_threads: int | None = None
+
+
+def chosen(profile: Profile) -> Chosen:
+    """The batch, workers and threads of ``profile`` the charts mark (``Chosen``)."""
+    evidence = measured(profile)
+    settings = profile.settings
+    return Chosen(evidence.batch_size, settings.dataloader.num_workers, settings.cpu_threads)
 
 
 STEP_KINDS = ("eager", "compiled", "memory-budgeted", "checkpointed")
@@ -149,7 +168,7 @@ def throughput_series(evidence: Evidence) -> list[Series]:
         name = f"fed, {workers} worker{'s' if workers != 1 else ''}"
         name += f", {threads} thread{'s' if threads != 1 else ''}" if threads is not None else ""
         name += f", {chosen}" if chosen != "eager" else ""
-        series.append(Series(name, "fed", tuple(sorted(points, key=_size))))
+        series.append(Series(name, "fed", tuple(sorted(points, key=_size)), (workers, threads)))
     return series
 
 
@@ -157,30 +176,27 @@ def _size(point: Point) -> int:
     return point.batch_size
 
 
-def recommended_series(evidence: Evidence, workers: int | None = None) -> str | None:
+def recommended_series(evidence: Evidence, mark: Chosen | None = None) -> str | None:
     """The name of the series the recommended batch was chosen from: compiled where the chosen
-    point ran compiled, a fed series where the passes fed by the DataLoader chose it (the one
-    of ``workers``, else the fastest at that size), else eager; None where no series has a
-    point at the recommended batch."""
+    point ran compiled, a fed series where the passes fed by the DataLoader chose it (the one of
+    the profile's workers and CPU threads in ``mark``, else of its workers, else the fastest
+    at that size), else eager; None where no series has a point at the recommended batch."""
+    mark = mark or Chosen(evidence.batch_size)
     choice = evidence.batch_choice
     at = [
         (s, p)
         for s in throughput_series(evidence)
         for p in s.points
-        if p.batch_size == evidence.batch_size
+        if p.batch_size == mark.batch_size
     ]
     if choice is not None and choice.fed:
-        fed = [(s, p) for s, p in at if s.kind == "fed"]
-        mine = [(s, p) for s, p in fed if workers is not None and _workers(s) == workers]
-        best = max(mine or fed, key=lambda sp: sp[1].samples_per_s, default=None)
+        fed = [(s, p) for s, p in at if s.fed_by is not None]
+        mine = [(s, p) for s, p in fed if s.fed_by == (mark.num_workers, mark.cpu_threads)]
+        workers = [(s, p) for s, p in fed if s.fed_by and s.fed_by[0] == mark.num_workers]
+        best = max(mine or workers or fed, key=lambda sp: sp[1].samples_per_s, default=None)
         return None if best is None else best[0].name
     kind = _chosen_kind(evidence)
     return next((s.name for s, _ in at if s.kind == kind), None)
-
-
-def _workers(series: Series) -> int:
-    """The worker count a fed series names ('fed, 2 workers, ...')."""
-    return int(series.name.split(", ")[1].split()[0])
 
 
 def fastest_measured(evidence: Evidence) -> int | None:
@@ -192,27 +208,28 @@ def fastest_measured(evidence: Evidence) -> int | None:
     return evidence.fastest_batch_size if choice.chosen_by == "fastest point" else None
 
 
-def batch_rows(evidence: Evidence, workers: int | None = None) -> list[BatchRow]:
+def batch_rows(evidence: Evidence, mark: Chosen | None = None) -> list[BatchRow]:
     """A row per point of each series (``throughput_series``), and one for the recommended
     and largest sizes and the first size that did not fit where no point stands for them;
-    sorted by size, the series in their order. ``workers``: the profile's worker count, which
-    marks the fed pass recommended where the fed passes chose the batch."""
+    sorted by size, the series in their order. ``mark``: the profile's (``chosen``), whose
+    workers and CPU threads mark the fed pass recommended where the fed passes chose the
+    batch."""
     misfit = first_misfit(evidence)
-    chosen = recommended_series(evidence, workers)
+    picked = recommended_series(evidence, mark)
     fastest = fastest_measured(evidence)  # a point of the step, compiled if the choice was
     kind = _chosen_kind(evidence)
     rows: list[tuple[int, int, BatchRow]] = []
     for order, series in enumerate(throughput_series(evidence)):
         for p in series.points:
             marks = []
-            if p.batch_size == evidence.batch_size and series.name == chosen:
+            if p.batch_size == evidence.batch_size and series.name == picked:
                 marks.append("recommended")
             elif p.batch_size == fastest and series.kind == kind:
                 marks.append("fastest")
             row = BatchRow(p.batch_size, p.samples_per_s, p.relative_spread, "timed", ())
             rows.append((p.batch_size, order, replace(row, marks=tuple(marks), series=series.name)))
     timed = {size for size, _, _ in rows}
-    if chosen is None:
+    if picked is None:
         rows.append((evidence.batch_size, -1, _untimed(evidence.batch_size, ("recommended",))))
     if evidence.max_batch_size not in timed and evidence.max_batch_size != evidence.batch_size:
         rows.append((evidence.max_batch_size, -1, _untimed(evidence.max_batch_size, ())))
