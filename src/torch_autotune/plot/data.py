@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING
 
 from torch_autotune.errors import ProfileFileError
 from torch_autotune.probe.workers import format_share, keeps_ahead, serial_share
-from torch_autotune.profile import Evidence, Profile, SearchTrialRecord, target_accelerators
+from torch_autotune.profile import (
+    Evidence,
+    Profile,
+    SearchTrialRecord,
+    Source,
+    target_accelerators,
+)
 
 if TYPE_CHECKING:
     from torch_autotune.bench import BenchEvidence, Effect
@@ -56,20 +62,33 @@ class Series:
 
 @dataclass(frozen=True)
 class Chosen:
-    """What the profile trains with, which the charts mark: its batch, and the DataLoader
-    workers and CPU threads that pick its fed series (None workers: none given, the fastest
-    fed pass at the batch stands for it; None threads: torch's default)."""
+    """What the profile trains with, which the charts mark: its batch with the words that mark
+    it, and the DataLoader workers and CPU threads that pick its fed series (None workers: none
+    given, the fastest fed pass at the batch stands for it; None threads: torch's default)."""
 
     batch_size: int
     num_workers: int | None = None
     cpu_threads: int | None = None
+    marks: tuple[str, ...] = ("recommended",)  # and why it is not the probe's, where it is not
 
 
 def chosen(profile: Profile) -> Chosen:
-    """The batch, workers and threads of ``profile`` the charts mark (``Chosen``)."""
+    """The batch, workers and threads of ``profile`` the charts mark (``Chosen``). The batch
+    is the profile's (the probe's where the profile sets none), which ``autotune bench`` or a
+    hand edit may have changed from the one the probe chose: its marks then say which."""
     evidence = measured(profile)
     settings = profile.settings
-    return Chosen(evidence.batch_size, settings.dataloader.num_workers, settings.cpu_threads)
+    batch = settings.batch.batch_size or evidence.batch_size
+    workers, threads = settings.dataloader.num_workers, settings.cpu_threads
+    if batch == evidence.batch_size:
+        return Chosen(batch, workers, threads)
+    decision = profile.decision("batch.batch_size")
+    marks = ("recommended", f"the probe chose {evidence.batch_size}")
+    if decision is not None and decision.source is Source.USER:
+        marks = ("set by hand", marks[1])
+    elif decision is not None and decision.rule in ("M1", "M2"):
+        marks = ("recommended", f"the bench changed it from {evidence.batch_size}")
+    return Chosen(batch, workers, threads, marks)
 
 
 STEP_KINDS = ("eager", "compiled", "memory-budgeted", "checkpointed")
@@ -209,11 +228,12 @@ def fastest_measured(evidence: Evidence) -> int | None:
 
 
 def batch_rows(evidence: Evidence, mark: Chosen | None = None) -> list[BatchRow]:
-    """A row per point of each series (``throughput_series``), and one for the recommended
-    and largest sizes and the first size that did not fit where no point stands for them;
-    sorted by size, the series in their order. ``mark``: the profile's (``chosen``), whose
-    workers and CPU threads mark the fed pass recommended where the fed passes chose the
-    batch."""
+    """A row per point of each series (``throughput_series``), and one for the profile's
+    batch, the largest size and the first size that did not fit where no point stands for
+    them; sorted by size, the series in their order. ``mark``: the profile's (``chosen``;
+    default, the probe's batch), whose batch it marks and whose workers and CPU threads mark
+    the fed pass where the fed passes chose the batch."""
+    mark = mark or Chosen(evidence.batch_size)
     misfit = first_misfit(evidence)
     picked = recommended_series(evidence, mark)
     fastest = fastest_measured(evidence)  # a point of the step, compiled if the choice was
@@ -221,18 +241,18 @@ def batch_rows(evidence: Evidence, mark: Chosen | None = None) -> list[BatchRow]
     rows: list[tuple[int, int, BatchRow]] = []
     for order, series in enumerate(throughput_series(evidence)):
         for p in series.points:
-            marks = []
-            if p.batch_size == evidence.batch_size and series.name == picked:
-                marks.append("recommended")
+            marks: tuple[str, ...] = ()
+            if p.batch_size == mark.batch_size and series.name == picked:
+                marks = mark.marks
             elif p.batch_size == fastest and series.kind == kind:
-                marks.append("fastest")
-            row = BatchRow(p.batch_size, p.samples_per_s, p.relative_spread, "timed", ())
-            rows.append((p.batch_size, order, replace(row, marks=tuple(marks), series=series.name)))
+                marks = ("fastest",)
+            row = BatchRow(p.batch_size, p.samples_per_s, p.relative_spread, "timed", marks)
+            rows.append((p.batch_size, order, replace(row, series=series.name)))
     timed = {size for size, _, _ in rows}
     if picked is None:
-        rows.append((evidence.batch_size, -1, _untimed(evidence.batch_size, ("recommended",))))
-    if evidence.max_batch_size not in timed and evidence.max_batch_size != evidence.batch_size:
-        rows.append((evidence.max_batch_size, -1, _untimed(evidence.max_batch_size, ())))
+        rows.append((mark.batch_size, -1, _untimed(evidence, mark.batch_size, mark.marks)))
+    if evidence.max_batch_size not in timed and evidence.max_batch_size != mark.batch_size:
+        rows.append((evidence.max_batch_size, -1, _untimed(evidence, evidence.max_batch_size, ())))
     if misfit is not None and misfit[0] not in timed:
         rows.append((misfit[0], -1, BatchRow(misfit[0], None, None, misfit[1], ())))
     rows.sort(key=lambda r: (r[0], r[1]))
@@ -242,8 +262,14 @@ def batch_rows(evidence: Evidence, mark: Chosen | None = None) -> list[BatchRow]
     return [row for _, _, row in rows]
 
 
-def _untimed(size: int, marks: tuple[str, ...]) -> BatchRow:
-    return BatchRow(size, None, None, "ran (not timed)", marks)
+def _untimed(evidence: Evidence, size: int, marks: tuple[str, ...]) -> BatchRow:
+    """A size no point timed: it ran in the probe's search, or in the bench's arms only (the
+    baseline's batch, say, where the bench took the profile's back to it)."""
+    probed = any(t.fits and t.batch_size == size for t in evidence.search)
+    bench = evidence.bench
+    only_bench = not probed and bench is not None and size in bench.ran()
+    status = "ran in the bench (not timed by the probe)" if only_bench else "ran (not timed)"
+    return BatchRow(size, None, None, status, marks)
 
 
 def memory_peaks(evidence: Evidence, kind: str | None = None) -> list[tuple[int, float]]:

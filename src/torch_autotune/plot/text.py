@@ -118,7 +118,7 @@ def _print_batches(console: Console, evidence: Evidence, mark: Chosen, width: in
         label = f"  batch {row.batch_size:>{digits}} {series} "
         marks = (("  ◀ " + ", ".join(row.marks), "green"),) if row.marks else ()
         if row.samples_per_s is None:
-            failed = row.status != "ran (not timed)"
+            failed = not row.status.startswith("ran")
             what = ("✗ " if failed else "") + row.status
             bars.append(_BarRow(label, None, ((what, "red" if failed else "dim"), *marks)))
             continue
