@@ -125,12 +125,12 @@ def measured(*, loader: bool = True) -> Profile:
     )
 
 
-def rounds_for(plan: Plan) -> list[list[float | None]]:
+def rounds_for(plan: Plan, factors: dict[str, float] = FACTORS) -> list[list[float | None]]:
     def rate(config: TrainConfig, jitter: float) -> float:
         value = 1000.0 * jitter
         for knob in plan.knobs:
             if knob_value(config, knob) == knob_value(plan.tuned, knob):
-                value *= FACTORS.get(knob.name, 1.0)
+                value *= factors.get(knob.name, 1.0)
         return value
 
     return [
@@ -139,10 +139,10 @@ def rounds_for(plan: Plan) -> list[list[float | None]]:
     ]
 
 
-def benched(profile: Profile) -> Profile:
+def benched(profile: Profile, factors: dict[str, float] = FACTORS) -> Profile:
     """The profile after a bench with made-up rounds (the pure half of autotune bench)."""
     plan = plan_arms(TrainConfig(), tuned_config(profile))
-    rows = rounds_for(plan)
+    rows = rounds_for(plan, factors)
     tuned, settings = judge(plan, rows)
     final = plan.index(final_config(plan, settings))
     at = plan.index(plan.baseline)
@@ -472,3 +472,40 @@ def test_a_main_process_loader_is_ahead_only_by_the_probes_own_test() -> None:
     main = next(line for line in lines if line.startswith("  0 workers"))
     assert "not ahead: in series with training, 2.4% of its time" in main
     assert "ahead of training" in next(line for line in lines if line.startswith("  4 workers"))
+
+
+# --- the profile's batch, where it is not the probe's -------------------------------------------
+
+
+def test_the_charts_mark_the_batch_the_bench_left_in_the_profile() -> None:
+    """The bench dropped batch 512 (it measured slower): the profile trains at the baseline's
+    32, and the charts marked 512, the evidence's batch, as recommended."""
+    profile = benched(measured(), {"precision": 2.0, "batch_size": 0.9, "num_workers": 1.2})
+    assert profile.evidence is not None
+    assert (profile.settings.batch.batch_size, profile.evidence.batch_size) == (32, 512)
+    lines = charts(profile, width=140).splitlines()
+    (marked,) = [line for line in lines if "◀ recommended" in line]
+    assert marked.startswith("  batch  32 ")
+    assert "ran in the bench (not timed by the probe)" in marked
+    assert marked.endswith("◀ recommended, the bench changed it from 512")
+    throughput = axis(profile, "throughput")
+    (line,) = [line for line in throughput.get_lines() if line.get_gid() == "recommended"]
+    assert line.get_xdata()[0] == 32
+    assert line.get_label() == "recommended: 32 (the bench changed it from 512)"
+
+
+def test_the_charts_mark_a_batch_set_by_hand_as_such() -> None:
+    from torch_autotune.hand_edits import with_hand_edits
+
+    profile = measured()
+    batch = profile.settings.batch.model_copy(update={"batch_size": 768})
+    edited = with_hand_edits(
+        profile.model_copy(
+            update={"settings": profile.settings.model_copy(update={"batch": batch})}
+        )
+    )
+    rows = data.batch_rows(h100_evidence(), data.chosen(edited))
+    assert [(r.batch_size, r.marks) for r in rows if r.marks] == [
+        (512, ("fastest",)),
+        (768, ("set by hand", "the probe chose 512", "largest that ran")),
+    ]

@@ -12,11 +12,16 @@ from rich.console import Console
 
 from tests.probe.fake_trials import cpu_machine, recorded, tune_on
 from tests.rules.helpers import with_host
+from tests.test_plot import NOW, SNAPSHOT_DIR, h100_evidence
+from torch_autotune.evidence import BatchChoice, FedRecord
+from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.plot import build_figure, data, render_charts
 from torch_autotune.probe import workers_phase
 from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.workloads import resolve_workload
-from torch_autotune.profile import Profile
+from torch_autotune.profile import Preferences, Profile
+from torch_autotune.rules.context import Measurements
+from torch_autotune.rules.engine import build_profile
 
 H100 = recorded("h100-80gb-hbm3")
 
@@ -125,7 +130,8 @@ def test_passes_fed_by_the_dataloader_are_series_of_their_own(data_bound: Profil
     ran = {(f.num_workers, f.batch_size) for f in evidence.fed if f.samples_per_s is not None}
     assert {(int(s.name.split()[1]), p.batch_size) for s in fed for p in s.points} == ran
     workers = data_bound.settings.dataloader.num_workers
-    (recommended,) = [r for r in data.batch_rows(evidence, workers) if "recommended" in r.marks]
+    mark = data.chosen(data_bound)
+    (recommended,) = [r for r in data.batch_rows(evidence, mark) if "recommended" in r.marks]
     assert recommended.batch_size == evidence.batch_size
     assert recommended.series is not None
     assert recommended.series.startswith(f"fed, {workers} workers")
@@ -210,3 +216,48 @@ def test_a_model_that_fit_only_with_checkpointing_has_no_eager_curve() -> None:
     render_charts(profile, Console(file=text, width=100))
     assert "peak memory" in text.getvalue()
     assert ", checkpointed)" in text.getvalue()
+
+
+# --- fed passes at several thread counts ----------------------------------------------------------
+
+
+def _fed_at_two_thread_counts(threads: int | None) -> Profile:
+    """The H100 profile of ``tests/test_plot.py`` whose batch of 512 the fed passes chose, with
+    0 workers fed at torch's default threads (1,000 samples/s) and at 1 thread (1,500), and 2
+    workers (1,200); the profile trains with 0 workers at ``threads``."""
+    fed = (
+        FedRecord(num_workers=0, batch_size=512, samples_per_s=1000.0),
+        FedRecord(num_workers=0, batch_size=512, cpu_threads=1, samples_per_s=1500.0),
+        FedRecord(num_workers=2, batch_size=512, samples_per_s=1200.0),
+    )
+    choice = BatchChoice(
+        chosen_by="fastest point", largest=768, top=768, confirmed="its fed pass", fed=True
+    )
+    evidence = h100_evidence().model_copy(update={"fed": fed, "batch_choice": choice})
+    machine = HardwareSnapshot.model_validate_json(
+        (SNAPSHOT_DIR / "h100-80gb-hbm3.json").read_text()
+    )
+    profile = build_profile(
+        machine,
+        Measurements(batch_size=512, num_workers=0),
+        Preferences(model_kind="conv"),
+        now=NOW,
+        host_id="test",
+        evidence=evidence,
+    )
+    settings = profile.settings.model_copy(update={"cpu_threads": threads})
+    return profile.model_copy(update={"settings": settings})
+
+
+@pytest.mark.parametrize(
+    ("threads", "series"), [(None, "fed, 0 workers"), (1, "fed, 0 workers, 1 thread")]
+)
+def test_the_fed_series_marked_is_the_one_of_the_profiles_workers_and_threads(
+    threads: int | None, series: str
+) -> None:
+    """Two fed series of 0 workers: the one of the profile's CPU threads is marked, not the
+    faster of the two (the 1-thread pass was marked for a profile at torch's default)."""
+    profile = _fed_at_two_thread_counts(threads)
+    lines = _charts(profile)
+    (row,) = [line for line in lines if "◀ recommended" in line]
+    assert row.startswith(f"  batch 512 {series} ")

@@ -65,6 +65,7 @@ def test_the_golden_file_of_schema_1_is_a_measured_and_benched_profile() -> None
     assert evidence.loader
     assert evidence.fed
     assert evidence.bench is not None
+    assert not evidence.bench.final_is_baseline  # written before the key: its default
     assert profile.provenance.snapshot.accelerators
 
 

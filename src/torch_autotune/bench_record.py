@@ -26,6 +26,10 @@ from torch_autotune.records import on_off
 from torch_autotune.settings import RECORDS, Settings, StrictModel, settings_paths
 
 BASELINE_BATCH_SIZE = 32
+BASELINE_ITSELF = "the profile trains as the baseline does in every setting the bench ablated"
+"""What the bench's summary and charts say where it dropped every setting
+(``BenchEvidence.final_is_baseline``), in place of a measurement of the baseline against
+itself."""
 
 Dtype = Literal["float32", "float16", "bfloat16"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -170,11 +174,25 @@ class BenchEvidence(StrictModel):
     tuned: Effect | None = Field(description="The profile as the probe made it vs baseline.")
     settings: tuple[SettingEffect, ...]
     final: Effect | None = Field(
-        default=None, description="The profile after the drops vs baseline (None: no drops)."
+        default=None,
+        description="The profile after the drops vs baseline (None: no drops, or every setting"
+        " dropped: ``final_is_baseline``).",
+    )
+    final_is_baseline: bool = Field(
+        default=False,
+        description="Every setting the bench ablated was dropped: the profile is left with the"
+        " baseline's own config in all of them, which no arm compares with itself (False in"
+        " earlier files, which measured it as 1.00x the baseline).",
     )
     reverted: bool = Field(default=False, description="Everything went back to the baseline.")
     not_ablated: tuple[str, ...] = ()
     elapsed_s: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _final(self) -> BenchEvidence:
+        if self.final_is_baseline and self.final is not None:
+            raise ValueError("final_is_baseline: the baseline is not measured against itself")
+        return self
 
     def ran(self) -> set[int]:
         """Batch sizes that trained in some arm."""

@@ -249,8 +249,9 @@ def bench_evidence(
     elapsed_s: float,
 ) -> BenchEvidence:
     """The bench's evidence from what its rounds measured. The profile counts as reverted when
-    it is, after its drops, still slower than the baseline (rule M2)."""
-    overall = results.final or results.tuned
+    it is, after its drops, still slower than the baseline (rule M2); where every setting was
+    dropped (rule M1), it is the baseline already, and nothing is left to revert."""
+    overall = None if results.final_is_baseline else results.final or results.tuned
     return BenchEvidence(
         workload=workload,
         device=device,
@@ -260,6 +261,7 @@ def bench_evidence(
         tuned=results.tuned,
         settings=results.settings,
         final=results.final,
+        final_is_baseline=results.final_is_baseline,
         reverted=overall is not None and overall.verdict == "slower",
         not_ablated=not_ablated,
         elapsed_s=round(max(0.0, elapsed_s), 3),

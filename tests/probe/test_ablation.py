@@ -3,6 +3,7 @@ confirmation run, and the real training loop on the CPU."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 
 import pytest
@@ -97,6 +98,50 @@ def test_a_slower_setting_is_dropped_and_the_rest_confirmed_against_the_baseline
     assert decision is not None
     assert decision.source is Source.MEASURED
     assert "0.90x" in decision.reason
+
+
+def test_where_every_setting_is_dropped_the_baseline_is_not_measured_against_itself(
+    a100: Profile,
+) -> None:
+    """Every setting measured slower: what is left is the baseline's own config. The bench
+    printed 'Without them: 1.00x the baseline (range 1.00-1.00: within noise)', the baseline's
+    arm divided by itself; it now says what is left, and runs no arm for it."""
+    from rich.console import Console
+
+    from torch_autotune.plot import build_figure, render_charts
+    from torch_autotune.plot.data import effect_rows
+    from torch_autotune.render import bench_summary
+
+    tuned = tuned_config(a100)
+    plan = plan_arms(TrainConfig(), tuned)
+    fields = ["precision", "batch_size", "compile_mode", "channels_last", "tf32"]
+    fields += ["cudnn_benchmark", "fused_optimizer", "num_workers", "pin_memory", "cpu_threads"]
+    model = SpeedModel(tuned, dict.fromkeys(fields, 0.9))
+    result = bench(a100, "conv", rounds=3, seconds=0.1, measure=model)
+    evidence = result.evidence.bench  # type: ignore[union-attr]
+    assert evidence is not None
+    assert {s.outcome for s in evidence.settings} == {"dropped"}
+    assert len(model.calls) == 3 * len(plan.configs)  # no arm ran for what is left
+    assert evidence.final is None
+    assert evidence.final_is_baseline
+    assert not evidence.reverted  # each drop is its own measurement (M1), not M2's revert
+    decision = result.decision("batch.batch_size")
+    assert decision is not None
+    assert decision.rule == "M1"
+    summary = bench_summary(evidence)
+    assert "1.00x the baseline" not in summary
+    assert "trains as the baseline does in every setting the bench ablated" in summary
+    (after,) = [r for r in effect_rows(evidence) if r.arm == "after drops"]
+    assert after.effect is None
+    assert after.note == "the baseline itself"
+    out = io.StringIO()
+    render_charts(result, Console(file=out, width=120, color_system=None))
+    (line,) = [line for line in out.getvalue().splitlines() if "after drops" in line]
+    assert line.endswith("│ the baseline itself")
+    bench_axes = next(ax for ax in build_figure(result).axes if ax.get_label() == "bench")
+    (note,) = [t for t in bench_axes.texts if t.get_gid() == "whole profile: after drops"]
+    assert note.get_text().strip() == after.note
+    assert "whole profile: after drops" not in {p.get_gid() for p in bench_axes.patches}
 
 
 def test_an_arm_that_runs_out_of_memory_costs_only_its_own_numbers(a100: Profile) -> None:

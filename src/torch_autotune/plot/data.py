@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING
 
 from torch_autotune.errors import ProfileFileError
 from torch_autotune.probe.workers import format_share, keeps_ahead, serial_share
-from torch_autotune.profile import Evidence, Profile, SearchTrialRecord, target_accelerators
+from torch_autotune.profile import (
+    Evidence,
+    Profile,
+    SearchTrialRecord,
+    Source,
+    target_accelerators,
+)
 
 if TYPE_CHECKING:
     from torch_autotune.bench import BenchEvidence, Effect
@@ -51,6 +57,38 @@ class Series:
     name: str  # "eager", "compiled", "checkpointed", "fed, 2 workers, 1 thread, compiled"
     kind: str  # "eager", "compiled", "memory-budgeted", "checkpointed" or "fed"
     points: tuple[Point, ...]
+    fed_by: tuple[int, int | None] | None = None  # a fed series': (workers, CPU threads)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """What the profile trains with, which the charts mark: its batch with the words that mark
+    it, and the DataLoader workers and CPU threads that pick its fed series (None workers: none
+    given, the fastest fed pass at the batch stands for it; None threads: torch's default)."""
+
+    batch_size: int
+    num_workers: int | None = None
+    cpu_threads: int | None = None
+    marks: tuple[str, ...] = ("recommended",)  # and why it is not the probe's, where it is not
+
+
+def chosen(profile: Profile) -> Chosen:
+    """The batch, workers and threads of ``profile`` the charts mark (``Chosen``). The batch
+    is the profile's (the probe's where the profile sets none), which ``autotune bench`` or a
+    hand edit may have changed from the one the probe chose: its marks then say which."""
+    evidence = measured(profile)
+    settings = profile.settings
+    batch = settings.batch.batch_size or evidence.batch_size
+    workers, threads = settings.dataloader.num_workers, settings.cpu_threads
+    if batch == evidence.batch_size:
+        return Chosen(batch, workers, threads)
+    decision = profile.decision("batch.batch_size")
+    marks = ("recommended", f"the probe chose {evidence.batch_size}")
+    if decision is not None and decision.source is Source.USER:
+        marks = ("set by hand", marks[1])
+    elif decision is not None and decision.rule in ("M1", "M2"):
+        marks = ("recommended", f"the bench changed it from {evidence.batch_size}")
+    return Chosen(batch, workers, threads, marks)
 
 
 STEP_KINDS = ("eager", "compiled", "memory-budgeted", "checkpointed")
@@ -72,6 +110,7 @@ class EffectRow:
     arm: str  # "as tuned", "after drops", "on alone", "in the profile"
     effect: Effect | None
     dropped: bool
+    note: str = "not measured"  # in the bar's place where ``effect`` is None
 
 
 def measured(profile: Profile) -> Evidence:
@@ -148,7 +187,7 @@ def throughput_series(evidence: Evidence) -> list[Series]:
         name = f"fed, {workers} worker{'s' if workers != 1 else ''}"
         name += f", {threads} thread{'s' if threads != 1 else ''}" if threads is not None else ""
         name += f", {chosen}" if chosen != "eager" else ""
-        series.append(Series(name, "fed", tuple(sorted(points, key=_size))))
+        series.append(Series(name, "fed", tuple(sorted(points, key=_size)), (workers, threads)))
     return series
 
 
@@ -156,30 +195,27 @@ def _size(point: Point) -> int:
     return point.batch_size
 
 
-def recommended_series(evidence: Evidence, workers: int | None = None) -> str | None:
+def recommended_series(evidence: Evidence, mark: Chosen | None = None) -> str | None:
     """The name of the series the recommended batch was chosen from: compiled where the chosen
-    point ran compiled, a fed series where the passes fed by the DataLoader chose it (the one
-    of ``workers``, else the fastest at that size), else eager; None where no series has a
-    point at the recommended batch."""
+    point ran compiled, a fed series where the passes fed by the DataLoader chose it (the one of
+    the profile's workers and CPU threads in ``mark``, else of its workers, else the fastest
+    at that size), else eager; None where no series has a point at the recommended batch."""
+    mark = mark or Chosen(evidence.batch_size)
     choice = evidence.batch_choice
     at = [
         (s, p)
         for s in throughput_series(evidence)
         for p in s.points
-        if p.batch_size == evidence.batch_size
+        if p.batch_size == mark.batch_size
     ]
     if choice is not None and choice.fed:
-        fed = [(s, p) for s, p in at if s.kind == "fed"]
-        mine = [(s, p) for s, p in fed if workers is not None and _workers(s) == workers]
-        best = max(mine or fed, key=lambda sp: sp[1].samples_per_s, default=None)
+        fed = [(s, p) for s, p in at if s.fed_by is not None]
+        mine = [(s, p) for s, p in fed if s.fed_by == (mark.num_workers, mark.cpu_threads)]
+        workers = [(s, p) for s, p in fed if s.fed_by and s.fed_by[0] == mark.num_workers]
+        best = max(mine or workers or fed, key=lambda sp: sp[1].samples_per_s, default=None)
         return None if best is None else best[0].name
     kind = _chosen_kind(evidence)
     return next((s.name for s, _ in at if s.kind == kind), None)
-
-
-def _workers(series: Series) -> int:
-    """The worker count a fed series names ('fed, 2 workers, ...')."""
-    return int(series.name.split(", ")[1].split()[0])
 
 
 def fastest_measured(evidence: Evidence) -> int | None:
@@ -191,30 +227,32 @@ def fastest_measured(evidence: Evidence) -> int | None:
     return evidence.fastest_batch_size if choice.chosen_by == "fastest point" else None
 
 
-def batch_rows(evidence: Evidence, workers: int | None = None) -> list[BatchRow]:
-    """A row per point of each series (``throughput_series``), and one for the recommended
-    and largest sizes and the first size that did not fit where no point stands for them;
-    sorted by size, the series in their order. ``workers``: the profile's worker count, which
-    marks the fed pass recommended where the fed passes chose the batch."""
+def batch_rows(evidence: Evidence, mark: Chosen | None = None) -> list[BatchRow]:
+    """A row per point of each series (``throughput_series``), and one for the profile's
+    batch, the largest size and the first size that did not fit where no point stands for
+    them; sorted by size, the series in their order. ``mark``: the profile's (``chosen``;
+    default, the probe's batch), whose batch it marks and whose workers and CPU threads mark
+    the fed pass where the fed passes chose the batch."""
+    mark = mark or Chosen(evidence.batch_size)
     misfit = first_misfit(evidence)
-    chosen = recommended_series(evidence, workers)
+    picked = recommended_series(evidence, mark)
     fastest = fastest_measured(evidence)  # a point of the step, compiled if the choice was
     kind = _chosen_kind(evidence)
     rows: list[tuple[int, int, BatchRow]] = []
     for order, series in enumerate(throughput_series(evidence)):
         for p in series.points:
-            marks = []
-            if p.batch_size == evidence.batch_size and series.name == chosen:
-                marks.append("recommended")
+            marks: tuple[str, ...] = ()
+            if p.batch_size == mark.batch_size and series.name == picked:
+                marks = mark.marks
             elif p.batch_size == fastest and series.kind == kind:
-                marks.append("fastest")
-            row = BatchRow(p.batch_size, p.samples_per_s, p.relative_spread, "timed", ())
-            rows.append((p.batch_size, order, replace(row, marks=tuple(marks), series=series.name)))
+                marks = ("fastest",)
+            row = BatchRow(p.batch_size, p.samples_per_s, p.relative_spread, "timed", marks)
+            rows.append((p.batch_size, order, replace(row, series=series.name)))
     timed = {size for size, _, _ in rows}
-    if chosen is None:
-        rows.append((evidence.batch_size, -1, _untimed(evidence.batch_size, ("recommended",))))
-    if evidence.max_batch_size not in timed and evidence.max_batch_size != evidence.batch_size:
-        rows.append((evidence.max_batch_size, -1, _untimed(evidence.max_batch_size, ())))
+    if picked is None:
+        rows.append((mark.batch_size, -1, _untimed(evidence, mark.batch_size, mark.marks)))
+    if evidence.max_batch_size not in timed and evidence.max_batch_size != mark.batch_size:
+        rows.append((evidence.max_batch_size, -1, _untimed(evidence, evidence.max_batch_size, ())))
     if misfit is not None and misfit[0] not in timed:
         rows.append((misfit[0], -1, BatchRow(misfit[0], None, None, misfit[1], ())))
     rows.sort(key=lambda r: (r[0], r[1]))
@@ -224,8 +262,14 @@ def batch_rows(evidence: Evidence, workers: int | None = None) -> list[BatchRow]
     return [row for _, _, row in rows]
 
 
-def _untimed(size: int, marks: tuple[str, ...]) -> BatchRow:
-    return BatchRow(size, None, None, "ran (not timed)", marks)
+def _untimed(evidence: Evidence, size: int, marks: tuple[str, ...]) -> BatchRow:
+    """A size no point timed: it ran in the probe's search, or in the bench's arms only (the
+    baseline's batch, say, where the bench took the profile's back to it)."""
+    probed = any(t.fits and t.batch_size == size for t in evidence.search)
+    bench = evidence.bench
+    only_bench = not probed and bench is not None and size in bench.ran()
+    status = "ran in the bench (not timed by the probe)" if only_bench else "ran (not timed)"
+    return BatchRow(size, None, None, status, marks)
 
 
 def memory_peaks(evidence: Evidence, kind: str | None = None) -> list[tuple[int, float]]:
@@ -262,10 +306,15 @@ def loader_pace(num_workers: int, loaded: float, step: float) -> str:
 
 
 def effect_rows(bench: BenchEvidence) -> list[EffectRow]:
-    """The whole profile against the baseline, then each setting on alone and in the profile."""
+    """The whole profile against the baseline, as tuned and after the drops (where every
+    setting was dropped, a row that says it is the baseline itself, with no bar), then each
+    setting on alone and in the profile."""
     rows = [EffectRow("whole profile", "whole profile", "as tuned", bench.tuned, False)]
     if bench.final is not None:
         rows.append(EffectRow("whole profile", "whole profile", "after drops", bench.final, False))
+    elif bench.final_is_baseline:
+        itself = "the baseline itself"  # no arm compared it with itself
+        rows.append(EffectRow("whole profile", "whole profile", "after drops", None, False, itself))
     for s in bench.settings:
         label = f"{s.setting} {s.baseline_value}→{s.tuned_value}"
         dropped = s.outcome == "dropped"

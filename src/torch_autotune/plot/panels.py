@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from torch_autotune.plot.data import (
     GIB,
     STEP_KINDS,
+    Chosen,
     effect_rows,
     first_misfit,
     memory_peaks,
@@ -91,12 +92,12 @@ def _legend_below(ax: Axes, handles: list[Handle], columns: int = 2) -> int:
 # --- batch size ---------------------------------------------------------------------------------
 
 
-def draw_throughput(ax: Axes, evidence: Evidence) -> int:
-    """The batch-size panel: throughput against size, the sizes that matter, peak memory; the
-    rows of its legend."""
+def draw_throughput(ax: Axes, evidence: Evidence, mark: Chosen) -> int:
+    """The batch-size panel: throughput against size, the sizes that matter (``mark``: the
+    profile's batch), peak memory; the rows of its legend."""
     handles = _throughput_series(ax, evidence)
-    right = _batch_axis(ax, evidence)
-    handles += _size_marks(ax, evidence, right)
+    right = _batch_axis(ax, evidence, mark.batch_size)
+    handles += _size_marks(ax, evidence, right, mark)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("batch size (log2)")
     ax.set_ylabel("samples/s")
@@ -138,13 +139,13 @@ def _series_label(name: str) -> str:
     return "training fed by the DataLoader: " + name.removeprefix("fed, ")
 
 
-def _batch_axis(ax: Axes, evidence: Evidence) -> float:
+def _batch_axis(ax: Axes, evidence: Evidence, batch: int) -> float:
     """A log2 axis over every size that ran or was marked, labelled where labels fit; returns
     its right end, half an octave past the largest size (the first misfit included)."""
     misfit = first_misfit(evidence)
     ran = [t.batch_size for t in evidence.search if t.fits]
     timed = sorted({p.batch_size for s in throughput_series(evidence) for p in s.points})
-    marked = [evidence.batch_size, evidence.max_batch_size, *timed]
+    marked = [batch, evidence.max_batch_size, *timed]
     right = max([*marked, *ran, misfit[0] if misfit else 0]) * 1.5
     ticks = _spaced([*marked, *sorted(ran)])
     ax.set_xscale("log", base=2)
@@ -164,19 +165,21 @@ def _spaced(sizes: list[int], octaves: float = 0.3) -> list[int]:
     return sorted(kept)
 
 
-def _size_marks(ax: Axes, evidence: Evidence, right: float) -> list[Handle]:
-    """The recommended size, the largest that ran, and the first misfit shaded up to ``right``."""
+def _size_marks(ax: Axes, evidence: Evidence, right: float, mark: Chosen) -> list[Handle]:
+    """The profile's batch (``mark``: 'recommended: 32 (the bench changed it from 512)'), the
+    largest that ran, and the first misfit shaded up to ``right``."""
+    why = f" ({'; '.join(mark.marks[1:])})" if len(mark.marks) > 1 else ""
     marks: list[Handle] = [
         ax.axvline(
-            evidence.batch_size,
+            mark.batch_size,
             color=GREEN,
             linestyle="--",
             linewidth=1.5,
             gid="recommended",
-            label=f"recommended: {evidence.batch_size}",
+            label=f"{mark.marks[0]}: {mark.batch_size}{why}",
         )
     ]
-    if evidence.max_batch_size != evidence.batch_size:
+    if evidence.max_batch_size != mark.batch_size:
         marks.append(
             ax.axvline(
                 evidence.max_batch_size,
@@ -323,11 +326,19 @@ def _loader_legend(evidence: Evidence, chosen: int) -> list[Handle]:
 def draw_bench(ax: Axes, bench: BenchEvidence) -> int:
     """The bench panel: a horizontal bar per arm from 1.00x, grouped by setting, top down."""
     rows = effect_rows(bench)
-    positions, ticks, labels, end = _bench_layout(rows, bench.final is not None)
+    positions, ticks, labels, end = _bench_layout(rows)
     extremes = [1.0]
     for row, at in zip(rows, positions, strict=True):
         if row.effect is None:
-            ax.text(1.0, at, "  not measured", va="center", fontsize=7, color=GREY)
+            ax.text(
+                1.0,
+                at,
+                f"  {row.note}",
+                va="center",
+                fontsize=7,
+                color=GREY,
+                gid=f"{row.setting}: {row.arm}",
+            )
             continue
         extremes += [row.effect.low, row.effect.high]
         _effect_bar(ax, row, row.effect, at)
@@ -347,11 +358,10 @@ def draw_bench(ax: Axes, bench: BenchEvidence) -> int:
     return _legend_below(ax, _bench_legend(bench, rows), columns=1)
 
 
-def _bench_layout(
-    rows: list[EffectRow], after_drops: bool
-) -> tuple[list[float], list[float], list[str], float]:
+def _bench_layout(rows: list[EffectRow]) -> tuple[list[float], list[float], list[str], float]:
     """Where each bar sits (0.4 apart, 0.5 more between settings), one tick and label per
     setting, and where the last bar ends."""
+    after_drops = sum(row.setting == "whole profile" for row in rows) > 1
     positions: list[float] = []
     ticks: list[float] = []
     labels: list[str] = []

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from torch_autotune.errors import PlotUnavailableError, ProfileFileError
 from torch_autotune.files import write_atomically
-from torch_autotune.plot.data import chart_title, effect_rows, measured, panels
+from torch_autotune.plot.data import chart_title, chosen, effect_rows, measured, panels
 from torch_autotune.plot.panels import draw_bench, draw_loader, draw_throughput
 from torch_autotune.profile import Profile
 
@@ -86,7 +86,7 @@ def build_figure(profile: Profile) -> Figure:
     for ax, panel in zip(axes, drawn, strict=True):
         ax.set_label(panel)
         if panel == "throughput":
-            rows = max(rows, draw_throughput(ax, evidence))
+            rows = max(rows, draw_throughput(ax, evidence, chosen(profile)))
         elif panel == "loader":
             rows = max(rows, draw_loader(ax, evidence, profile.settings.dataloader.num_workers))
         elif evidence.bench is not None:

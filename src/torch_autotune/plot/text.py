@@ -17,8 +17,10 @@ from rich.text import Text
 from torch_autotune.plot.data import (
     GIB,
     STEP_KINDS,
+    Chosen,
     batch_rows,
     chart_title,
+    chosen,
     effect_rows,
     loader_pace,
     measured,
@@ -60,7 +62,7 @@ def render_charts(profile: Profile, console: Console, width: int | None = None) 
     width = width or console.width
     console.print(Text(chart_title(profile), style="bold"), no_wrap=True, overflow="ellipsis")
     if "throughput" in panels(evidence):
-        _print_batches(console, evidence, profile.settings.dataloader.num_workers, width)
+        _print_batches(console, evidence, chosen(profile), width)
     if evidence.loader:
         workers = profile.decision("dataloader.num_workers")
         by_hand = workers is not None and workers.source is Source.USER  # the file's, edited
@@ -98,10 +100,11 @@ def _print_bars(console: Console, rows: list[_BarRow], width: int) -> None:
         _line(console, (r.label.ljust(label_w), ""), *bar, *r.tail)
 
 
-def _print_batches(console: Console, evidence: Evidence, workers: int, width: int) -> None:
+def _print_batches(console: Console, evidence: Evidence, mark: Chosen, width: int) -> None:
     """A row per point of each series, named where there are several (eager, compiled, fed by
-    the DataLoader), each series in its own colour, and the sizes marked."""
-    rows = batch_rows(evidence, workers)
+    the DataLoader), each series in its own colour, and the sizes marked (``mark``: the
+    profile's batch, workers and threads)."""
+    rows = batch_rows(evidence, mark)
     console.print()
     _line(console, ("Throughput by batch size", "bold"), (" (samples/s, median and spread)", ""))
     digits = len(str(max(r.batch_size for r in rows)))
@@ -115,7 +118,7 @@ def _print_batches(console: Console, evidence: Evidence, workers: int, width: in
         label = f"  batch {row.batch_size:>{digits}} {series} "
         marks = (("  ◀ " + ", ".join(row.marks), "green"),) if row.marks else ()
         if row.samples_per_s is None:
-            failed = row.status != "ran (not timed)"
+            failed = not row.status.startswith("ran")
             what = ("✗ " if failed else "") + row.status
             bars.append(_BarRow(label, None, ((what, "red" if failed else "dim"), *marks)))
             continue
@@ -212,7 +215,7 @@ def _print_bench(console: Console, bench: BenchEvidence, width: int) -> None:
         head = f"  {label.ljust(label_w)} {row.arm.ljust(arm_w)} "
         e = row.effect
         if e is None:
-            _line(console, (head, ""), (" " * left + "│", ""), (" not measured", "dim"))
+            _line(console, (head, ""), (" " * left + "│", ""), (f" {row.note}", "dim"))
             continue
         share = math.log(e.speedup)
         bars = (

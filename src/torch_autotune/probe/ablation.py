@@ -86,12 +86,15 @@ class _Rounds:
 class ArmResults:
     """What the rounds measured: every arm's record, the profile's effect over the baseline,
     each setting's effects, and the effect of the profile without the settings that measured
-    slower (None: nothing was dropped)."""
+    slower (None: nothing was dropped, or every setting was). ``final_is_baseline``: every
+    setting was dropped, so what is left is the baseline's own config, and no arm compared it
+    with itself."""
 
     records: tuple[ArmRecord, ...]
     tuned: Effect | None
     settings: tuple[SettingEffect, ...]
     final: Effect | None
+    final_is_baseline: bool = False
 
 
 def run_arms(
@@ -109,7 +112,8 @@ def run_arms(
 ) -> ArmResults:
     """Train every arm of ``plan`` once per round, ``rounds`` rounds, each measurement at least
     ``seconds`` long after its warm-up; judge each setting (``bench.judge``) and, when some
-    measured slower, run the profile without them against the baseline too. Every arm trains
+    measured slower, run the profile without them against the baseline too (not where every
+    setting was dropped: that is the baseline itself, ``final_is_baseline``). Every arm trains
     with the device held to ``memory_limit_bytes`` (the profile's ``--memory-limit``, as the
     probe was: ``probe.memory.memory_capped``), so that an arm that would not fit the smaller
     or shared GPU the profile is for fails here as it would there; on the CPU, where nothing
@@ -146,7 +150,8 @@ def run_arms(
         records = runs.records(plan.configs, plan.names, rows, settings)
         final = final_config(plan, effects)
         final_effect = None
-        if final != plan.tuned:
+        is_baseline = final == plan.baseline != plan.tuned  # every setting dropped
+        if final != plan.tuned and not is_baseline:
             baseline_at = plan.index(plan.baseline)
             if final in plan.configs:
                 at = plan.index(final)
@@ -157,4 +162,4 @@ def run_arms(
                 more = runs.run(configs, ["baseline", "without the dropped settings"], rounds)
                 final_effect = effect([r[1] for r in more], [r[0] for r in more])
                 records += runs.records(configs, names, more, settings)
-    return ArmResults(tuple(records), tuned_effect, tuple(effects), final_effect)
+    return ArmResults(tuple(records), tuned_effect, tuple(effects), final_effect, is_baseline)

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torch_autotune.bench import BenchEvidence, Effect
+from torch_autotune.bench_record import BASELINE_ITSELF
 from torch_autotune.profile import CompileRecord, Evidence, Profile, RanksRecord, Source
 from torch_autotune.records import SettingRecord
 from torch_autotune.render.machine import facts_table
@@ -315,6 +316,8 @@ def bench_summary(bench: BenchEvidence) -> str:
                 f" Without them: {bench.final.speedup:.2f}x the baseline "
                 f"(range {bench.final.low:.2f}-{bench.final.high:.2f}: {bench.final.verdict})."
             )
+        elif bench.final_is_baseline:
+            text += f" Without them, {BASELINE_ITSELF}: there is nothing left to compare."
     else:
         text += " No setting measured slower than without it."
     if bench.reverted:
