@@ -182,6 +182,28 @@ def test_at_fewer_threads_than_the_points_ran_at_the_smaller_batches_are_fed_aga
     )
 
 
+def test_a_pass_at_fewer_threads_is_predicted_as_slow_as_the_threads_are_fewer() -> None:
+    """8 CPUs: 0 workers fed 2,000 samples/s at torch's 8 threads; at 4 a pass may run at
+    1,000, 2.05 s, and 1.9 s are left: it is not started (predicted at 2,000, 1.76 s, it ran
+    past the budget)."""
+    fake = FakeFed({(512, 8, 1): 1_000.0, (512, 0, None): 2_000.0, (512, 0, 4): 1_000.0})
+    until = pass_seconds(512, 8, 1_000.0) + pass_seconds(512, 0, 2_000.0) + 1.9
+    choice = choose_fed(
+        fake,
+        sizes=(512,),
+        counts=[8, 0],
+        loader_rates={8: 5_000.0, 0: 10_000.0},
+        step_rates={512: 3_000.0},
+        threads_for=lambda workers: None if workers == 0 else max(1, 8 - workers),
+        until=until,
+        clock=fake.clock,
+        default_threads=8,
+    )
+    assert fake.calls == [(512, 8, 1), (512, 0, None)]
+    assert fake.now <= until
+    assert "a pass with 0 worker(s) at 4 threads did not fit in the 2 s" in choice.workers_reason
+
+
 def test_fewer_threads_as_fast_as_the_rules_keep_the_rules_count() -> None:
     fake = FakeFed({(64, 2, 1): 500.0, (64, 0, None): 1_000.0, (64, 0, 1): 1_015.0})
     choice = _on_a_cpu(fake, {0: 5_000.0, 2: 3_000.0}, (64, 2_000.0))

@@ -120,13 +120,18 @@ class Passes:
     def fits(self, batch_size: int, counts: Sequence[int], passes: int = 1) -> bool:
         """Whether ``passes`` passes at ``batch_size`` with the first of ``counts`` end in time
         (a rate that cannot be predicted fits while time is left)."""
+        rate = self.rate(counts[0], batch_size) if counts else None
+        return self.fits_at(batch_size, counts[0] if counts else 0, rate, passes)
+
+    def fits_at(self, batch_size: int, workers: int, rate: float | None, passes: int = 1) -> bool:
+        """Whether ``passes`` passes at ``batch_size`` with ``workers``, at ``rate`` samples/s
+        (None: not predictable, fits while time is left), end in time."""
         if self.until is None:
             return True
         left = self.until - self.clock()
-        rate = self.rate(counts[0], batch_size) if counts else None
         if rate is None:
             return left > 0
-        return passes * pass_seconds(batch_size, counts[0], rate) <= left
+        return passes * pass_seconds(batch_size, workers, rate) <= left
 
     def short(self, what: str) -> str:
         """Why ``what`` was not run: the time left was shorter than it was predicted to take."""

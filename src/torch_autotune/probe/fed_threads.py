@@ -66,7 +66,9 @@ def feed_fewer_threads(run: Passes, at: int, default_threads: int) -> None:
             continue
         last = trial
         for threads in halved(trial.threads or default_threads):
-            if not run.fits(at, [count]):
+            # as slow as the threads are fewer, at worst: 8 threads to 1, an eighth
+            slowest = rate_of(last) * threads / (last.threads or default_threads)
+            if not run.fits_at(at, count, slowest):
                 run.stop = run.short(f"a pass with {count} worker(s) at {threads_text(threads)}")
                 return
             fed = run.feed_at(at, count, threads)
