@@ -20,6 +20,7 @@ from tests.test_bench import measured
 from torch_autotune import api
 from torch_autotune.bench import TrainConfig
 from torch_autotune.cli import cli
+from torch_autotune.detect import host
 from torch_autotune.errors import EXIT_BAD_INPUT, EXIT_PROBE, EXIT_USAGE, ProbeError
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe import workers_phase
@@ -187,11 +188,9 @@ def test_a_baseline_asking_more_than_the_machine_can_run_is_refused(
     bound is 4 a usable CPU (thresholds.BASELINE_WORKERS_PER_CPU). cpu_threads: 64 on 2 CPUs
     was accepted: the baseline ran oversubscribed, slower than the user's script would run, and
     the profile measured faster against it; the bound is 1 a usable CPU."""
-    from torch_autotune.cli import inputs
-
     key, count, bound = case
     started: list[object] = []
-    monkeypatch.setattr(inputs, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(host, "cpus_usable_here", lambda: 2)
     monkeypatch.setattr(api, "bench", lambda *args, **_kwargs: started.append(args))
     baseline = tmp_path / "mine.yaml"
     baseline.write_text(f"{key}: {count}\n")
@@ -212,15 +211,13 @@ def test_the_workers_option_has_the_bound_a_baseline_has(
 ) -> None:
     """'autotune --workers 9' on 2 CPUs was accepted where a baseline's num_workers: 9 was
     refused."""
-    from torch_autotune.cli import inputs
-
     asked: list[int] = []
 
     def fake_tune(*_args: object, num_workers: int, **_kwargs: object) -> None:
         asked.append(num_workers)
         raise ProbeError("stopped by the test after tuning was asked for")
 
-    monkeypatch.setattr(inputs, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(host, "cpus_usable_here", lambda: 2)
     monkeypatch.setattr(api, "tune", fake_tune)
     refused = run("--workers", "9", "--no-save", "--store", str(tmp_path))
     assert refused.exit_code == EXIT_USAGE, refused.output
@@ -231,6 +228,52 @@ def test_the_workers_option_has_the_bound_a_baseline_has(
     assert asked == []
     run("--workers", "8", "--no-save", "--store", str(tmp_path))
     assert asked == [8]
+
+
+def test_tune_holds_num_workers_to_the_bound_the_command_line_has(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tune(num_workers=9) on 2 CPUs started nine workers a trial where 'autotune --workers 9'
+    was refused."""
+
+    def past_the_check(*_args: object, **_kwargs: object) -> None:
+        raise ProbeError("past the check")
+
+    monkeypatch.setattr(host, "cpus_usable_here", lambda: 2)
+    monkeypatch.setattr(api, "detect", past_the_check)
+    with pytest.raises(ValueError, match="more than this machine can run") as refused:
+        api.tune("mlp", num_workers=9)
+    assert str(refused.value) == (
+        f"num_workers 9 is more than this machine can run: 2 usable CPUs, {WORKERS_BOUND}; ask"
+        " for 8 or fewer"
+    )
+    with pytest.raises(ProbeError, match="past the check"):
+        api.tune("mlp", num_workers=8)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"num_workers": 9}, {"cpu_threads": 3}],
+    ids=["workers", "threads"],
+)
+def test_bench_holds_a_baseline_to_the_bounds_its_file_has(
+    measured_file: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, int]
+) -> None:
+    """bench(baseline=TrainConfig(cpu_threads=3)) on 2 CPUs ran the baseline oversubscribed
+    where the same baseline in a file was refused."""
+    monkeypatch.setattr(host, "cpus_usable_here", lambda: 2)
+    profile = load_profile(measured_file)
+    ((key, count),) = config.items()
+    with pytest.raises(ValueError, match="more than this machine can run") as refused:
+        api.bench(profile, baseline=TrainConfig(**config))
+    bound = WORKERS_BOUND if key == "num_workers" else THREADS_BOUND
+    assert str(refused.value) == (
+        f"baseline: {key} {count} is more than this machine can run: 2 usable CPUs, {bound};"
+        f" ask for {bound.split()[2]} or fewer"
+    )
+    benched = api.bench(profile, baseline=TrainConfig(cpu_threads=2), rounds=1, seconds=0.01)
+    assert benched.evidence is not None
+    assert benched.evidence.bench is not None
 
 
 def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:
