@@ -102,9 +102,10 @@ def preferences(
     max_batch_size: int | None = None,
 ) -> Preferences:
     """What the rules are told about ``workload`` and what the user asked for: its kind, its
-    optimizer, whether its shapes are fixed (asked by the user, and seen in its data), the
-    workers, the global batch, the largest batch to try, the training processes per node, the
-    device memory to use and the classes of its blocks, where it names them."""
+    optimizer (and what builds it fused, where something does), whether its shapes are fixed
+    (asked by the user, and seen in its data), the workers, the global batch, the largest batch
+    to try, the training processes per node, the device memory to use and the classes of its
+    blocks, where it names them."""
     limit = None if memory_limit_gib is None else max(1, int(memory_limit_gib * 2**30))
     return Preferences(
         memory_limit_bytes=limit,
@@ -112,6 +113,7 @@ def preferences(
         model_kind=workload.kind,
         fixed_shapes=fixed_shapes and not workload.variable_shapes,
         optimizer=workload.optimizer,
+        optimizer_fused_by=workload.fused_by,
         num_workers=num_workers,
         target_global_batch=target_global_batch,
         max_batch_size=max_batch_size,
@@ -234,10 +236,16 @@ def bench_plan(
 ) -> tuple[Plan, tuple[str, ...]]:
     """The bench's arms for ``profile`` against ``baseline`` (default: ``TrainConfig()``), and
     what the bench does not ablate. A workload without a dataset keeps the baseline's
-    DataLoader settings in every arm: there is nothing to load."""
+    DataLoader settings in every arm: there is nothing to load. A workload whose optimizer is
+    built fused (``Preferences.optimizer_fused_by``) trains fused in every arm, the baseline's
+    too: no arm is said to run without it."""
     base = baseline or TrainConfig()
-    tuned = tuned_config(profile, base)
     not_ablated = list(knobs.not_ablated(profile.settings))
+    fixed = profile.provenance.preferences.optimizer_fused_by
+    if fixed is not None:  # every arm's optimizer is built fused: none runs without it
+        base = base.model_copy(update={"fused_optimizer": True})
+        not_ablated.append(f"fused optimizer: fixed by {fixed}, which trains every arm fused")
+    tuned = tuned_config(profile, base)
     if not has_dataset:
         tuned = tuned.model_copy(update={f: getattr(base, f) for f in _LOADER_FIELDS})
         not_ablated.append(
