@@ -7,13 +7,18 @@ from __future__ import annotations
 import ast
 import inspect
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import click
+import pytest
+from click.testing import CliRunner, Result
 
 import torch_autotune.cli
 from torch_autotune import api
 from torch_autotune.cli import cli
+from torch_autotune.errors import EXIT_USAGE
+from torch_autotune.hardware import HardwareSnapshot
 
 CLI_PACKAGE = Path(torch_autotune.cli.__file__).parent
 
@@ -82,3 +87,37 @@ def test_every_option_says_what_it_does() -> None:
         if isinstance(param, click.Option) and not param.hidden and not (param.help or "").strip()
     ]
     assert silent == []
+
+
+def _run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), prog_name="autotune")
+
+
+def test_an_option_of_the_run_before_a_command_is_refused_not_ignored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """'autotune --workers 9 bench' benched as if --workers had not been given: click parsed
+    the run's options, then the command ran without them."""
+    called: list[str] = []
+    monkeypatch.setattr(api, "bench", lambda *_a, **_k: called.append("bench"))
+    result = _run("--workers", "9", "bench")
+    assert result.exit_code == EXIT_USAGE
+    assert result.stderr.splitlines() == [
+        "autotune: error: --workers before 'bench' is an option of autotune without a command,"
+        " which 'bench' would ignore; 'bench' takes no --workers, so leave it out; see"
+        " 'autotune --help'"
+    ]
+    assert called == []
+    shared = _run("-m", "mlp", "show")  # the command has it too: named as typed, and where
+    assert shared.exit_code == EXIT_USAGE
+    assert "give it after the command: 'autotune show -m ...'" in shared.stderr
+
+
+def test_the_store_from_the_environment_is_no_option_given_before_a_command(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    detected_as("cpu-laptop-linux")
+    monkeypatch.setenv("TORCH_AUTOTUNE_HOME", str(tmp_path))
+    assert _run("show").exit_code == 0

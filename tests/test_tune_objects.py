@@ -539,3 +539,32 @@ def test_the_bench_of_a_dataset_smaller_than_the_baselines_batch_ends() -> None:
     )
     tuned = next(a for a in results[0].evidence.bench.arms if "tuned" in a.names)
     assert tuned.samples_per_s[0] is not None
+
+
+def test_a_workload_built_fused_is_profiled_and_benched_as_it_trained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tune(trainer) with optim='adamw_torch_fused' on a CPU recorded fused_optimizer: off in
+    the profile and in every variant of the evidence, while the Trainer's fused AdamW trained
+    (the probe passes no fused where the profile keeps torch's default). The profile, the
+    evidence and the bench now say what trained, with what fixed it."""
+    from dataclasses import replace
+
+    from tests.probe.fake_trials import mlp_machine, tune_on
+    from torch_autotune.compose import bench_plan
+    from torch_autotune.probe import workers_phase
+
+    fixed = "your Trainer's optim='adamw_torch_fused'"
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 1)
+    workload = replace(resolve_workload("mlp"), fused_by=fixed)
+    profile = tune_on(mlp_machine(), workload, recorded("cpu-laptop-linux"), budget_s=15)
+    assert profile.settings.optimizer.fused
+    decision = profile.decision("optimizer.fused")
+    assert decision is not None
+    assert decision.reason.startswith(f"fixed by {fixed}")
+    assert profile.evidence is not None
+    assert {v.settings["fused_optimizer"] for v in profile.evidence.variants} == {"on"}
+    plan, not_ablated = bench_plan(profile, None, has_dataset=True, workload="mlp")
+    assert plan.baseline.fused_optimizer  # every arm's optimizer is built fused
+    assert all(knob.name != "fused_optimizer" for knob in plan.knobs)
+    assert f"fused optimizer: fixed by {fixed}, which trains every arm fused" in not_ablated

@@ -25,6 +25,7 @@ from torch_autotune import compose, fallback, together
 from torch_autotune.bench import TrainConfig
 from torch_autotune.detect import Machine
 from torch_autotune.detect import detect as detect_machine
+from torch_autotune.detect import host as detect_host
 from torch_autotune.errors import (
     StaleProfileWarning,
     StoredProfileWarning,
@@ -229,6 +230,7 @@ def tune(
         processes_per_node=processes_per_node,
         memory_limit_gib=memory_limit_gib,
     )
+    compose.check_cpu_counts({"num_workers": num_workers}, detect_host.cpus_usable_here)
     if trials is None:
         import_torch()
     from torch_autotune.probe.budget import default_budget_s
@@ -341,7 +343,7 @@ def bench(
     """
     from torch_autotune.bench import apply_bench
 
-    compose.check_bench_arguments(rounds, seconds)
+    compose.check_bench_arguments(rounds, seconds, baseline, detect_host.cpus_usable_here)
     if measure is None:
         import_torch()
     started = clock()

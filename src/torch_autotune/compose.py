@@ -7,7 +7,7 @@ command line asks about profiles. No hardware, no store, no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch_autotune import knobs
@@ -29,6 +29,7 @@ from torch_autotune.bounds import (
 )
 from torch_autotune.profile import Mode, Preferences, Profile
 from torch_autotune.settings import RECORD_BY_NAME, memory_settings, torch_defaults
+from torch_autotune.thresholds import BASELINE_THREADS_PER_CPU, BASELINE_WORKERS_PER_CPU
 
 if TYPE_CHECKING:
     from torch_autotune.probe.ablation import ArmResults
@@ -101,9 +102,10 @@ def preferences(
     max_batch_size: int | None = None,
 ) -> Preferences:
     """What the rules are told about ``workload`` and what the user asked for: its kind, its
-    optimizer, whether its shapes are fixed (asked by the user, and seen in its data), the
-    workers, the global batch, the largest batch to try, the training processes per node, the
-    device memory to use and the classes of its blocks, where it names them."""
+    optimizer (and what builds it fused, where something does), whether its shapes are fixed
+    (asked by the user, and seen in its data), the workers, the global batch, the largest batch
+    to try, the training processes per node, the device memory to use and the classes of its
+    blocks, where it names them."""
     limit = None if memory_limit_gib is None else max(1, int(memory_limit_gib * 2**30))
     return Preferences(
         memory_limit_bytes=limit,
@@ -111,6 +113,7 @@ def preferences(
         model_kind=workload.kind,
         fixed_shapes=fixed_shapes and not workload.variable_shapes,
         optimizer=workload.optimizer,
+        optimizer_fused_by=workload.fused_by,
         num_workers=num_workers,
         target_global_batch=target_global_batch,
         max_batch_size=max_batch_size,
@@ -135,13 +138,68 @@ def largest_asked(
     return min(asked) if asked else None
 
 
-def check_bench_arguments(rounds: int, seconds: float) -> None:
-    """ValueError for rounds outside [1, MAX_ROUNDS] or seconds outside (0, MAX_SECONDS]."""
+def check_bench_arguments(
+    rounds: int,
+    seconds: float,
+    baseline: TrainConfig | None = None,
+    cpus: Callable[[], int] | None = None,
+) -> None:
+    """ValueError for rounds outside [1, MAX_ROUNDS] or seconds outside (0, MAX_SECONDS], or a
+    ``baseline`` asking for more workers or threads than ``cpus()`` usable CPUs can run
+    (``check_cpu_counts``: the bounds of a baseline file)."""
     if not 1 <= rounds <= MAX_ROUNDS or not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
         raise ValueError(
             f"rounds must be in [1, {MAX_ROUNDS}] and seconds > 0 and at most {MAX_SECONDS:g}, "
             f"got {rounds} and {seconds}"
         )
+    if baseline is not None and cpus is not None:
+        counts = {"num_workers": baseline.num_workers, "cpu_threads": baseline.cpu_threads}
+        check_cpu_counts(counts, cpus, lambda name: f"baseline: {name}")
+
+
+def check_cpu_counts(
+    counts: Mapping[str, int | None],
+    cpus: Callable[[], int],
+    named: Callable[[str], str] = str,
+) -> None:
+    """ValueError with ``too_many``'s line for the first of ``counts`` ('num_workers',
+    'cpu_threads': the count asked, None for none) that this machine cannot run, ``named`` as
+    the input names it. ``cpus()``, the CPUs usable here, is read only where a count is asked:
+    the command line's ``--workers`` and baseline file, ``tune(num_workers=...)`` and
+    ``bench(baseline=...)`` all hold these bounds, with the same line."""
+    for name, asked in counts.items():
+        if asked is None:
+            continue
+        problem = too_many(name, asked, named(name), cpus())
+        if problem is not None:
+            raise ValueError(problem)
+
+
+def too_many(name: str, asked: int, named: str, cpus: int) -> str | None:
+    """The one line that refuses ``asked`` DataLoader workers (``name`` 'num_workers') or CPU
+    threads ('cpu_threads'), ``named`` as the input names it, where ``cpus`` usable CPUs cannot
+    run so many: ``thresholds.BASELINE_WORKERS_PER_CPU`` workers, or
+    ``BASELINE_THREADS_PER_CPU`` threads, a usable CPU. None where they can."""
+    if name == "num_workers":
+        per_cpu, what, why = (
+            BASELINE_WORKERS_PER_CPU,
+            "DataLoader workers",
+            "for a loader that waits on storage",
+        )
+    else:
+        per_cpu, what, why = (
+            BASELINE_THREADS_PER_CPU,
+            "CPU threads",
+            "more would take turns on them, slower",
+        )
+    most = per_cpu * cpus
+    if asked <= most:
+        return None
+    return (
+        f"{named} {asked} is more than this machine can run: {cpus} usable CPU"
+        f"{'s' if cpus > 1 else ''}, at most {most} {what} ({per_cpu} a CPU, {why}); ask for "
+        f"{most} or fewer"
+    )
 
 
 def measurements(result: ProbeResult) -> Measurements:
@@ -178,10 +236,16 @@ def bench_plan(
 ) -> tuple[Plan, tuple[str, ...]]:
     """The bench's arms for ``profile`` against ``baseline`` (default: ``TrainConfig()``), and
     what the bench does not ablate. A workload without a dataset keeps the baseline's
-    DataLoader settings in every arm: there is nothing to load."""
+    DataLoader settings in every arm: there is nothing to load. A workload whose optimizer is
+    built fused (``Preferences.optimizer_fused_by``) trains fused in every arm, the baseline's
+    too: no arm is said to run without it."""
     base = baseline or TrainConfig()
-    tuned = tuned_config(profile, base)
     not_ablated = list(knobs.not_ablated(profile.settings))
+    fixed = profile.provenance.preferences.optimizer_fused_by
+    if fixed is not None:  # every arm's optimizer is built fused: none runs without it
+        base = base.model_copy(update={"fused_optimizer": True})
+        not_ablated.append(f"fused optimizer: fixed by {fixed}, which trains every arm fused")
+    tuned = tuned_config(profile, base)
     if not has_dataset:
         tuned = tuned.model_copy(update={f: getattr(base, f) for f in _LOADER_FIELDS})
         not_ablated.append(

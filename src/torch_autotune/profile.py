@@ -18,7 +18,7 @@ import hashlib
 import json
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -123,6 +123,7 @@ class Preferences(StrictModel):
     model_kind: Literal["conv", "transformer", "mlp", "other"] = "other"
     fixed_shapes: bool = True  # every batch has the same input shape (images of one size)
     optimizer: Literal["adam", "adamw", "sgd", "other"] = "adamw"
+    optimizer_fused_by: Annotated[str, Field(max_length=256)] | None = None  # fixes fused=True
     processes_per_node: CpuCount | None = None  # DDP ranks; default: one per GPU (topology)
     nodes: CpuCount | None = None  # the job's nodes, each with processes_per_node; default one
     memory_limit_bytes: PositiveBytes | None = None  # --memory-limit: the device memory to use

@@ -418,9 +418,34 @@ def test_a_trainer_s_optimizer_is_built_over_each_copy_with_its_weight_decay_gro
     assert trainer.optimizer is None
     assert workload.optimizer == "adamw"
     (note,) = [n for n in workload.details().notes if n.startswith("optimizer:")]  # type: ignore[misc]
-    # what trained is the Trainer's optim, whatever the profile's fused setting reads
+    # what trained is the Trainer's optim: a fused one is the profile's kernel too
     assert f"optim '{trainer.args.optim.value}'" in note
-    assert "the profile's optimizer.fused is for an optimizer built with" in note
+    assert "a fused optim trains fused whatever the rules say" in note
+
+
+def test_a_trainer_s_fused_optim_is_the_profile_s_kernel_and_its_export_s(tmp_path: Path) -> None:
+    """optim='adamw_torch_fused' on a CPU: the Trainer's fused AdamW trained, and the profile
+    said fused_optimizer off (rule I3). It now says on, with what fixed it, and the Hugging
+    Face export writes the optim that trained."""
+    from torch_autotune import compose
+    from torch_autotune.profile import Mode
+    from torch_autotune.rules.engine import build_profile
+
+    def profile_of(optim: str) -> Profile:
+        trainer = trainer_for(tmp_path, bert(), Reviews(), optim=optim)
+        workload = resolve_workload(trainer)
+        preferences = compose.preferences(workload, Mode.SPEED, True, None, None)
+        return build_profile(LAPTOP, preferences=preferences)
+
+    fused = profile_of("adamw_torch_fused")
+    assert fused.settings.optimizer.fused
+    decision = fused.decision("optimizer.fused")
+    assert decision is not None
+    assert decision.reason.startswith("fixed by your Trainer's optim='adamw_torch_fused': ")
+    assert hf_training_arguments(fused)["optim"] == "adamw_torch_fused"
+    plain = profile_of("adamw_torch")  # foreach trained: the rules' kernel, the Trainer's too
+    assert not plain.settings.optimizer.fused
+    assert "optim" not in hf_training_arguments(plain)
 
 
 def test_a_trainer_s_own_optimizer_is_rebuilt_over_each_copy(tmp_path: Path) -> None:

@@ -96,6 +96,7 @@ class Classifier(pl.LightningModule):
         sgd = functools.partial(torch.optim.SGD, lr=0.1)
         forms: dict[str, Any] = {
             "one": lambda: torch.optim.AdamW(self.parameters(), lr=1e-3),
+            "fused": lambda: torch.optim.AdamW(self.parameters(), lr=1e-3, fused=True),
             "list": lambda: [sgd(self.parameters())],
             "with schedulers": self._with_scheduler,
             "dict": lambda: {"optimizer": sgd(self.parameters()), "lr_scheduler": None},
@@ -314,6 +315,15 @@ def test_the_probes_fused_option_rebuilds_the_configured_optimizer() -> None:
     optimizer = workload.make_optimizer(model, foreach=False)
     assert isinstance(optimizer, torch.optim.AdamW)
     assert optimizer.defaults["foreach"] is False
+
+
+def test_a_configured_optimizer_built_fused_is_told_to_the_rules() -> None:
+    """configure_optimizers building AdamW(fused=True) trains fused where the rules keep torch's
+    default (the probe passes no fused then): the workload says what fixes the kernel."""
+    fused = resolve_workload(Classifier(optimizers="fused"), objects={"datamodule": Data()})
+    assert fused.fused_by == "the model's configure_optimizers, which builds AdamW(..., fused=True)"
+    plain = resolve_workload(Classifier(), objects={"datamodule": Data()})
+    assert plain.fused_by is None
 
 
 @pytest.mark.parametrize("returns", ["tensor", "dict"])

@@ -21,6 +21,7 @@ from torch_autotune.probe.workloads.optimizers import (
     ModelOptimizer,
     RebuiltOptimizer,
     check_holds,
+    fused_by,
     optimizer_builder,
     optimizer_kind,
     probe_kind,
@@ -328,3 +329,20 @@ def test_probe_kind_asks_a_factory_over_a_throwaway_parameter() -> None:
     assert probe_kind(needs_model, None) == "other"  # cannot be asked without training
     rebuilt_over = RebuiltOptimizer(torch.optim.AdamW(trainable(model)), model, "w")
     assert probe_kind(rebuilt_over, model) == "adamw"
+
+
+def test_an_optimizer_object_or_factory_built_fused_fixes_the_kernel() -> None:
+    """An optimizer built with fused=True trains fused whatever the profile says: the probe
+    passes fused=True or nothing (``fused_by``, told to the rules); one built otherwise leaves
+    the kernel to the profile."""
+    model = Net()
+    given = torch.optim.AdamW(trainable(model), fused=True)
+    assert fused_by(optimizer_builder(given, model, "net")) == (
+        "your optimizer, an AdamW built with fused=True"
+    )
+    factory = functools.partial(torch.optim.AdamW, lr=3e-4, fused=True)
+    assert fused_by(optimizer_builder(factory, model, "net")) == (
+        "your optimizer factory, which builds AdamW(..., fused=True)"
+    )
+    for plain in (torch.optim.AdamW(trainable(model)), functools.partial(torch.optim.SGD, lr=0.1)):
+        assert fused_by(optimizer_builder(plain, model, "net")) is None

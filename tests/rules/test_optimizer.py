@@ -88,6 +88,22 @@ def test_fused_only_for_adam_and_adamw(name: str, fused: bool, rule: str, fact: 
     assert fact in found.reason
 
 
+@pytest.mark.parametrize("machine", ["cpu-laptop-linux", "apple-m2-pro-mps", "h100-80gb-hbm3"])
+def test_a_workload_whose_optimizer_is_built_fused_keeps_it_with_why(machine: str) -> None:
+    """A Trainer's optim='adamw_torch_fused' trained fused on the CPU while the profile said
+    off (I3): the probe passes no fused where the rules keep torch's default. The rules now
+    take the kernel the workload fixes as a fact (I6); where they fuse anyway, I2 stands."""
+    fixed = "your Trainer's optim='adamw_torch_fused'"
+    found = _findings(machine, optimizer_fused_by=fixed)["optimizer.fused"]
+    assert found.value is True
+    if machine == "h100-80gb-hbm3":
+        assert found.rule == "I2"
+        return
+    assert found.rule == "I6"
+    assert found.reason.startswith(f"fixed by {fixed}: the workload's optimizer is built fused")
+    assert _findings(machine)["optimizer.fused"].value is False
+
+
 def test_fused_needs_torch_2_0() -> None:
     assert (
         _findings(with_software("tesla-t4", torch_version="1.13.1+cu117"))["optimizer.fused"].value

@@ -91,6 +91,7 @@ def cli(  # click passes options by name
     'autotune diff' exits 1 when the profiles differ, as diff(1).
     """
     if ctx.invoked_subcommand is not None:
+        options.check_none_before(ctx, ctx.invoked_subcommand)
         return
     options.check_batch_range(ctx, min_batch_size, max_batch_size)
     from torch_autotune import api

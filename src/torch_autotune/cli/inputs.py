@@ -85,62 +85,28 @@ def load_baseline(path: Path | None) -> Any:
 
 def _check_workers(baseline: Any, source: str) -> None:
     """ProfileFileError where the baseline asks for more DataLoader workers or CPU threads than
-    this machine can run (``too_many``): 8000 workers on 2 CPUs hung the bench while it
+    this machine can run (``compose.too_many``): 8000 workers on 2 CPUs hung the bench while it
     started them, and 64 threads on 2 CPUs slowed the baseline the profile is held against."""
-    for name, asked in (
-        ("num_workers", baseline.num_workers),
-        ("cpu_threads", baseline.cpu_threads),
-    ):
-        problem = too_many(name, asked, f"{source}: {name}")
-        if problem is not None:
-            raise ProfileFileError(problem)
+    from torch_autotune.compose import check_cpu_counts
+    from torch_autotune.detect.host import cpus_usable_here
+
+    counts = {"num_workers": baseline.num_workers, "cpu_threads": baseline.cpu_threads}
+    try:
+        check_cpu_counts(counts, cpus_usable_here, lambda name: f"{source}: {name}")
+    except ValueError as problem:
+        raise ProfileFileError(str(problem)) from None
 
 
 def check_workers_option(workers: int | None) -> None:
     """A usage error (exit 2) where ``--workers`` asks for more DataLoader workers than this
-    machine can run, the bound a baseline's ``num_workers`` has (``too_many``)."""
-    problem = too_many("num_workers", workers, "--workers")
-    if problem is not None:
-        raise click.UsageError(problem)
+    machine can run, the bound a baseline's ``num_workers`` has (``compose.too_many``)."""
+    from torch_autotune.compose import check_cpu_counts
+    from torch_autotune.detect.host import cpus_usable_here
 
-
-def too_many(name: str, asked: int | None, named: str) -> str | None:
-    """The one line that refuses ``asked`` DataLoader workers (``name`` 'num_workers') or CPU
-    threads ('cpu_threads'), ``named`` as the input names it, where this machine cannot run
-    so many: ``thresholds.BASELINE_WORKERS_PER_CPU`` workers, or
-    ``BASELINE_THREADS_PER_CPU`` threads, a usable CPU. None where it can."""
-    from torch_autotune.thresholds import BASELINE_THREADS_PER_CPU, BASELINE_WORKERS_PER_CPU
-
-    if asked is None:
-        return None
-    cpus = usable_cpus()
-    if name == "num_workers":
-        per_cpu, what, why = (
-            BASELINE_WORKERS_PER_CPU,
-            "DataLoader workers",
-            "for a loader that waits on storage",
-        )
-    else:
-        per_cpu, what, why = (
-            BASELINE_THREADS_PER_CPU,
-            "CPU threads",
-            "more would take turns on them, slower",
-        )
-    most = per_cpu * cpus
-    if asked <= most:
-        return None
-    return (
-        f"{named} {asked} is more than this machine can run: {cpus} usable CPU"
-        f"{'s' if cpus > 1 else ''}, at most {most} {what} ({per_cpu} a CPU, {why}); ask for "
-        f"{most} or fewer"
-    )
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may use, quota and affinity included (``detect.host``)."""
-    from torch_autotune.detect.host import read_host
-
-    return read_host()[0].cpus_usable
+    try:
+        check_cpu_counts({"num_workers": workers}, cpus_usable_here, lambda _name: "--workers")
+    except ValueError as problem:
+        raise click.UsageError(str(problem)) from None
 
 
 def check_workload_name(workload: str | None, store: Path | None, *, bench: bool) -> None:

@@ -233,6 +233,44 @@ def check_batch_range(ctx: click.Context, smallest: int | None, largest: int | N
         )
 
 
+def check_none_before(ctx: click.Context, command: str) -> None:
+    """A usage error (exit 2) where an option of ``autotune`` itself comes before ``command``
+    (``autotune --workers 9 bench``): it is an option of the run without a command, which
+    ``command`` does not start, and click parsed it and went on, so it was ignored in silence.
+    The line names the option as it was typed and where it goes: after the command where the
+    command takes it too, else nowhere (the command has no such option)."""
+    given = [
+        p
+        for p in ctx.command.params
+        if isinstance(p, click.Option)
+        and p.name is not None
+        and ctx.get_parameter_source(p.name) is click.core.ParameterSource.COMMANDLINE
+    ]
+    if not given:
+        return
+    typed = _as_typed(given[0], getattr(ctx.command, "arguments", []))
+    sub = ctx.command.get_command(ctx, command) if isinstance(ctx.command, click.Group) else None
+    if sub is not None and any(typed in p.opts for p in sub.params):
+        where = f"give it after the command: 'autotune {command} {typed} ...'"
+    else:
+        where = f"'{command}' takes no {typed}, so leave it out"
+    raise click.UsageError(
+        f"{typed} before '{command}' is an option of autotune without a command, which"
+        f" '{command}' would ignore; {where}",
+        ctx,
+    )
+
+
+def _as_typed(option: click.Option, arguments: list[str]) -> str:
+    """How ``option`` was written on the command line (``-m`` or ``--model``), read from the
+    ``arguments``; its longest name where they do not show it."""
+    for argument in arguments:
+        for name in option.opts:
+            if argument == name or argument.startswith(f"{name}="):
+                return name
+    return max(option.opts, key=len)
+
+
 def target_batch() -> Decorator:
     """``--target-batch N``: the global batch gradient accumulation keeps."""
     return click.option(

@@ -188,6 +188,11 @@ def read_host(system: HostSystem | None = None) -> tuple[Host, list[DetectionWar
     return host, reader.warnings
 
 
+def cpus_usable_here() -> int:
+    """The CPUs this process may use, quota and affinity included (``read_host``)."""
+    return read_host()[0].cpus_usable
+
+
 def _os_version(reader: _Reader, system: HostSystem, os_name: str) -> str | None:
     if os_name == "darwin":
         return reader.get("os_version", system.mac_version) or None

@@ -88,9 +88,11 @@ def hf_optim(profile: Profile) -> str | None:
     - not AdamW (SGD, Adam, another): None. Every ``optim`` the Trainer knows builds an
       optimizer of its own: writing an AdamW one would train the user's SGD workload with
       AdamW, which is what was never measured;
-    - AdamW, fused (rule I2, a GPU with torch 2.0 or newer): ``adamw_torch_fused``. It is
-      transformers' own default from torch 2.8; written, so that an older torch or
-      transformers trains with the kernel the profile chose too;
+    - AdamW, fused (rule I2, a GPU with torch 2.0 or newer; rule I6, a workload whose
+      optimizer was built fused, such as a Trainer's optim ``adamw_torch_fused``, which trained
+      fused on the CPU too): ``adamw_torch_fused``. It is transformers' own default from torch
+      2.8; written, so that an older torch or transformers trains with the kernel the profile
+      chose too;
     - AdamW, not fused by a measurement (the bench found the fused kernel slower and dropped
       it, rules M1 and M2): ``adamw_torch``;
     - AdamW, not fused by a rule that keeps torch's default kernel without measuring (the CPU

@@ -1,6 +1,7 @@
 """The optimizer implementation, the batch settings and the seed.
 
-Rules catalog I1-I5 (fused Adam/AdamW, surprise S14), K1-K2 (a batch size is only ever one the
+Rules catalog I1-I6 (fused Adam/AdamW, surprise S14; I6: a workload whose optimizer is built
+fused keeps it), K1-K2 (a batch size is only ever one the
 probe ran), L1 (gradient accumulation) and C4 (seeding in the reproducible mode). Every rule
 yields one finding per setting it owns, every time.
 """
@@ -43,7 +44,9 @@ def _not_fused_reason(ctx: Context) -> tuple[str, str] | None:
 
 
 def optimizer(ctx: Context) -> Iterator[Finding]:
-    """I1-I5: fused=True for Adam/AdamW on CUDA/ROCm GPUs with torch 2.0 or newer."""
+    """I1-I6: fused=True for Adam/AdamW on CUDA/ROCm GPUs with torch 2.0 or newer, and where
+    the workload's optimizer is built fused (``Preferences.optimizer_fused_by``): the probe
+    passes no ``fused`` where the profile keeps torch's default, so it trained fused."""
     off = _not_fused_reason(ctx)
     if off is None:
         why = (
@@ -60,6 +63,16 @@ def optimizer(ctx: Context) -> Iterator[Finding]:
         yield Finding("optimizer.fused", True, "I2", memory, Source.MEASURED)
         return
     rule, why = off
+    fixed = ctx.preferences.optimizer_fused_by
+    if fixed is not None:  # the workload's own optimizer trains fused, whatever the rules say
+        yield Finding(
+            "optimizer.fused",
+            True,
+            "I6",
+            f"fixed by {fixed}: the workload's optimizer is built fused, and the probe trained"
+            f" it so; the rules alone would keep torch's default (foreach): {why}",
+        )
+        return
     yield Finding(
         "optimizer.fused", False, rule, f"torch's default (foreach) implementation: {why}"
     )

@@ -171,6 +171,7 @@ class TrainerDefaultOptimizer:
         self.klass, kwargs = Trainer.get_optimizer_cls_and_kwargs(arguments)
         self.kwargs = {**kwargs, "weight_decay": arguments.weight_decay}
         self.optim = str(getattr(arguments.optim, "value", arguments.optim))
+        self.fused_words = f"the Hugging Face Trainer's default optim='{self.optim}'"
 
     def __call__(self, params: Any, **options: Any) -> Optimizer:
         optimizer: Optimizer = self.klass(params, **{**self.kwargs, **options})
@@ -250,7 +251,7 @@ def trainer_fields(trainer: Any, name: str) -> dict[str, Any]:
     optimizer: Any = trainer.optimizer
     if optimizer is None:
         made = TrainerOptimizer(trainer)
-        optimizer = ModelOptimizer(made, name, type(made(trainer.model)))
+        optimizer = ModelOptimizer(made, name, made(trainer.model))
     return {"model": trainer.model, "optimizer": optimizer, "loader": loader, "train_step": step}
 
 
@@ -272,6 +273,7 @@ class TrainerOptimizer:
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
+        self.fused_words = f"your Trainer's optim='{_optim(trainer.args)}'"
 
     def __call__(self, model: Module) -> Optimizer:
         trainer = self.trainer
@@ -342,10 +344,10 @@ class TrainerStep:
             if trainer.optimizer is not None
             else "optimizer: trainer.create_optimizer(model) over each copy of the model, as"
             f" its TrainingArguments say (optim '{_optim(trainer.args)}', learning rate"
-            f" {trainer.args.learning_rate}, weight decay {trainer.args.weight_decay}), the"
-            " kernel that trained: the profile's optimizer.fused is for an optimizer built"
-            " with profile.optimizer_kwargs() (the Hugging Face export writes optim where"
-            " the profile decides the kernel, and says why where it does not)",
+            f" {trainer.args.learning_rate}, weight decay {trainer.args.weight_decay}); a fused"
+            " optim trains fused whatever the rules say, so the profile's optimizer.fused is"
+            " on, with why (the Hugging Face export writes optim where the profile decides"
+            " the kernel, and says why where it does not)",
         ]
         if _checkpointing(trainer.args):
             notes.append(

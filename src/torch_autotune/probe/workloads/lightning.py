@@ -205,7 +205,7 @@ class _Configured:
 def _model_optimizer(prepared: nn.Module, name: str) -> ModelOptimizer:
     """``configure_optimizers`` as the workload's optimizer, checked once on ``prepared``."""
     make = _Configured(name)
-    return ModelOptimizer(make, name, type(make(prepared)))
+    return ModelOptimizer(make, name, make(prepared))
 
 
 # --- the data --------------------------------------------------------------------------------

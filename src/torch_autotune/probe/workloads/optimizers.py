@@ -38,6 +38,7 @@ __all__ = [
     "ModelOptimizer",
     "RebuiltOptimizer",
     "check_holds",
+    "fused_by",
     "optimizer_builder",
     "optimizer_kind",
     "probe_kind",
@@ -185,13 +186,16 @@ class RebuiltOptimizer:
 
 class ModelOptimizer:
     """An optimizer made from the model itself: ``make(module) -> Optimizer`` (Lightning's
-    ``configure_optimizers``), rebuilt with the probe's options where they are asked for."""
+    ``configure_optimizers``), rebuilt with the probe's options where they are asked for.
+    ``sample``: one it made, checked when the workload was built (its class, and its kernel:
+    ``fused_by``)."""
 
-    def __init__(self, make: Callable[[Any], Any], name: str, klass: type | None = None) -> None:
+    def __init__(self, make: Callable[[Any], Any], name: str, sample: Any = None) -> None:
         self.make = make
         self.name = name
-        self.klass = klass
-        self.built = None if klass is None else klass.__name__
+        self.sample = sample
+        self.klass = None if sample is None else type(sample)
+        self.built = None if self.klass is None else self.klass.__name__
 
     def accepts(self, **kwargs: object) -> bool:
         return self.klass is None or _takes(self.klass, **kwargs)
@@ -242,3 +246,39 @@ def probe_kind(builder: Any, template: Module | None) -> str:
         with contextlib.suppress(Exception):  # a factory that needs the real model: unknown
             return optimizer_kind(builder.factory([torch.nn.Parameter(torch.zeros(1))]))
     return "other"
+
+
+def fused_by(builder: Any) -> str | None:
+    """What builds the workload's optimizer with the fused kernel whatever the profile says,
+    in words ("your Trainer's optim='adamw_torch_fused'"); None where the profile decides.
+
+    An optimizer built with ``fused=True`` keeps it: the probe passes ``fused=True`` where the
+    profile fuses and nothing where it does not (``trials.make_optimizer``), so it trains fused
+    either way, and the profile must say so. Read from the object given, the one a model's
+    ``configure_optimizers`` or a Trainer made (``ModelOptimizer.sample``), or one a factory
+    builds over a throwaway parameter. The words are the maker's own (``fused_words``) where it
+    has them."""
+    import torch
+
+    maker: Any = builder
+    sample: Any = None
+    if isinstance(builder, RebuiltOptimizer):
+        sample = builder.optimizer
+    elif isinstance(builder, ModelOptimizer):
+        maker, sample = builder.make, builder.sample
+    elif isinstance(builder, FactoryOptimizer):
+        maker = builder.factory
+        with contextlib.suppress(Exception):  # a factory that needs the real model: unknown
+            sample = builder.factory([torch.nn.Parameter(torch.zeros(1))])
+    defaults = getattr(sample, "defaults", None)
+    if not isinstance(defaults, Mapping) or defaults.get("fused") is not True:
+        return None
+    words = getattr(maker, "fused_words", None)
+    if isinstance(words, str):
+        return words
+    klass = type(sample).__name__
+    if isinstance(builder, RebuiltOptimizer):
+        return f"your optimizer, {_article(sample)} built with fused=True"
+    if isinstance(builder, ModelOptimizer):
+        return f"the model's configure_optimizers, which builds {klass}(..., fused=True)"
+    return f"your optimizer factory, which builds {klass}(..., fused=True)"

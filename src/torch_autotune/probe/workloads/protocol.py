@@ -24,7 +24,7 @@ from torch_autotune.probe.workloads.batches import (
 from torch_autotune.probe.workloads.copies import model_builder
 from torch_autotune.probe.workloads.given import as_it_is, loader_taken_apart, not_finite
 from torch_autotune.probe.workloads.messages import _article, _exception, _listed, _perhaps
-from torch_autotune.probe.workloads.optimizers import optimizer_builder, probe_kind
+from torch_autotune.probe.workloads.optimizers import fused_by, optimizer_builder, probe_kind
 from torch_autotune.probe.workloads.steps import StructuredStep, UserStep
 from torch_autotune.probe.workloads.workload import (
     KINDS,
@@ -193,6 +193,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
         max_batch_size=_checked_max_batch_size(fields, dataset, smallest, name),
         min_batch_size=smallest,
         optimizer=probe_kind(builder, template),  # type: ignore[arg-type]
+        fused_by=fused_by(builder),
         variable_shapes=isinstance(batches, DatasetBatches) and batches.variable,
         details=details,
         blocks=blocks,

@@ -54,7 +54,9 @@ class Workload:
     default). ``sample_shape`` describes one sample for reports. ``max_batch_size`` caps the
     batch sizes tried (``None``: no cap), ``min_batch_size`` is where the search starts (a model
     with BatchNorm in training mode cannot train on one sample). ``optimizer`` names the kind of
-    optimizer for the rules (``adamw``, ``adam``, ``sgd``, ``other``); ``details`` says what the
+    optimizer for the rules (``adamw``, ``adam``, ``sgd``, ``other``), and ``fused_by`` what
+    builds it with the fused kernel whatever the profile says, in words (``optimizers.fused_by``:
+    the rules then keep it on, as it trains); ``details`` says what the
     probe made of the user's objects (how a batch is fed to the model, what was adapted), for
     the evidence. ``rebuild`` is how another process builds it again (a built-in's name,
     ``module:factory``); None for objects in hand, which a fresh process cannot have.
@@ -76,6 +78,7 @@ class Workload:
     max_batch_size: int | None = None
     min_batch_size: int = 1
     optimizer: OptimizerKind = "adamw"
+    fused_by: str | None = None
     variable_shapes: bool = False
     details: Callable[[], WorkloadDetails] | None = None
     rebuild: str | None = None
