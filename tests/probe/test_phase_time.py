@@ -127,3 +127,17 @@ def test_the_cpu_note_on_candidates_left_out_says_what_ran() -> None:
     assert evidence.throughput == ()
     (note,) = [w for w in evidence.warnings if w.startswith("batches 8 and 4 were not measured")]
     assert note.endswith("no smaller one was measured either"), note
+
+
+def test_the_confirmation_leaves_the_workers_their_share() -> None:
+    """Running batch 8 again was predicted at 4.3 s, with 7.0 s of the run left, 4.0 s of them
+    the workers'. It ran (4.2 s), leaving the workers 2.8 s of their 4 s; now it keeps the run
+    batch 8 had and says why."""
+    evidence = _starved_throughput()
+    assert "confirm" not in [p.name for p in evidence.phases]
+    assert (
+        "batch 8 was not run a second time: running batch 8 again (4.3 s predicted, 7.0 s of the"
+        " run left, 4.0 s of them kept for later phases) did not fit (it ran once with these"
+        " settings)"
+    ) in evidence.warnings
+    assert 20 - _workers_start(evidence) >= workers_seconds("cpu", 20)

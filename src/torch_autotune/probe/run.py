@@ -347,7 +347,7 @@ class _Run:
         left is too short and the candidate already ran with the settings that change memory,
         keep that run (and say so): ``points.unconfirmed``."""
         if candidate in self.ran_with(final.settings):
-            skipped = unconfirmed(self.budget, candidate, predicted_s, kept_s=0.0)
+            skipped = unconfirmed(self.budget, candidate, predicted_s, kept_s=self.workers_s)
             if skipped is not None:
                 self.warnings.append(skipped)
                 return []
