@@ -85,6 +85,7 @@ def disagreements(profile: Profile) -> list[str]:
     found += _fed_batch_claims(profile, evidence)
     found += _accumulation_claims(profile, text)
     found += _worker_claims(profile, evidence, text)
+    found += _time_claims(evidence)
     return found
 
 
@@ -337,6 +338,36 @@ def _worker_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]
         ]
         if not chosen:
             found.append(f"the fed passes chose {evidence.batch_size}; none ran it at {workers}")
+    return found
+
+
+_SKIP = re.compile(
+    r"\((\d+\.\d) s [^,()]+, (\d+\.\d) s of the run left, (\d+\.\d s|none) of them kept"
+    r" for later phases\)"
+)
+
+
+def _time_claims(evidence: Evidence) -> list[str]:
+    """What the run says it left out for time (``probe.budget.Skip``) against its numbers:
+    each ask for a longer --budget names a skip, each skip did not fit in the time left less
+    the seconds kept for later phases, and the CPU's note on the candidates it left out names
+    only batches whose points ran."""
+    found: list[str] = []
+    for said in (*evidence.warnings, evidence.workers_reason or ""):
+        skips = _SKIP.findall(said)
+        if "--budget" in said and not skips and not said.startswith("torch.compile not measured"):
+            found.append(f"more --budget is asked for, and no skip named: '{said[:80]}'")
+        for predicted, left, kept in skips:
+            kept_s = 0.0 if kept == "none" else float(kept.removesuffix(" s"))
+            if kept_s > float(left) or float(predicted) + 0.2 < float(left) - kept_s:
+                found.append(f"a skip of {predicted} s fitted in {left} s less {kept_s} s kept")
+    ran = {r.batch_size for r in evidence.throughput}
+    for listed in re.findall(
+        r"the smaller ones were measured \(([\d, ]+)\)", " ".join(evidence.warnings)
+    ):
+        named = {int(size) for size in listed.split(", ")}
+        if not named <= ran:
+            found.append(f"batches {sorted(named - ran)} are said measured; no point ran them")
     return found
 
 

@@ -4,6 +4,8 @@ and the run's time, phase by phase, is what the run took."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -11,11 +13,14 @@ from hypothesis import strategies as st
 from tests.probe.fake_trials import recorded, tune_on
 from torch_autotune.evidence import Evidence
 from torch_autotune.probe import workers_phase
+from torch_autotune.probe.points import unmeasured_warning
 from torch_autotune.probe.presets import preset
 from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.workers_phase import workers_seconds
+from torch_autotune.probe.workloads import resolve_workload
 
 LAPTOP = recorded("cpu-laptop-linux")
+H100 = recorded("h100-80gb-hbm3")
 
 
 def _busy_cpu(factor: float) -> SimulatedMachine:
@@ -72,3 +77,67 @@ def test_throughput_leaves_the_workers_their_share(factor: float, budget_s: floa
     throughput = next(p for p in evidence.phases if p.name == "throughput")
     assert throughput.allowed_s is not None
     assert throughput.seconds <= max(0.0, throughput.allowed_s) + 1e-6
+
+
+def test_a_run_that_left_nothing_out_for_time_does_not_ask_for_more() -> None:
+    """The defect: on a CPU twice as busy, 58 s of a 60 s budget went by with every phase
+    running what it planned, and the run said 'the run used 58 s of its 60 s budget; more
+    time (--budget) measures more'. Nothing was left out for time: no ask for more."""
+    evidence = tune_on(_busy_cpu(2), "conv", LAPTOP, budget_s=60).evidence
+    assert evidence is not None
+    assert evidence.elapsed_s >= 0.9 * 60
+    assert [w for w in evidence.warnings if "--budget" in w] == []
+
+
+def test_a_point_left_out_for_time_is_named_with_its_numbers() -> None:
+    """ResNet-50 on the H100 with 30 s: the point at 416 did not fit in the time left. The
+    closing warning said only 'the run used 30 s of its 30 s budget'; it names the point."""
+    machine = preset("h100-resnet50", load_s=None)
+    workload = dataclasses.replace(resolve_workload("conv"), dataset=None, name="simulated")
+    evidence = tune_on(machine, workload, H100, mode="balanced", budget_s=30).evidence
+    assert evidence is not None
+    assert (
+        "the run used 30 s of its 30 s budget and left out for time: the throughput point at "
+        "batch 416 (0.4 s predicted, 0.0 s of the run left, none of them kept for later phases);"
+        " more time (--budget) measures more"
+    ) in evidence.warnings
+    # with 120 s, the same point was left out of the phase's share, and 90 s went unused
+    longer = tune_on(machine, workload, H100, mode="speed", budget_s=120).evidence
+    assert longer is not None
+    assert [w for w in longer.warnings if "--budget" in w] == []
+
+
+def test_no_point_that_did_not_fit_asks_for_no_more_time() -> None:
+    """No point ran, and none was left out for time (they ran out of memory): more time is
+    not what they need."""
+    assert "--budget" not in unmeasured_warning([])
+
+
+def _starved_throughput() -> Evidence:
+    """The 2-core CPU 16x busy with 20 s: the search takes 13 s, and the throughput phase's
+    3 s hold none of its points (its batch 2 alone, 4.0 s predicted)."""
+    evidence = tune_on(_busy_cpu(16), "conv", LAPTOP, budget_s=20).evidence
+    assert evidence is not None
+    return evidence
+
+
+def test_the_cpu_note_on_candidates_left_out_says_what_ran() -> None:
+    """It said 'the smaller ones were measured (2)' where no point ran at 2."""
+    evidence = _starved_throughput()
+    assert evidence.throughput == ()
+    (note,) = [w for w in evidence.warnings if w.startswith("batches 8 and 4 were not measured")]
+    assert note.endswith("no smaller one was measured either"), note
+
+
+def test_the_confirmation_leaves_the_workers_their_share() -> None:
+    """Running batch 8 again was predicted at 4.3 s, with 7.0 s of the run left, 4.0 s of them
+    the workers'. It ran (4.2 s), leaving the workers 2.8 s of their 4 s; now it keeps the run
+    batch 8 had and says why."""
+    evidence = _starved_throughput()
+    assert "confirm" not in [p.name for p in evidence.phases]
+    assert (
+        "batch 8 was not run a second time: running batch 8 again (4.3 s predicted, 7.0 s of the"
+        " run left, 4.0 s of them kept for later phases) did not fit (it ran once with these"
+        " settings)"
+    ) in evidence.warnings
+    assert 20 - _workers_start(evidence) >= workers_seconds("cpu", 20)

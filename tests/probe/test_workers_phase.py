@@ -305,7 +305,12 @@ def test_workers_left_unmeasured_for_want_of_time_are_said_so(
     evidence = profile.evidence
     assert evidence is not None
     assert evidence.loader == ()
-    assert any("workers were not measured: the time budget ran out" in w for w in evidence.warnings)
+    (said,) = [w for w in evidence.warnings if w.startswith("the DataLoader's workers were not")]
+    assert re.search(
+        r"not measured: their measurement \(\d+\.\d s kept for it by the earlier phases, 0\.0 s "
+        r"of the run left, none of them kept for later phases\) did not fit",
+        said,
+    ), said
     workers = profile.decision("dataloader.num_workers")
     assert workers is not None
     assert workers.source is Source.INFERRED
@@ -431,7 +436,8 @@ def test_out_of_time_before_the_plain_alternative_it_is_chosen_and_said_so(
     assert runner.fed_calls == []
     assert outcome.num_workers == 2
     assert outcome.reason is not None
-    assert "not measured for want of time (give autotune more with --budget)" in outcome.reason
+    assert "not measured for want of time (a pass of training fed by 2" in outcome.reason
+    assert "did not fit; give autotune more with --budget)" in outcome.reason
 
 
 def test_with_time_the_plain_alternative_is_fed_first(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -472,3 +478,18 @@ def test_where_no_point_ran_the_step_rate_is_the_searchs_fastest_step() -> None:
     assert workers_phase.step_rates([], trials, "eager") == pytest.approx({1: 1 / 1.2, 8: 8 / 1.19})
     point = ThroughputRecord.model_construct(batch_size=8, samples_per_s=7.0, variant="eager")
     assert workers_phase.step_rates([point], trials, "eager")[8] == 7.0  # a point wins
+
+
+def test_passes_left_out_for_time_are_said_with_their_numbers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first pass that did not fit is named with its prediction and the time left."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    runner = _SlowLoader({0: 21.0, 1: 250.0, 2: 480.0}, load_s=12.0)
+    outcome = _phase(runner, budget_s=10.0)
+    assert outcome.reason is not None
+    assert re.search(
+        r"want of time \(a pass of training fed by 2 worker\(s\) at batch 64 \(\d+\.\d s "
+        r"predicted, 0\.0 s of the run left, none of them kept for later phases\) did not fit;",
+        outcome.reason,
+    ), outcome.reason

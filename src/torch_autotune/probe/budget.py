@@ -5,7 +5,8 @@ measurement, the confirmation and the DataLoader measurement. Each phase runs in
 ``budget.phase(name, seconds)``: its deadline is ``seconds`` from its start (never past the
 end of the whole budget), so a phase cannot eat the time of the phases after it, and what a
 phase leaves unused is there for the next one. ``budget.phases`` records how long each phase
-took, for the summary.
+took, for the summary, and ``budget.skipped`` what the run left out because it did not fit
+in the time left (``Skip``): the warnings that ask for a longer budget are built from those.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "SPENT",
     "Budget",
     "PhaseTime",
+    "Skip",
     "default_budget_s",
 ]
 
@@ -56,6 +58,29 @@ class PhaseTime:
     allowed_s: float | None  # the phase's own share; None: up to the end of the budget
 
 
+@dataclass
+class Skip:
+    """Something the run left out for time: it was predicted to take ``predicted_s``, and of
+    the ``left_s`` seconds left in the run, ``kept_s`` were kept for later phases, so less
+    than ``predicted_s`` was there for it. ``warned``: a warning of its own says so (the
+    run's closing warning names the others)."""
+
+    what: str
+    predicted_s: float
+    left_s: float
+    kept_s: float
+    warned: bool = False
+    basis: str = "predicted"  # what ``predicted_s`` is: a prediction, or a share kept for it
+
+    def words(self) -> str:
+        """The skip with its numbers, as the warnings write it."""
+        kept = f"{self.kept_s:.1f} s" if round(self.kept_s, 1) else "none"
+        return (
+            f"{self.what} ({self.predicted_s:.1f} s {self.basis}, {self.left_s:.1f} s of the run "
+            f"left, {kept} of them kept for later phases)"
+        )
+
+
 class Budget:
     """``total_s`` seconds from now on ``clock``; phases with deadlines of their own."""
 
@@ -69,6 +94,7 @@ class Budget:
         self.end = self.started + total_s
         self.deadline = self.end  # the current phase's
         self.phases: list[PhaseTime] = []
+        self.skipped: list[Skip] = []
 
     def now(self) -> float:
         return self.clock()
@@ -87,6 +113,24 @@ class Budget:
     def affords(self, seconds: float) -> bool:
         """Whether ``seconds`` of work started now ends by the current phase's deadline."""
         return self.clock() + seconds <= self.deadline
+
+    def skip(
+        self,
+        what: str,
+        predicted_s: float,
+        *,
+        kept_s: float | None = None,
+        warned: bool = False,
+        basis: str = "predicted",
+    ) -> Skip:
+        """Record that ``what``, predicted to take ``predicted_s`` (``basis``), is left out for
+        time, and return the record. ``kept_s``: seconds of the run kept for later phases
+        (default: those past the current phase's deadline)."""
+        left = self.left_in_run()
+        kept = left - self.left() if kept_s is None else kept_s
+        skip = Skip(what, max(0.0, predicted_s), left, min(left, max(0.0, kept)), warned, basis)
+        self.skipped.append(skip)
+        return skip
 
     @property
     def spent(self) -> bool:

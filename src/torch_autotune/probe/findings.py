@@ -61,10 +61,13 @@ def run_evidence(
     note = epoch_note(run.workload, batch, drops_last=bool(details and details.raised_below))
     if note is not None:
         run.warnings.append(note)
-    if run.budget.spent and found.limited_by != "budget":
+    unused = run.budget.left_in_run()  # a skip that fits in it was a phase's share's, not the run's
+    unsaid = [s.words() for s in run.budget.skipped if not s.warned and s.predicted_s > unused]
+    if unsaid:  # what the time left could not hold, and no warning of its own said
         run.warnings.append(
             f"the run used {run.budget.elapsed():.0f} s of its {run.budget.total_s:.0f} s "
-            "budget; more time (--budget) measures more"
+            f"budget and left out for time: {'; '.join(unsaid)}; more time (--budget) measures "
+            "more"
         )
     return Evidence(
         workload=run.workload.name,

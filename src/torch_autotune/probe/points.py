@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 
 from torch_autotune.evidence import BatchChoice, ChosenBy, Confirmed
-from torch_autotune.probe.budget import Budget
+from torch_autotune.probe.budget import Budget, Skip
 from torch_autotune.probe.guard import rounded_seconds
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import apply_margin, round_down
@@ -136,6 +136,7 @@ def measure_points(
         shortest = model.predict(size, 3)
         need = shortest.seconds if shortest is not None else 0.0
         if need > left or left <= 0:
+            budget.skip(f"the {phase} point at batch {size}", need)
             continue
         progress(phase, f"batch {size}")
         point = runner.point(size, until=budget.now() + max(share, need))
@@ -145,13 +146,14 @@ def measure_points(
 
 
 def affordable(
-    sizes: Sequence[int], model: TimeModel, left: float, device: str
-) -> tuple[list[int], str | None]:
-    """The candidates whose points the throughput phase measures, and why any is left out.
+    sizes: Sequence[int], model: TimeModel, budget: Budget, device: str
+) -> tuple[list[int], Skip | None]:
+    """The candidates whose points the throughput phase measures, and the record of those
+    left out (``budget.skip``; ``dropped_note`` says so once the points ran).
 
     On a CPU, where the shortest points of them all (a warm-up and three steps each,
-    predicted) do not fit in the ``left`` seconds of the phase, the largest are left out until
-    the rest fit: a CPU's throughput stops growing at small batches (the conv net: 238, 292 and
+    predicted) do not fit in what is left of the phase, the largest are left out until the
+    rest fit: a CPU's throughput stops growing at small batches (the conv net: 238, 292 and
     371 samples/s at 512, 256 and 128 on a 2-core CPU), so the largest is the least likely to
     be the fastest, and its point alone took 23 s of a 26 s phase on a busy one, leaving one
     unsteady point and no comparison. On a GPU, where the largest is often the fastest, every
@@ -165,19 +167,27 @@ def affordable(
         return shortest.seconds if shortest is not None else 0.0
 
     every = sum(need(size) for size in kept)
-    while len(kept) > 1 and sum(need(size) for size in kept) > left:
+    while len(kept) > 1 and sum(need(size) for size in kept) > budget.left():
         kept.pop(0)
     if len(kept) == len(sizes):
         return kept, None
-    dropped = [str(size) for size in sizes[: len(sizes) - len(kept)]]
-    named = (
-        f"batch {dropped[0]} was" if len(dropped) == 1 else f"batches {' and '.join(dropped)} were"
+    return kept, budget.skip("the shortest points of every candidate", every, warned=True)
+
+
+def dropped_note(skip: Skip, dropped: Sequence[int], records: Sequence[ThroughputRecord]) -> str:
+    """What the CPU's candidates left out by ``affordable`` (``dropped``, its ``skip``) leave
+    the user, after the throughput phase: which batches its points measured (``records``)."""
+    named = " and ".join(map(str, dropped))
+    named = f"batch {named} was" if len(dropped) == 1 else f"batches {named} were"
+    ran = sorted({r.batch_size for r in records}, reverse=True)
+    measured = (
+        f"the smaller ones were measured ({', '.join(map(str, ran))})"
+        if ran
+        else "no smaller one was measured either"
     )
-    return kept, (
-        f"{named} not measured for throughput: the shortest points of every candidate "
-        f"({every:.0f} s, predicted) did not fit in the phase's {left:.0f} s, and on a CPU a "
-        f"smaller batch trains as fast or faster; the smaller ones were measured "
-        f"({', '.join(map(str, kept))})"
+    return (
+        f"{named} not measured for throughput: {skip.words()} did not fit in the phase, and on"
+        f" a CPU a smaller batch trains as fast or faster; {measured}"
     )
 
 
@@ -240,6 +250,21 @@ def confirmation(point: ThroughputRecord) -> SearchTrialRecord:
     )
 
 
+def unconfirmed(budget: Budget, candidate: int, predicted_s: float, *, kept_s: float) -> str | None:
+    """Where running ``candidate`` once more, predicted to take ``predicted_s``, does not fit
+    in the time left in the run less the ``kept_s`` seconds kept for the DataLoader's workers,
+    the warning that it was not (recorded on ``budget``); None where it fits. The caller keeps
+    the run it had with these settings instead (it ran once)."""
+    kept = min(kept_s, budget.left_in_run())
+    if predicted_s <= budget.left_in_run() - kept:
+        return None
+    skip = budget.skip(f"running batch {candidate} again", predicted_s, kept_s=kept, warned=True)
+    return (
+        f"batch {candidate} was not run a second time: {skip.words()} did not fit (it ran once"
+        " with these settings)"
+    )
+
+
 def unsteady_choice(records: Sequence[ThroughputRecord]) -> ThroughputRecord | None:
     """Where no point was steady, the point of the base settings (``EAGER``) that ran fastest,
     the smallest within ``FASTEST_WITHIN`` of it: it trained after the search with them, so
@@ -254,12 +279,46 @@ def unsteady_choice(records: Sequence[ThroughputRecord]) -> ThroughputRecord | N
     return min(near, key=lambda r: r.batch_size)
 
 
-def unmeasured_warning(records: Sequence[ThroughputRecord]) -> str:
-    """What a run with no steady point says: why none was, or that none ran."""
+def throughput_warnings(
+    measured: Sequence[ThroughputRecord | int],
+    *,
+    dropped: Sequence[int],
+    affordable_skip: Skip | None,
+    skips: Sequence[Skip],
+) -> list[str]:
+    """What the throughput phase tells the user: sizes that ran in the search but not with the
+    cuDNN autotuner on (``measured``'s ints), the CPU's ``dropped`` candidates (``affordable``),
+    and where no point was steady, why (``skips``: what the phase left out for time)."""
+    records = [r for r in measured if isinstance(r, ThroughputRecord)]
+    too_big = [r for r in measured if isinstance(r, int)]
+    said: list[str] = []
+    if too_big:
+        said.append(
+            f"batch {', '.join(map(str, too_big))} ran in the search but not with the cuDNN"
+            " autotuner on (its workspaces need more memory); smaller sizes were measured"
+        )
+    if affordable_skip is not None:
+        said.append(dropped_note(affordable_skip, dropped, records))
+    if fastest(records) is None:
+        said.append(unmeasured_warning(records, skips))
+    return said
+
+
+def unmeasured_warning(records: Sequence[ThroughputRecord], skips: Sequence[Skip] = ()) -> str:
+    """What a run with no steady point says: why none was, or that none ran, and where the
+    time left was too short for a point (``skips``, which this names), to give it more."""
     if not records:
+        if not skips:
+            return (
+                "no throughput point ran: the batch is the top candidate of the search, not"
+                " chosen for its speed"
+            )
+        for skip in skips:
+            skip.warned = True
         return (
-            "no throughput point ran: the batch is the top candidate of the search, not chosen"
-            " for its speed; give autotune more time (--budget)"
+            f"no throughput point ran: {'; '.join(s.words() for s in skips)} did not fit;"
+            " the batch is the top candidate of the search, not chosen for its speed; give"
+            " autotune more time (--budget)"
         )
     why = "; ".join(f"{r.unsteady} at {r.batch_size}" for r in records)
     return (

@@ -62,7 +62,8 @@ from torch_autotune.probe.points import (
     fed_choice,
     halvings_below,
     measure_points,
-    unmeasured_warning,
+    throughput_warnings,
+    unconfirmed,
     unsteady_choice,
 )
 from torch_autotune.probe.recompute_phase import Recomputed, measure_recompute
@@ -86,6 +87,7 @@ from torch_autotune.probe.workers_phase import (
     WorkersOutcome,
     halvings,
     measure_workers,
+    out_of_time_warning,
     step_rates,
     workers_seconds,
 )
@@ -235,9 +237,9 @@ class _Run:
         self.ran_as(variant_record(EAGER, self.runner.settings.settings))
         left = plan.throughput_s(self.budget.left_in_run(), model, sizes[-1])
         with self.budget.phase("throughput", left):
-            sizes, note = affordable(sizes, model, self.budget.left(), self.settings.device)
-            self.warnings += [note] if note else []
-            measured = measure_points(self.runner, sizes, self.budget, self.report, model)
+            skipped = len(self.budget.skipped)
+            kept, dropped = affordable(sizes, model, self.budget, self.settings.device)
+            measured = measure_points(self.runner, kept, self.budget, self.report, model)
             measured += halvings_below(
                 self.runner,
                 measured,
@@ -248,15 +250,13 @@ class _Run:
                 floor=self.floor,
             )
         self.records = [r for r in measured if isinstance(r, ThroughputRecord)]
-        too_big = [r for r in measured if isinstance(r, int)]
-        if too_big:
-            self.warnings.append(
-                f"batch {', '.join(map(str, too_big))} ran in the search but not with the cuDNN"
-                " autotuner on (its workspaces need more memory); smaller sizes were measured"
-            )
-        best = fastest(self.records)
-        self.warnings += [unmeasured_warning(self.records)] if best is None else []
-        return best
+        self.warnings += throughput_warnings(
+            measured,
+            dropped=[size for size in sizes if size not in kept],
+            affordable_skip=dropped,
+            skips=[s for s in self.budget.skipped[skipped:] if s is not dropped],
+        )
+        return fastest(self.records)
 
     def variant(
         self, best: ThroughputRecord | None, sizes: list[int], plan: Plan, searched: Searched
@@ -345,14 +345,12 @@ class _Run:
     ) -> list[SearchTrialRecord]:
         """Run the candidate once more with the final settings (``variant``); where the time
         left is too short and the candidate already ran with the settings that change memory,
-        keep that run (and say so)."""
-        if candidate in self.ran_with(final.settings) and predicted_s > self.budget.left_in_run():
-            self.warnings.append(
-                f"batch {candidate} was not run a second time: it was predicted to take "
-                f"{predicted_s:.0f} s, and {self.budget.left_in_run():.0f} s of the time budget "
-                "were left (it ran once with these settings)"
-            )
-            return []
+        keep that run (and say so): ``points.unconfirmed``."""
+        if candidate in self.ran_with(final.settings):
+            skipped = unconfirmed(self.budget, candidate, predicted_s, kept_s=self.workers_s)
+            if skipped is not None:
+                self.warnings.append(skipped)
+                return []
         with self.budget.phase("confirm"):
             self.report("confirm", f"batch {candidate}")
             confirmed = confirm(final, candidate, multiple=multiple, floor=self.floor)
@@ -382,10 +380,7 @@ class _Run:
                 threads_for=self.threads_for,
             )
         if outcome.reason == WORKERS_OUT_OF_TIME:
-            self.warnings.append(
-                "the DataLoader's workers were not measured: the time budget ran out before "
-                "them, so the rules chose the count; more time (--budget) measures them"
-            )
+            self.warnings.append(out_of_time_warning(self.budget, self.workers_s))
         fed = tuple(r.model_copy(update={"variant": variant}) for r in outcome.fed)
         return replace(outcome, batch_size=outcome.batch_size or batch, fed=fed)
 

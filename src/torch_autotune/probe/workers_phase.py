@@ -35,6 +35,7 @@ from torch_autotune.evidence import (
 )
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import PASS_S, FedChoice, choose_fed, fed_order
+from torch_autotune.probe.fed_passes import pass_seconds
 from torch_autotune.probe.fed_threads import MeasuredThreads
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import round_down
@@ -186,10 +187,11 @@ def measure_workers(
     rates = {t.num_workers: t.samples_per_s for t in choice.trials if t.samples_per_s}
     failed = {t.num_workers for t in choice.trials if not t.ok}
     progress("workers", "training fed by the DataLoader")
+    counts = [n for n in fed_order(most, rates) if n not in failed]
     fed = choose_fed(
         lambda b, n, t: runner.fed(b, n, t, seconds=PASS_S),
         sizes=(batch_size, *smaller),
-        counts=[n for n in fed_order(most, rates) if n not in failed],
+        counts=counts,
         loader_rates=rates,
         step_rates=step_rates,
         threads_for=threads_for or (lambda _count: None),
@@ -197,18 +199,60 @@ def measure_workers(
         clock=budget.clock,
         default_threads=default_threads,
     )
-    fallback = _unfed(choice, rates, most, step_rate, profile.device)
+    fallback = None
+    if fed.num_workers is None:  # no pass chose
+        loader = rates.get(counts[0]) if counts else None
+        short = _short(budget, (batch_size, *smaller)[-1], counts[:1] or [0], loader, step_rates)
+        fallback = _unfed(choice, rates, most, step_rate, profile.device, short=short)
     return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
 
 
+def out_of_time_warning(budget: Budget, share_s: float) -> str:
+    """The warning of a workers phase that had no time left (``WORKERS_OUT_OF_TIME``): the
+    earlier phases ran past the ``share_s`` seconds kept for it (recorded on ``budget``)."""
+    kept = "kept for it by the earlier phases"
+    skip = budget.skip("their measurement", share_s, kept_s=0.0, warned=True, basis=kept)
+    return (
+        f"the DataLoader's workers were not measured: {skip.words()} did not fit, so the rules"
+        " chose the count; more time (--budget) measures them"
+    )
+
+
+def _short(
+    budget: Budget,
+    batch_size: int,
+    count: Sequence[int],
+    loader: float | None,
+    step_rates: Mapping[int, float],
+) -> Callable[[], str]:
+    """Why no pass fed by the DataLoader ran: the shortest, one pass of the first ``count``
+    at the smallest ``batch_size``, did not fit in the time left, predicted at the slower of
+    its ``loader`` alone and the step alone (``probe.fed_passes.Passes.rate``), as words;
+    recorded on ``budget`` when asked for (where the words are used)."""
+    step = step_rates.get(batch_size)
+    larger = sorted(b for b in step_rates if b > batch_size)
+    if step is None and larger:
+        step = batch_size * step_rates[larger[0]] / larger[0]
+    known = [r for r in (loader, step) if r]
+    predicted = pass_seconds(batch_size, count[0], min(known)) if known else 0.0
+    what = f"a pass of training fed by {count[0]} worker(s) at batch {batch_size}"
+    return lambda: budget.skip(what, predicted, kept_s=0.0, warned=True).words()
+
+
 def _unfed(
-    choice: WorkerChoice, rates: Mapping[int, float], most: int, step: float | None, device: str
+    choice: WorkerChoice,
+    rates: Mapping[int, float],
+    most: int,
+    step: float | None,
+    device: str,
+    *,
+    short: Callable[[], str],
 ) -> tuple[int, str] | None:
     """The count to keep, and why, where no pass fed by the DataLoader runs (for want of
-    time), when it is not the loader alone's choice: the usable CPUs, the plain alternative,
-    where loading limits training and the loader alone never reached them; on a CPU, 0 where
-    its loading keeps 10% ahead of the step, though in series with it, since a worker takes
-    a core from the step there (G6)."""
+    time: ``short()``, what did not fit), when it is not the loader alone's choice: the usable
+    CPUs, the plain alternative, where loading limits training and the loader alone never
+    reached them; on a CPU, 0 where its loading keeps 10% ahead of the step, though in series
+    with it, since a worker takes a core from the step there (G6)."""
     if step is None:
         return None
     if not any(keeps_ahead(n, r, step) for n, r in rates.items()):
@@ -216,15 +260,16 @@ def _unfed(
             return None
         return most, (
             f"{most} worker(s), as many as usable CPUs, the plain alternative, not "
-            f"measured for want of time (give autotune more with --budget); no count the "
-            f"loader alone reached keeps ahead of the training step."
+            f"measured for want of time ({short()} did not fit; give autotune more with "
+            f"--budget); no count the loader alone reached keeps ahead of the training step."
         )
     main = rates.get(0)
     if device != "cpu" or choice.num_workers == 0 or main is None or main < step * HEADROOM:
         return None
     return 0, (
         f"0 worker(s): on a CPU workers take cores from the training step, and training fed by "
-        f"the DataLoader was not measured for want of time (give autotune more with --budget); "
+        f"the DataLoader was not measured for want of time ({short()} did not fit; give autotune "
+        f"more with --budget); "
         f"in the main process, loading at {format_rate(main)} samples/s takes "
         f"{format_share(serial_share(main, step))} of training's time, in series with the step."
     )
