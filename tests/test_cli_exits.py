@@ -264,6 +264,7 @@ def test_a_bug_of_ours_with_no_ctrl_c_behind_it_is_still_a_bug(
     assert "Traceback" in result.stderr
 
 
+@pytest.mark.child_process
 @pytest.mark.slow  # a real run in a subprocess
 def test_ctrl_c_in_a_real_run_is_130_and_one_line(tmp_path: Path) -> None:
     """SIGINT while the user's factory module is being imported (the probe is under way)."""
@@ -291,6 +292,7 @@ def test_ctrl_c_in_a_real_run_is_130_and_one_line(tmp_path: Path) -> None:
     assert rest == "autotune: interrupted\n"
 
 
+@pytest.mark.child_process
 @pytest.mark.slow  # a subprocess each
 @pytest.mark.parametrize(
     "module", ["torch_autotune", "torch_autotune.api", "pydantic", "torch_autotune.cli"]
@@ -343,6 +345,7 @@ def test_the_console_script_is_the_entry_point_outside_the_package() -> None:
 # --- a closed pipe: quietly, 141 ------------------------------------------------------------------
 
 
+@pytest.mark.child_process
 @pytest.mark.slow  # a command in a subprocess
 @pytest.mark.parametrize("command", [["recommend"], ["detect", "--json"], ["export"]])
 def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
@@ -371,6 +374,7 @@ def closed_stdout(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.child_process
 @pytest.mark.slow  # a command in a subprocess
 @pytest.mark.parametrize("command", [["recommend"], ["detect", "--json"], ["show"]])
 def test_a_command_started_with_stdout_closed_is_141_and_quiet(
@@ -386,6 +390,7 @@ def test_a_command_started_with_stdout_closed_is_141_and_quiet(
     assert "error" not in done.stderr
 
 
+@pytest.mark.child_process
 @pytest.mark.slow  # a real probe on the CPU, for seconds
 def test_a_measuring_run_with_stdout_closed_saves_its_profile_then_is_141(tmp_path: Path) -> None:
     done = closed_stdout("-m", "mlp", "--budget", "8", "--workers", "0", home=tmp_path)
@@ -399,6 +404,7 @@ def test_a_measuring_run_with_stdout_closed_saves_its_profile_then_is_141(tmp_pa
 # --- a current directory that was removed: 2, before torch starts -------------------------------
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize("command", [["-m", "mlp", "--budget", "15", "--no-save"], ["detect"]])
 def test_a_current_directory_that_was_removed_is_exit_2_with_one_line(
     tmp_path: Path, command: list[str]
@@ -428,6 +434,7 @@ def test_a_current_directory_that_was_removed_is_exit_2_with_one_line(
 # --- a torch that fails to import: 6, as no torch is ----------------------------------------------
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize(
     "command", [["-m", "mlp", "--budget", "15", "--no-save"], ["bench", "--no-save"]]
 )
@@ -617,6 +624,7 @@ def test_torchs_numpy_warning_does_not_open_the_output(
 # --- standard output that cannot write Unicode: ASCII, never an error ---------------------------
 
 
+@pytest.mark.child_process
 @pytest.mark.parametrize(
     ("command", "environment"),
     [

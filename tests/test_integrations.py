@@ -95,6 +95,7 @@ def test_export_formats_are_the_cli_choices() -> None:
     assert list(choice.choices) == ["yaml", "json", *EXPORT_FORMATS]
 
 
+@pytest.mark.child_process
 def test_integrations_import_no_training_library() -> None:
     code = (
         "import sys, torch_autotune.integrations; "

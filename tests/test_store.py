@@ -248,6 +248,7 @@ def test_machine_id_hides_the_host_name() -> None:
     assert len(machine_id()) == 12
 
 
+@pytest.mark.child_process
 @pytest.mark.system
 def test_recommend_with_a_stored_profile_does_not_import_torch(tmp_path: Path) -> None:
     code = (

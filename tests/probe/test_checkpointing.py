@@ -382,6 +382,7 @@ def test_the_trainings_arguments_take_the_export_without_a_warning(tmp_path: Pat
     assert getattr(arguments, name) is True
 
 
+@pytest.mark.child_process
 def test_the_field_is_the_installed_transformers_one_where_nothing_imported_it() -> None:
     """``autotune export --format hf`` runs where no one imported transformers: the field is
     still the installed one's, not a guess from its version."""

@@ -534,6 +534,7 @@ def test_a_factory_returning_a_trainer_is_named_as_the_factory(tmp_path: Path) -
 # --- nothing imported for objects of other packages ----------------------------------------------
 
 
+@pytest.mark.child_process
 @pytest.mark.slow  # a child interpreter imports torch: 2-3 s
 def test_plain_objects_import_neither_transformers_nor_datasets() -> None:
     code = textwrap.dedent(

@@ -449,6 +449,7 @@ def test_release_memory_rejects_an_unknown_device() -> None:
         release_memory("gpu")
 
 
+@pytest.mark.child_process
 def test_importing_oom_imports_no_torch() -> None:
     code = "import sys, torch_autotune.probe.oom; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

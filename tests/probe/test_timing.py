@@ -142,6 +142,7 @@ def test_device_sync_rejects_an_unknown_device() -> None:
         device_sync("tpu")
 
 
+@pytest.mark.child_process
 def test_importing_timing_imports_no_torch() -> None:
     code = "import sys, torch_autotune.probe.timing; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -226,6 +226,7 @@ def test_make_batch_refuses_a_size_that_is_not_a_positive_int(bad: Any) -> None:
         BUILT["mlp"].make_batch(bad)
 
 
+@pytest.mark.child_process
 def test_importing_workloads_and_building_the_builtins_does_not_import_torch() -> None:
     code = (
         "import sys; from torch_autotune.probe.workloads import BUILTIN_WORKLOADS as B; "
