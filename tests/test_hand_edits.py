@@ -107,3 +107,17 @@ def test_a_setting_whose_rule_now_differs_from_the_file_says_both() -> None:
     assert "with 2, set by hand, the rules give on (F4: workers start with 'spawn'" in (
         persistent.reason
     )
+
+
+def test_a_decision_value_no_setting_could_hold_leaves_the_derived_reasons_alone() -> None:
+    """A file whose num_workers decision says -1 (its setting 2): the rules cannot take -1 as
+    a worker count, so the reasons that follow from it stay as written, with no traceback."""
+    text = dump_profile(measured("cpu-laptop-linux", workers=0))
+    text = text.replace("num_workers: 0\n", "num_workers: 2\n", 1)
+    at = text.index("setting: dataloader.num_workers")
+    value = text.index("value: 0", at)
+    edited = parse_profile(text[:value] + "value: -1" + text[value + len("value: 0") :], "p.yaml")
+    assert edited.settings.dataloader.num_workers == 2
+    persistent = edited.decision("dataloader.persistent_workers")
+    assert persistent is not None
+    assert "no workers to keep" in persistent.reason

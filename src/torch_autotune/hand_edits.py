@@ -21,6 +21,8 @@ that did not run, bf16 on a GPU without it): an edit they refuse is refused befo
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from torch_autotune.profile import Decision, Profile
 from torch_autotune.records import on_off
 from torch_autotune.settings import Source, setting_value
@@ -90,12 +92,16 @@ def _derived(
     provenance = profile.provenance
 
     def decided(value: object) -> dict[str, Decision]:
-        preferences = provenance.preferences.model_copy(update={field: value})
+        raw = {**provenance.preferences.model_dump(), field: value}
+        preferences = type(provenance.preferences).model_validate(raw)  # a value it can take
         return {
             d.setting: d for d in build_profile(provenance.snapshot, None, preferences).decisions
         }
 
-    before, after = decided(was), decided(now)
+    try:
+        before, after = decided(was), decided(now)
+    except ValidationError:  # a decision's value no setting could hold (a file edited so)
+        return []
     given = {d.setting: d for d in profile.decisions}
     found: list[Decision] = []
     for name, rules in after.items():
