@@ -204,6 +204,18 @@ def test_a_pass_at_fewer_threads_is_predicted_as_slow_as_the_threads_are_fewer()
     assert "a pass with 0 worker(s) at 4 threads did not fit in the 2 s" in choice.workers_reason
 
 
+def test_the_plain_alternative_at_the_rules_threads_says_fewer_were_fed() -> None:
+    fake = FakeFed({(64, 2, 1): 1_000.0, (64, 0, None): 500.0, (64, 0, 1): 700.0})
+    choice = _on_a_cpu(fake, {0: 5_000.0, 2: 3_000.0}, (64, 2_000.0))
+    assert fake.calls == [(64, 2, 1), (64, 0, None), (64, 0, 1)]
+    assert choice.num_workers == 2
+    assert choice.threads is not None
+    assert choice.threads.threads == 1
+    assert choice.threads.reason.startswith(
+        "1 thread, the rules' count beside 2 worker(s), which fed training fastest at batch 64"
+    )
+
+
 def test_fewer_threads_as_fast_as_the_rules_keep_the_rules_count() -> None:
     fake = FakeFed({(64, 2, 1): 500.0, (64, 0, None): 1_000.0, (64, 0, 1): 1_015.0})
     choice = _on_a_cpu(fake, {0: 5_000.0, 2: 3_000.0}, (64, 2_000.0))

@@ -261,6 +261,9 @@ def test_a_tiny_model_on_a_cpu_trains_at_the_threads_fed_fastest(
     assert threads is not None
     assert threads.source is Source.MEASURED
     assert threads.reason.startswith("1 thread: training fed by 0 worker(s) at batch")
+    workers = profile.decision("dataloader.num_workers")
+    assert workers is not None  # the loader alone compared with the points' rate, and says so
+    assert "timed at torch's default 2 threads; the profile trains at 1 thread" in workers.reason
     console = Console(record=True, width=120)
     render_run(profile, console, None)  # one pass recommended: 0 workers at 1 thread
     fed_table = console.export_text().split("Training fed by the DataLoader")[1]

@@ -221,6 +221,22 @@ def test_cpu_threads_leave_room_for_measured_workers() -> None:
     assert found["cpu_threads"].value == 2
 
 
+def test_workers_that_take_every_cpu_leave_one_thread_and_say_so() -> None:
+    # "4 usable CPUs, less 4 DataLoader worker(s): 1 thread(s) for compute": 4 - 4 is not 1
+    found = _findings("cpu-container-quota-4", Measurements(num_workers=4))["cpu_threads"]
+    assert found.value == 1
+    assert "all taken by 4 DataLoader worker(s): 1 thread for compute, the fewest" in found.reason
+
+
+def test_threads_the_fed_passes_measured_are_the_profiles_with_their_reason() -> None:
+    measured = Measurements(num_workers=0, cpu_threads=1, threads_reason="1 thread: fed fastest")
+    found = _findings("cpu-container-quota-4", measured)
+    assert found["cpu_threads"].value == 1
+    assert found["cpu_threads"].reason == "1 thread: fed fastest"
+    assert found["cpu_threads"].source is Source.MEASURED
+    assert found["environment.OMP_NUM_THREADS"].value == "1"
+
+
 # --- pinning ------------------------------------------------------------------------------------
 
 

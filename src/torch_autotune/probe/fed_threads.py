@@ -96,13 +96,22 @@ def pick_pass(run: Passes, trials: Sequence[FedTrial], plain: int) -> FedTrial:
 
 
 def measured_threads(run: Passes, chosen: FedTrial, default_threads: int) -> MeasuredThreads | None:
-    """``chosen``'s thread count and why, where fewer threads than the rules' were fed with
-    its worker count (None where none were)."""
+    """``chosen``'s thread count and why, where fewer threads than the rules' were fed at its
+    batch (None where none were)."""
     count, at = chosen.num_workers, chosen.batch_size
     rules = run.threads_for(count)
     mine = [t for t in run.trials if t.num_workers == count and t.batch_size == at]
     if all(t.threads == rules for t in mine):
-        return None
+        others = [t for t in run.trials if t.batch_size == at]
+        if all(t.threads == run.threads_for(t.num_workers) for t in others):
+            return None
+        return MeasuredThreads(
+            chosen.threads,
+            f"{threads_text(chosen.threads, default_threads)}, the rules' count beside "
+            f"{count} worker(s), which fed training fastest at batch {at} at "
+            f"{fmt_rate(chosen.samples_per_s)} samples/s; no other count fed faster at fewer "
+            "threads (the DataLoader workers' decision gives every pass)",
+        )
     trace = ", ".join(
         f"{threads_text(t.threads, default_threads)}: "
         f"{fmt_rate(t.samples_per_s) if t.ok else f'failed ({t.error})'}"

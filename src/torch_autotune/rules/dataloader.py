@@ -269,8 +269,14 @@ def _cpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
     default = _torch_default_threads(host)
     workers = int(ctx.get("dataloader.num_workers"))
     topology = ctx.topology
-    want = max(1, topology.cpus_per_process - workers)
+    left = topology.cpus_per_process - workers
+    want = max(1, left)
     budget = f"{cpu_budget(ctx)}, less {workers} DataLoader worker(s): {want} thread(s) for compute"
+    if left < 1:
+        budget = (
+            f"{cpu_budget(ctx)}, all taken by {workers} DataLoader worker(s): 1 thread for "
+            "compute, the fewest"
+        )
     if default is not None and want >= default:
         return None, "G1", f"left to torch: {_default_text(host)}, which fits in {budget}"
     if topology.processes_per_node > 1:
