@@ -181,7 +181,7 @@ def test_autotune_with_no_arguments_probes_saves_and_recommend_returns_it(
 
 def test_autotune_bench_tunes_first_then_benches_and_stores_the_evidence(tmp_path: Path) -> None:
     env = {**os.environ, "TORCH_AUTOTUNE_HOME": str(tmp_path)}
-    args = ["bench", "-m", "mlp", "--budget", "20", "--rounds", "3", "--seconds", "0.2"]
+    args = ["bench", "-m", "mlp", "--budget", "10", "--rounds", "3", "--seconds", "0.2"]
     done = subprocess.run(
         [*command(), *args], env=env, check=False, capture_output=True, text=True, timeout=300
     )

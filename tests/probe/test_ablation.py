@@ -437,7 +437,7 @@ def test_bench_on_the_cpu_end_to_end() -> None:
     from torch_autotune.api import tune
 
     laptop = snapshot("cpu-laptop-linux")
-    profile = tune("mlp", snapshot=laptop, budget_s=20, max_batch_size=64)
+    profile = tune("mlp", snapshot=laptop, budget_s=8, max_batch_size=64)
     rng = torch.random.get_rng_state()
     result = bench(profile, rounds=3, seconds=0.1)
     assert torch.equal(torch.random.get_rng_state(), rng)
