@@ -370,6 +370,28 @@ def test_a_plain_progress_line_says_the_time_spent_of_the_budget() -> None:
     ]
 
 
+def test_before_a_provisional_budget_is_told_the_lines_name_none() -> None:
+    """'autotune' without --budget: the first line said '[0.0 s of 180 s budget]' (the most
+    it could be) and the next '120 s' on a CPU, where compile is not measured."""
+    from rich.console import Console
+
+    from torch_autotune.render import progress_reporter
+
+    log = io.StringIO()
+    times = iter([0.0, 0.4, 3.0])
+    with progress_reporter(
+        180, console=Console(file=log), clock=lambda: next(times), provisional=True
+    ) as report:
+        report("detect", "this machine")
+        report("budget", "120 s")
+        report("search", "batch 8")
+    assert log.getvalue().splitlines() == [
+        "autotune: [0.0 s] detect: this machine",
+        "autotune: [0.4 s of 120 s budget] budget: 120 s",
+        "autotune: [3.0 s of 120 s budget] search: batch 8",
+    ]
+
+
 def test_a_bench_progress_line_says_its_estimate_and_when_it_is_past_it() -> None:
     """'autotune bench' that tuned first read '[334.5 s of 30 s]': the tuning's budget had
     replaced the bench's estimate, and nothing said what the 30 s was."""

@@ -107,10 +107,10 @@ def cli(  # click passes options by name
     quiet = quiet_rank(ranks_from_environment(os.environ))  # a rank other than 0: no report
     if not (quiet or no_save):
         check_can_save(store)  # now, not after the probe
-    total = budget or api.default_tune_budget_s()
+    reporter = progress_reporter(budget or api.default_tune_budget_s(), provisional=not budget)
 
     def run() -> Any:
-        with nullcontext(None) if quiet else progress_reporter(total) as report:
+        with nullcontext(None) if quiet else reporter as report:
             return api.tune(
                 workload,
                 mode=mode,

@@ -131,6 +131,7 @@ def progress_reporter(
     clock: Callable[[], float] = time.perf_counter,
     *,
     estimate: bool = False,
+    provisional: bool = False,
 ) -> Iterator[Callable[[str, str], None]]:
     """A progress callback that shows each phase and what it tries, against the time budget,
     or with ``estimate`` against an estimate of the whole (the bench's: it has no budget).
@@ -144,10 +145,13 @@ def progress_reporter(
     importing torch), so the times shown are the budget's and end where its run time does.
     A ``("budget", "180 s")`` report replaces the budget; with ``estimate``, it is part of the
     estimate already, and an ``("estimate", "40 s")`` report (what is left, from now) replaces
-    it instead (``"40 s for 3 arms x 5 rounds"``: the seconds first).
+    it instead (``"40 s for 3 arms x 5 rounds"``: the seconds first). ``provisional``: the
+    budget is not known until its report comes (``tune()`` chooses it after detection: 120 s,
+    or 180 s where it measures torch.compile), and the lines before it name none.
     """
     console = console or make_console(stderr=True)
     told = _Told(budget_s, estimate, clock)
+    told.known = not provisional
     if not is_terminal(console):
         yield _plain_reporter(told, console)
         return
@@ -182,6 +186,7 @@ class _Told:
     def __init__(self, total: float, estimate: bool, clock: Callable[[], float]) -> None:
         self.total, self.estimate, self.clock = total, estimate, clock
         self.started: float | None = None
+        self.known = True  # the total: False until a provisional budget's report comes
 
     def report(self, phase: str, what: str) -> float:
         """Seconds since the first report, the total updated from this one."""
@@ -192,12 +197,15 @@ class _Told:
         seconds = _seconds_told(what)
         if seconds is not None and phase == ("estimate" if self.estimate else "budget"):
             self.total = elapsed + seconds if self.estimate else seconds
+            self.known = True
         return elapsed
 
     def words(self, elapsed: float) -> str:
         """'12.3 s of 120 s budget', '12.3 s of about 40 s (estimate)', or past an estimate,
         '52.3 s, past the 40 s estimate'."""
         if not self.estimate:
+            if not self.known:
+                return f"{elapsed:.1f} s"
             return f"{elapsed:.1f} s of {self.total:.0f} s budget"
         if elapsed > self.total:
             return f"{elapsed:.1f} s, past the {self.total:.0f} s estimate"
