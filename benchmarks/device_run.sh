@@ -30,13 +30,30 @@ step() {  # name, seconds, command...: its log in $out, its exit code and time i
 }
 
 if [ "${1:-}" = memory ]; then
-    # The grid first (its progress lines survive a cut), then the 1B decoder; the GPU tier
-    # (its memory tests among them) runs with every tier, in the call without an argument.
-    step memory-regime 430 python3 benchmarks/memory_regime.py --quick \
-        --workloads gpt2-large --limits 24 --budget 150 --out "$out"
-    step llama-1b "$((580 - SECONDS))" autotune -m llama-1b --memory-limit 24 --mode balanced \
-        --budget 90 --no-save
-    tail -40 "$out/memory-regime.log"; tail -30 "$out/llama-1b.log"
+    # Sized for 15 minutes of device time, start included: GPT-2 large under 16 GiB (where
+    # checkpointing decides the batch) and 24 GiB, tuned in balanced mode against the eager
+    # grid (checkpointing off and on, each its own largest batch; the tuner measures the
+    # allocator in its own fresh process), each limit a step of its own so that a cut leaves
+    # the other's table; then the 1B decoder under 24 GiB (it tunes or exits 7 with its plan);
+    # then the GPU tier's tests, its memory tests first.
+    for limit in 16 24; do
+        step "memory-regime-$limit" 200 python3 benchmarks/memory_regime.py --workloads gpt2-large \
+            --limits "$limit" --mode balanced --quick --eager-only --budget 90 --out "$out/mem$limit"
+    done
+    step llama-1b 110 autotune -m llama-1b --memory-limit 24 --mode balanced --budget 60 --no-save
+    tests=""
+    for name in a_memory_budget_lowers_the_compiled_steps_peak_on_the_gpu \
+        where_the_optimizer_step_is_the_peak_foreach_is_measured_against_fused \
+        a_memory_limit_holds_the_probe_to_a_smaller_gpu nvml_and_torch_agree_on_every_gpu \
+        the_probe_measures_the_gpu_with_allocator_readings \
+        the_probe_finds_the_real_limit_measures_compile_and_keeps_to_its_budget \
+        the_bench_trains_every_arm_on_the_gpu_or_says_why_not; do
+        tests="$tests tests/test_gpu.py::test_$name"
+    done
+    # shellcheck disable=SC2086  # one word a test
+    step gpu-tier "$((575 - SECONDS))" python3 -m pytest -p no:randomly -p no:cacheprovider -v $tests
+    for limit in 16 24; do tail -12 "$out/memory-regime-$limit.log"; done
+    tail -30 "$out/llama-1b.log"; tail -15 "$out/gpu-tier.log"
     if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu-run.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
     exit 0
 fi
