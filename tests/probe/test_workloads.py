@@ -319,10 +319,17 @@ def test_llama_attention_is_causal_and_rotary_sees_positions() -> None:
     before, after = model(tokens), model(changed)
     assert torch.allclose(before[:, :10], after[:, :10])  # earlier positions cannot see it
     assert not torch.allclose(before[:, 10:], after[:, 10:])
-    # no position embedding but the rotation: the same token twice gives two outputs
-    same = torch.full((1, 4), 7)
-    outputs = model(same)[0]
-    assert not torch.allclose(outputs[1], outputs[3])
+    # no position embedding but the rotation: without it, one layer of causal attention
+    # cannot tell the order of the tokens before the last (a token repeated would not show it
+    # either: every position averages the same values, rotated or not)
+    one = llama.Llama(
+        vocab_size=64, max_len=32, d_model=32, nhead=4, kv_heads=2, num_layers=1, hidden=64
+    ).eval()
+    order, swapped = torch.tensor([[3, 5, 9]]), torch.tensor([[5, 3, 9]])
+    assert not torch.allclose(one(order)[0, -1], one(swapped)[0, -1])
+    one.cos.fill_(1.0)  # the rotation undone: the order is lost
+    one.sin.zero_()
+    assert torch.allclose(one(order)[0, -1], one(swapped)[0, -1], atol=1e-6)
 
 
 def test_a_tiny_llama_learns() -> None:
