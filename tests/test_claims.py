@@ -24,11 +24,13 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from tests.probe.fake_trials import recorded, tune_on
+from torch_autotune.evidence import BatchChoice
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import process_count
 from torch_autotune.probe import workers_phase
 from torch_autotune.probe.points import margin_for
 from torch_autotune.probe.presets import preset
+from torch_autotune.probe.search import apply_margin
 from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Evidence, Profile, ThroughputRecord
@@ -117,6 +119,26 @@ def _largest_trained(evidence: Evidence, variant: str) -> int | None:
     return max(fits, default=None)
 
 
+def _room_claims(evidence: Evidence, choice: BatchChoice, reason: str) -> list[str]:
+    """K2's margin kept in memory: a trial of that size trained at that peak, the peak left
+    the margin free, the size is above the margin in samples, and the reason says so."""
+    if choice.memory_room is None:
+        return []
+    size, peak, limit = choice.memory_room
+    found = []
+    trials = [(t.batch_size, t.peak_memory_bytes) for t in evidence.search if t.fits]
+    if (size, peak) not in trials:
+        found.append(f"no trial of {size} trained at a peak of {peak}")
+    if choice.margin is None or peak > (1 - choice.margin) * limit:
+        found.append(f"the room's peak {peak} leaves no margin of {limit}")
+    elif size <= apply_margin(choice.largest, choice.margin):
+        found.append(f"the room's {size} is not above the margin in samples")
+    said = f"batch {size} peaked at {peak / 2**30:.1f} GiB of the {limit / 2**30:.1f} GiB"
+    if said not in reason:
+        found.append(f"the reason does not give the room of batch {size}")
+    return found
+
+
 def _batch_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
     """The batch decision and the summary's batch rows against the trials and points."""
     found: list[str] = []
@@ -134,6 +156,7 @@ def _batch_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
         found.append(f"the same largest, limited by {limited_by} and {evidence.limited_by}")
     if ("margin" in reason) != (choice.margin is not None and not choice.fed):
         found.append(f"the reason speaks of a margin: {choice.margin} applied")
+    found += _room_claims(evidence, choice, reason)
     trained = _largest_trained(evidence, choice.variant)
     if choice.largest != trained:
         found.append(f"largest {choice.largest} recorded, {trained} trained")

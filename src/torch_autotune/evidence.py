@@ -207,11 +207,12 @@ class BatchChoice(StrictModel):
     beyond 2% (loading limits it, or takes its CPU time), and the batch is the smallest
     within 2% of the best rate fed by the DataLoader (``Evidence.fed_reason``). The top
     candidate is the largest batch that trained (in the search of the chosen point's
-    ``variant``), less ``margin`` where memory limited it (K2), rounded down to ``multiple``
-    (K4). ``confirmed``: ``its point``, its steady point ran after the search with the final
-    settings; ``ran again``; ``stepped down``, a smaller size ran instead; ``not run again``,
-    it would not fit in the time budget left (it ran once, with these settings); ``its fed
-    pass``.
+    ``variant``), less ``margin`` where memory limited it (K2: of its samples, or of the
+    memory where ``memory_room`` names a size whose peak left it free), rounded down to
+    ``multiple`` (K4). ``confirmed``: ``its point``, its steady point ran after the search
+    with the final settings; ``ran again``; ``stepped down``, a smaller size ran instead;
+    ``not run again``, it would not fit in the time budget left (it ran once, with these
+    settings); ``its fed pass``.
     """
 
     chosen_by: ChosenBy
@@ -219,6 +220,11 @@ class BatchChoice(StrictModel):
     top: BatchSize = Field(description="The top candidate: largest, less margin, rounded.")
     margin: float | None = Field(
         default=None, ge=0, lt=1, description="Taken off the largest (None: not memory-bound)."
+    )
+    memory_room: tuple[BatchSize, Bytes, Bytes] | None = Field(
+        default=None,
+        description="Where K2's margin was kept in memory: the size whose peak left it free, "
+        "that peak and the bytes the trials could use (None: kept in samples, or no margin).",
     )
     limited_by: str | None = Field(
         default=None,

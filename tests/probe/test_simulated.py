@@ -55,7 +55,8 @@ def test_the_simulation_has_each_attribute_of_the_seam() -> None:
 
 
 def test_an_unknown_preset_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="h100-resnet50, h100-gpt2, cpu-conv"):
+    known = "h100-resnet50, h100-gpt2, h200-gpt2-large-24gib, h200-gpt2-large-16gib, cpu-conv"
+    with pytest.raises(ValueError, match=known):
         preset("h100-resnet"), "a preset's name in full"
 
 

@@ -22,24 +22,67 @@ THROUGHPUT_POINTS = 3  # the top candidate and two halvings of it
 # --- the throughput phase, and the points of every variant -----------------------------------
 
 
+Room = tuple[int, int, int]
+"""K2's margin kept in memory: (a size that trained, its peak bytes, the bytes trials may use)."""
+
+
 def candidates(
-    largest: int, limited_by: str, multiple: int, fixed_shapes: bool, *, floor: int = 1
+    largest: int,
+    limited_by: str,
+    multiple: int,
+    fixed_shapes: bool,
+    *,
+    floor: int = 1,
+    room: Room | None = None,
 ) -> list[int]:
-    """The sizes worth measuring, largest first: the largest (with the K2 margin when memory
-    limited it), rounded to ``multiple`` (K4), and two halvings of it; none below ``floor``,
-    the smallest size the model trains at."""
-    top = largest
-    margin = margin_for(limited_by, fixed_shapes)
-    if margin is not None:
-        top = apply_margin(largest, margin)
-    top = max(floor, round_down(top, multiple))
+    """The sizes worth measuring, largest first: the top candidate (``top``), rounded to
+    ``multiple`` (K4), and two halvings of it; none below ``floor``, the smallest size the
+    model trains at."""
+    top = max(floor, round_down(top_candidate(largest, limited_by, fixed_shapes, room), multiple))
     sizes = {max(floor, round_down(top >> shift, multiple)) for shift in range(THROUGHPUT_POINTS)}
     return sorted(sizes, reverse=True)
 
 
+def top_candidate(largest: int, limited_by: str, fixed_shapes: bool, room: Room | None) -> int:
+    """The largest batch that trained, less K2's margin where memory limited it: a tenth of
+    its samples (a fifth where shapes vary), or, where that leaves fewer, the largest size
+    whose measured peak left that share of the memory free (``room``)."""
+    margin = margin_for(limited_by, fixed_shapes)
+    if margin is None:
+        return largest
+    top = apply_margin(largest, margin)
+    return max(top, room[0]) if room is not None else top
+
+
+def room_in(
+    records: Sequence[SearchTrialRecord], limit: int | None, limited_by: str, fixed_shapes: bool
+) -> Room | None:
+    """The largest size that trained whose peak left K2's margin of the device's memory free
+    (``limit``: the bytes the trials may use, the runner's ``memory_limit``: None on the CPU,
+    where a process's peak is not the step's), where memory limited the search; None
+    elsewhere, or where no size that trained left it. K2's evidence keeps its margin in
+    memory (Accelerate: "90% of the memory ... 10% for the buffer"); taken in samples alone it
+    cuts a small batch by far more (GPT-2 large under 24 GiB on an H200: 5 trained with 14% of
+    the memory free at its peak, 10% of 5 samples left 4; checkpointed, 16 with 19% free
+    became 14, then 8 rounded down to K4's multiple)."""
+    margin = margin_for(limited_by, fixed_shapes)
+    if margin is None or limited_by != "memory" or not limit:
+        return None
+    roomy = [
+        (r.batch_size, r.peak_memory_bytes)
+        for r in records
+        if r.fits and r.peak_memory_bytes and r.peak_memory_bytes <= (1 - margin) * limit
+    ]
+    if not roomy:
+        return None
+    size, peak = max(roomy)
+    return size, peak, limit
+
+
 def margin_for(limited_by: str, fixed_shapes: bool) -> float | None:
-    """Catalog K2: the share of the largest batch left as headroom where memory limited it,
-    10% for fixed shapes and 20% where they vary; None where memory did not limit it."""
+    """Catalog K2: the share left as headroom where memory limited the largest batch (of its
+    samples, or of the memory: ``top_candidate``), 10% for fixed shapes and 20% where they
+    vary; None where memory did not limit it."""
     if limited_by not in ("memory", "host RAM"):
         return None
     return 0.1 if fixed_shapes else 0.2
@@ -56,14 +99,19 @@ def batch_choice(
     records: Sequence[ThroughputRecord],
     confirmed: Sequence[SearchTrialRecord],
     candidate: int,
+    room: Room | None = None,
 ) -> BatchChoice:
     """How the recommended batch was chosen (``BatchChoice``), from what the run measured:
     ``best`` the fastest steady point (None: none was steady), ``records`` every point,
     ``confirmed`` the runs that confirmed ``candidate`` (empty: it was not run again). The
     best rate is the chosen variant's own points' (those ``best`` was chosen among), never a
     variant's the probe measured and did not keep (compile within the noise, measured at
-    another batch: the summary called it the eager best)."""
+    another batch: the summary called it the eager best). ``room``: the candidates' (their
+    ``Room``), recorded where its margin in memory set the top candidate."""
     variant = EAGER if best is None else best.variant
+    margin = margin_for(limited_by, fixed_shapes)
+    if margin is None or room is None or room[0] <= apply_margin(largest, margin):
+        room = None  # the margin in samples set it
     steady = [r for r in records if r.steady and r.variant == variant]
     peak = max(steady, key=lambda r: r.samples_per_s, default=None)
     if best is not None:
@@ -81,7 +129,8 @@ def batch_choice(
         chosen_by=chosen_by,
         largest=largest,
         top=top,
-        margin=margin_for(limited_by, fixed_shapes),
+        margin=margin,
+        memory_room=room,
         limited_by=limited_by,
         multiple=multiple,
         variant=variant,

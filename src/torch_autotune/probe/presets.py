@@ -1,6 +1,6 @@
 """Recorded machines for the simulation (``probe.simulated``): the ResNet-50 and GPT-2 runs on
-an H100 and the conv net on a 2-core CPU, each a ``SimulatedMachine`` with the timings and
-memory the real run showed. No torch.
+an H100, GPT-2 large on an H200 under a memory limit, and the conv net on a 2-core CPU, each
+a ``SimulatedMachine`` with the timings and memory the real run showed. No torch.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from torch_autotune.probe.simulated import MIB, SimulatedMachine
 
-__all__ = ["PRESETS", "cpu_conv", "h100_gpt2", "h100_resnet50", "preset"]
+__all__ = ["PRESETS", "cpu_conv", "h100_gpt2", "h100_resnet50", "h200_gpt2_large", "preset"]
 
 
 def h100_resnet50() -> SimulatedMachine:
@@ -62,6 +62,33 @@ def h100_gpt2() -> SimulatedMachine:
     )
 
 
+def h200_gpt2_large(limit_gib: int = 24) -> SimulatedMachine:
+    """GPT-2 large (774M parameters, 1,024 tokens, bf16, fused AdamW) on an H200 held to
+    ``--memory-limit`` 24 or 16 GiB, 2026-11-28 (``benchmarks/results/h200-2026-11-28``):
+    eager 14.0, 27.8, 54.3 and 54.8 samples/s at 1, 2, 4 and 5, about 56-91 ms a step, most of
+    it a fixed cost (here 45 ms plus 9 ms a sample); checkpointed 18.8, 38.7, 50.7 and 55.4 at
+    3, 6, 8 and 16, about 1.5 times the step. The largest batch: 5 under 24 GiB (6 ran out of
+    memory), 16 checkpointed (17 did not); under 16 GiB, 2 and 6. Peaks of 12.5 GiB at 1 and
+    14.6 at 2 (10.4 GiB of weights, gradients and AdamW's state, 2.1 GiB a sample); the first
+    step 19 s after start-up (the model is built on the host)."""
+    under_16 = limit_gib <= 16
+    return SimulatedMachine(
+        limit=2 if under_16 else 5,
+        checkpointed_limit=6 if under_16 else 16,
+        recompute_factor=1.5,
+        fixed_s=0.045,
+        per_sample_s=0.009,
+        first_s=19.0,
+        new_shape_s=0.3,
+        autotune_s=0.3,
+        fixed_bytes=int(10.4 * 2**30),
+        per_sample_bytes=int(2.1 * 2**30),
+        memory_bytes=limit_gib << 30,  # what the trials could use: the limit
+        host_cpus=16,
+        leaves=220,
+    )
+
+
 def cpu_conv() -> SimulatedMachine:
     """The built-in conv net (0.7M parameters, 64x64 images, float32) on a 2-core CPU:
     recorded at 208, 265, 299 and 306 samples/s at 512, 256, 128 and 64, throughput falling
@@ -91,9 +118,12 @@ def cpu_conv() -> SimulatedMachine:
 PRESETS: dict[str, Callable[[], SimulatedMachine]] = {
     "h100-resnet50": h100_resnet50,
     "h100-gpt2": h100_gpt2,
+    "h200-gpt2-large-24gib": h200_gpt2_large,
+    "h200-gpt2-large-16gib": lambda: h200_gpt2_large(16),
     "cpu-conv": cpu_conv,
 }
-"""Recorded machines by name: ``benchmarks/results/h100-2026-11-23`` (the two H100 runs) and
+"""Recorded machines by name: ``benchmarks/results/h100-2026-11-23`` (the two H100 runs),
+``benchmarks/results/h200-2026-11-28`` (GPT-2 large under two memory limits) and
 ``benchmarks/results/cpu_autotune_runs.md`` with ``data_bound_conv.md`` (the CPU)."""
 
 

@@ -54,6 +54,7 @@ from torch_autotune.probe.oom import long_lived_objects_frozen
 from torch_autotune.probe.optimizer_memory import measure_optimizer_memory
 from torch_autotune.probe.plan import Plan, plan
 from torch_autotune.probe.points import (
+    Room,
     affordable,
     batch_choice,
     candidates,
@@ -62,6 +63,7 @@ from torch_autotune.probe.points import (
     fed_choice,
     halvings_below,
     measure_points,
+    room_in,
     throughput_warnings,
     unconfirmed,
     unsteady_choice,
@@ -325,14 +327,14 @@ class _Run:
         return done.best, done.final
 
     def candidates_of(
-        self, best: ThroughputRecord | None, searched: Searched, sizes: list[int]
-    ) -> tuple[int, str, int]:
-        """(the largest batch, what limited it, the top candidate) of the search whose
-        candidates ``best`` came from: the kept variant's own, or the base's."""
+        self, best: ThroughputRecord | None, searched: Searched, sizes: list[int], room: Room | None
+    ) -> tuple[int, str, int, Room | None]:
+        """(the largest batch, what limited it, the top candidate, its room in memory) of the
+        search whose candidates ``best`` came from: the kept variant's own, or the base's."""
         kept = self.kept
         if kept is not None and best is kept.point and kept.largest is not None:
-            return kept.largest, kept.limited_by or "", kept.sizes[0]
-        return searched.largest, searched.found.limited_by, sizes[0]
+            return kept.largest, kept.limited_by or "", kept.sizes[0], kept.room
+        return searched.largest, searched.found.limited_by, sizes[0], room
 
     def confirm(
         self,
@@ -393,7 +395,8 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     found = searched.found
     run.optimizer_memory, foreach = measure_optimizer_memory(run, searched)
     run.search += foreach
-    sizes = candidates(searched.largest, found.limited_by, step, fixed, floor=run.floor)
+    room = room_in(searched.guard.records, run.runner.memory_limit(), found.limited_by, fixed)
+    sizes = candidates(searched.largest, found.limited_by, step, fixed, floor=run.floor, room=room)
     mode = run.settings.compile_mode
     after = plan(
         compiled(mode) if mode is not None else None,
@@ -418,7 +421,7 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         confirmed = [confirmation(point)]
     else:
         confirmed = run.confirm(final, variant, candidate, step, predicted_s=after.confirm_s)
-    largest, limited_by, top = run.candidates_of(best, searched, sizes)
+    largest, limited_by, top, room = run.candidates_of(best, searched, sizes, room)
     choice = batch_choice(
         largest=largest,
         limited_by=limited_by,
@@ -429,6 +432,7 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         records=run.records,
         confirmed=confirmed,
         candidate=candidate,
+        room=room,
     )
     at = confirmed[-1].batch_size if confirmed else candidate
     workers = run.workers(final, variant, at, step, confirmed)

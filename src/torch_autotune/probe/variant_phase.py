@@ -22,7 +22,7 @@ from torch_autotune.errors import AutotuneError
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import SearchGuard, search_with_guard
 from torch_autotune.probe.judge import Judgement, judge
-from torch_autotune.probe.points import candidates, fastest, measure_points
+from torch_autotune.probe.points import Room, candidates, fastest, measure_points, room_in
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.variants import Variant, search_name, search_settings, variant_record
@@ -61,6 +61,7 @@ class VariantOutcome:
     limited_by: str | None = None  # what limited that search
     sizes: list[int] = field(default_factory=list)  # its candidates, largest first
     model: TimeModel | None = None  # its own search's time model (None: no search)
+    room: Room | None = None  # where K2's margin was kept in memory: ``points.room_in``
 
 
 def measure_variant(
@@ -103,9 +104,9 @@ def measure_variant(
                 return outcome
             limited = outcome.limited_by = searched.limited_by
             outcome.largest = largest
-            sizes = candidates(
-                largest, limited, bounds.multiple, bounds.fixed_shapes, floor=bounds.floor
-            )
+            fixed, floor = bounds.fixed_shapes, bounds.floor
+            room = outcome.room = room_in(searched.records, runner.memory_limit(), limited, fixed)
+            sizes = candidates(largest, limited, bounds.multiple, fixed, floor=floor, room=room)
             model = outcome.model = searched.model
         outcome.sizes = sizes
         runner.apply_flags()
