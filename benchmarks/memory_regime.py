@@ -326,6 +326,22 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     return {**best, **ratios, "targets_held": held}
 
 
+DECIDED = (  # the tuned profile's reasons kept with its numbers: why it chose what it did
+    "batch.batch_size",
+    "activation_checkpointing",
+    "compile.enabled",
+    "compile.memory_budget",
+    "optimizer.fused",
+    "environment.PYTORCH_CUDA_ALLOC_CONF",
+)
+
+
+def reasons(profile: Profile) -> dict[str, str]:
+    """The tuned profile's decisions that shape memory and speed, each its setting's reason."""
+    decided = {name: profile.decision(name) for name in DECIDED}
+    return {name: d.reason for name, d in decided.items() if d is not None}
+
+
 def _run_workload(name: str, limit: float, args: argparse.Namespace) -> dict[str, Any]:
     profile = _profile(name, limit, args)
     _release(args.device)  # what the probe compiled and cached
@@ -337,8 +353,11 @@ def _run_workload(name: str, limit: float, args: argparse.Namespace) -> dict[str
         "cap_applied": args.device == "cuda",
         "profile": args.given.get(f"{name}@{limit:g}", "tune()"),
         "does_not_fit": None if fitted is not None else profile,
+        "reasons": reasons(fitted) if fitted is not None else {},
         "tuned": run(template) if fitted is not None else None,
     }
+    for setting, reason in result["reasons"].items():
+        _say(f"  {setting}: {reason}")
     _progress(args, {k: v for k, v in result.items() if k != "does_not_fit"})
     result["arms"] = []
     for spec in grid(template, args):
@@ -408,6 +427,9 @@ def _markdown(versions: dict[str, Any], results: list[dict[str, Any]]) -> str:
         oracle = result["oracle"]["arm"] if result["oracle"] else "none fits"
         held = "held" if result["targets_held"] else "MISSED"
         lines += ["", f"Oracle: {oracle}. {said}; targets {held}."]
+        if result.get("reasons"):
+            lines += ["", "The tuned profile's reasons:", ""]
+            lines += [f"- `{name}`: {reason}" for name, reason in result["reasons"].items()]
     return "\n".join(lines) + "\n"
 
 

@@ -187,6 +187,11 @@ def test_smoke_run_on_the_cpu(
     tuned_rate = result["tuned"]["measurements"][0]["samples_per_s"]
     assert result["oracle"]["samples_per_s"] == fastest
     assert result["tuned_over_oracle"] == pytest.approx(tuned_rate / fastest)
+    tuned_batch = result["tuned"]["measurements"][0]["batch"]  # why the tuner chose it, kept
+    assert result["reasons"]["batch.batch_size"].startswith(f"{tuned_batch}: ")
+    assert result["reasons"]["activation_checkpointing"].startswith(("on: ", "off: "))
+    markdown = (tmp_path / "memory_regime_cpu.md").read_text()
+    assert f"- `batch.batch_size`: {result['reasons']['batch.batch_size']}" in markdown
 
 
 @pytest.mark.slow
@@ -208,5 +213,6 @@ def test_a_workload_that_does_not_fit(
     (result,) = json.loads((tmp_path / "memory_regime_cpu.json").read_text())["results"]
     assert result["does_not_fit"].startswith("not even batch 1 trained: shard it")
     assert result["tuned"] is None
+    assert result["reasons"] == {}
     assert all(arm["largest_batch"] == 1 for arm in result["arms"])  # no cap on the CPU
     assert code == 1  # the grid fitted where the tuner said nothing would
