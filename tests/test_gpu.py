@@ -107,7 +107,10 @@ def test_the_probe_finds_the_real_limit_measures_compile_and_keeps_to_its_budget
             assert min(refused) <= 1.25 * max(t.batch_size for t in same if t.fits)
     if evidence.limited_by == "budget":
         assert evidence.elapsed_s >= 0.9 * evidence.budget_s
-    assert evidence.elapsed_s <= evidence.budget_s * 1.05
+    # where it ran over, which phase did (an H200 took 96.2 s of 90 once; the evidence's
+    # repr alone was cut before its phases)
+    phases = [(p.name, p.seconds, p.allowed_s) for p in evidence.phases]
+    assert evidence.elapsed_s <= evidence.budget_s * 1.05, (evidence.elapsed_s, phases)
     # compile, where the rules allow it, is decided by measurement with the numbers
     if evidence.compile is not None and evidence.compile.measured:
         decision = profile.decision("compile.enabled")
