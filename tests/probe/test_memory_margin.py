@@ -169,3 +169,26 @@ def test_the_claims_checker_finds_a_room_the_trials_do_not_bear_out() -> None:
             update={"evidence": evidence.model_copy(update={"batch_choice": choice})}
         )
         assert any(found in d for d in disagreements(wrong)), disagreements(wrong)
+
+
+def test_the_reason_names_the_batch_chosen_and_the_room_apart() -> None:
+    """A smaller size chosen within 3% of the room's: the reason opens with the chosen one."""
+    from torch_autotune.evidence import BatchChoice
+    from torch_autotune.rules.optimizer import batch_reason
+
+    choice = BatchChoice(
+        chosen_by="fastest point",
+        largest=250,
+        top=250,
+        margin=0.1,
+        memory_room=(250, int(2.2 * GIB), int(6.3 * GIB)),
+        limited_by="memory",
+        variant="eager",
+        samples_per_s=169.0,
+        best_samples_per_s=170.0,
+        best_batch_size=250,
+        confirmed="its point",
+    )
+    reason = batch_reason(62, choice)
+    assert reason.startswith("62: the fastest steady batch measured here (169 samples/s; the best")
+    assert "kept in memory: batch 250 peaked at 2.2 GiB of the 6.3 GiB training could use" in reason

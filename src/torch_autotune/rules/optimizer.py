@@ -142,9 +142,9 @@ def batch_reason(size: int, choice: BatchChoice | None, compiles: bool | None = 
     if choice.margin is not None:
         top += f", less a {choice.margin:.0%} margin against running out of memory later (K2)"
     if choice.memory_room is not None:  # the margin kept in memory, where that left more
-        size, peak, limit = choice.memory_room
+        roomy, peak, limit = choice.memory_room
         top += (
-            f" kept in memory: batch {size} peaked at {peak / 2**30:.1f} GiB of the"
+            f" kept in memory: batch {roomy} peaked at {peak / 2**30:.1f} GiB of the"
             f" {limit / 2**30:.1f} GiB training could use, {1 - peak / limit:.0%} free"
         )
     if choice.multiple > 1:
