@@ -6,6 +6,9 @@ not even run as its forward did (torch's ``CheckpointError``: the recomputed ten
 shape) raises in the checkpointed step alone: the check says so, as its finding, since the
 plain step from the same weights trained.
 
+The host keeps one copy of the gradients, the plain step's: the checkpointed step's are
+compared with it one tensor at a time as they come off the device (a 1.1B model's are 4.4 GB).
+
 Where the plain step does not fit (the model trains only checkpointed), one block of each kind
 is checked instead, alone (``checkpointed_blocks_agree``): its forward and backward, plain then
 recomputed, on the inputs it was given in a forward of the model, which needs the memory of
@@ -15,7 +18,7 @@ one block's activations, not the whole model's.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -40,18 +43,19 @@ def checkpointed_step_agrees(
     checkpointed in place (``wrapping.checkpoint_blocks``), another from the same weights (no
     optimizer step between), the RNG seeded alike for both (dropout draws the same masks), at
     ``batch_size`` on the settings' device under their autocast: one model on the device at a
-    time, the plain step's loss and gradients kept on the host. Raises
+    time, the plain step's loss and gradients kept on the host, the checkpointed step's
+    compared with them tensor by tensor. Raises
     ``wrapping.NotCheckpointable`` where the model has no block to checkpoint safely, and what
     the plain step raises (the model's own error). Where only the checkpointed step raises
     (not out of memory, not an error of ours), the agreement says what it raised."""
     model = workload.make_model().to(settings.device)
     batch = batch_to_device(settings.settings, _users(workload.make_batch, batch_size))
-    loss, grads = _step(workload, model, batch, settings)
+    kept = [_on_host(t) for t in _step(workload, model, batch, settings)]
     model.zero_grad(set_to_none=True)
     blocks = checkpoint_blocks(model, settings.settings.blocks)
     raised: str | None = None
     try:
-        loss_cp, grads_cp = _step(workload, model, batch, settings)
+        found = _step(workload, model, batch, settings)
     except Exception as error:  # the plain step trained: the model checkpointed raised
         if isinstance(error, AutotuneError) or is_out_of_memory(error):
             raise
@@ -60,10 +64,8 @@ def checkpointed_step_agrees(
         del model, batch
         release_memory(settings.device)
         return Agreement(False, math.inf, blocks, raised=raised)
-    differences = [_relative(loss, loss_cp)]
-    differences += [_relative(a, b) for a, b in zip(grads, grads_cp, strict=True)]
-    largest = max(differences)
-    del model, batch
+    largest = _apart(kept, found)
+    del model, batch, found
     release_memory(settings.device)
     return Agreement(largest <= RTOL, largest, blocks)
 
@@ -91,16 +93,14 @@ def checkpointed_blocks_agree(
     for block, plain, recomputed in kinds.values():
         if block not in given:
             continue
-        expected = _block_step(block, plain, given[block], settings)
+        expected = [_on_host(t) for t in _block_step(block, plain, given[block], settings)]
         try:
             found = _block_step(block, recomputed, given[block], settings)
         except Exception as error:  # the plain block trained: the block recomputed raised
             if isinstance(error, AutotuneError) or is_out_of_memory(error):
                 raise
             return Agreement(False, math.inf, wrapped, raised=said_in_one_line(error), kinds=1)
-        same = len(found) == len(expected)
-        pairs = zip(expected, found, strict=False)
-        largest = max([largest, *(_relative(a, b) for a, b in pairs)]) if same else math.inf
+        largest = max(largest, _apart(expected, found))
     if not given:
         return None
     return Agreement(largest <= RTOL, largest, wrapped, kinds=len(given))
@@ -140,7 +140,8 @@ def _copied(value: Any) -> Any:
 def _block_step(block: Any, call: Any, given: tuple[Any, Any], settings: StepSettings) -> list[Any]:
     """``call`` (``block``'s forward, plain or recomputed) on fresh copies of ``given``, its
     floating inputs needing gradients, and a backward of a fixed random projection of its
-    outputs; (its outputs, its inputs' gradients, its parameters' gradients), on the host."""
+    outputs; (its outputs, its inputs' gradients, its parameters' gradients), on the device
+    (the block's own gradients let go)."""
     import torch
     from torch.utils._pytree import tree_flatten, tree_map
 
@@ -161,24 +162,41 @@ def _block_step(block: Any, call: Any, given: tuple[Any, Any], settings: StepSet
         (o.float() * torch.randn(o.shape, generator=draws).to(o.device)).sum() for o in outputs
     ]
     _users(torch.stack(projected).sum().backward)
-    found = [o.detach().float().cpu() for o in outputs]
-    found += [t.grad.float().cpu() for t in inputs if t.grad is not None]
-    found += [p.grad.float().cpu() for p in block.parameters() if p.grad is not None]
+    found = [o.detach() for o in outputs]
+    found += [t.grad for t in inputs if t.grad is not None]
+    found += [p.grad for p in block.parameters() if p.grad is not None]
     block.zero_grad(set_to_none=True)
     return found
 
 
-def _step(
-    workload: Workload, model: Any, batch: Any, settings: StepSettings
-) -> tuple[Any, list[Any]]:
+def _step(workload: Workload, model: Any, batch: Any, settings: StepSettings) -> list[Any]:
+    """One forward and backward of ``model`` on ``batch``: its loss, then its gradients, on the
+    device (the model still holds them)."""
     model.train()
     with _seeded():
         with autocast(settings.settings):
             loss = _loss(workload, model, batch)
         _users(loss.backward)
-    # kept on the host: the next step needs the device's room
-    grads = [p.grad.detach().float().cpu() for p in model.parameters() if p.grad is not None]
-    return loss.detach().float().cpu(), grads
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    return [loss.detach(), *grads]
+
+
+def _on_host(tensor: Any) -> Any:
+    """A float32 copy of ``tensor`` on the host (the next step needs the device's room)."""
+    return tensor.detach().float().cpu()
+
+
+def _apart(kept: list[Any], found: Iterable[Any]) -> float:
+    """The largest relative difference (``_relative``) of ``kept``, on the host, and ``found``,
+    the same tensors of another step on the device, each copied to the host alone and let go
+    once compared: the host never holds a second copy of them all. Without bound where they
+    are not as many."""
+    count, largest = 0, 0.0
+    for count, tensor in enumerate(found, 1):
+        if count > len(kept):
+            return math.inf
+        largest = max(largest, _relative(kept[count - 1], _on_host(tensor)))
+    return largest if count == len(kept) else math.inf
 
 
 @contextmanager
