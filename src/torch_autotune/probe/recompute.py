@@ -18,6 +18,8 @@ one block's activations, not the whole model's.
 from __future__ import annotations
 
 import math
+import random
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -202,12 +204,25 @@ def _apart(kept: list[Any], found: Iterable[Any]) -> float:
 @contextmanager
 def _seeded() -> Iterator[None]:
     """Torch's generators seeded alike for each of the steps compared (dropout draws the same
-    masks), the CPU's put back after."""
+    masks), and Python's and NumPy's global ones too: a block that draws from them draws
+    alike in the plain step and in the checkpointed step's forward, while its recompute, which
+    checkpointing does not replay them for, still draws anew, so what differs is the
+    recompute, not two forwards' draws. The CPU's, Python's and NumPy's put back after."""
     import torch
 
+    numpy = sys.modules.get("numpy")  # only where something imported it: drawn from, maybe
+    state = random.getstate(), numpy.random.get_state() if numpy is not None else None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        yield
+        random.seed(0)
+        if numpy is not None:
+            numpy.random.seed(0)
+        try:
+            yield
+        finally:
+            random.setstate(state[0])
+            if numpy is not None:
+                numpy.random.set_state(state[1])
 
 
 def _loss(workload: Workload, model: Any, batch: Any) -> Any:
