@@ -1,12 +1,14 @@
 """One training step with activation checkpointing against one without, from the same weights
 and the same batch: before the probe measures checkpointing, it checks that the recomputed
 step is the step (the same loss and gradients within tolerance), so that a block whose forward
-depends on more than its inputs is found before it trains wrong. A block whose recompute does
-not even run as its forward did (torch's ``CheckpointError``: the recomputed tensors differ in
-shape) raises in the checkpointed step alone: the check says so, as its finding, since the
-plain step from the same weights trained.
+depends on more than its inputs is found before it trains wrong. The tolerance is measured:
+the plain step runs twice, and what it differs by from itself (on a GPU, attention's backward
+sums in no fixed order: about 1e-2 in bfloat16) widens it (``search.tolerance``). A block
+whose recompute does not even run as its forward did (torch's ``CheckpointError``: the
+recomputed tensors differ in shape) raises in the checkpointed step alone: the check says so,
+as its finding, since the plain step from the same weights trained.
 
-The host keeps one copy of the gradients, the plain step's: the checkpointed step's are
+The host keeps one copy of the gradients, the first plain step's: each later step's are
 compared with it one tensor at a time as they come off the device (a 1.1B model's are 4.4 GB).
 
 Where the plain step does not fit (the model trains only checkpointed), one block of each kind
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from torch_autotune.apply import autocast, batch_to_device
 from torch_autotune.errors import AutotuneError, blame_user_code, said_in_one_line
 from torch_autotune.probe.oom import is_out_of_memory, release_memory
-from torch_autotune.probe.search import RTOL, Agreement
+from torch_autotune.probe.search import Agreement, tolerance
 from torch_autotune.wrapping import checkpoint_blocks, recompute_calls
 
 if TYPE_CHECKING:
@@ -41,18 +43,20 @@ __all__ = ["Agreement", "checkpointed_blocks_agree", "checkpointed_step_agrees"]
 def checkpointed_step_agrees(
     workload: Workload, settings: StepSettings, batch_size: int
 ) -> Agreement:
-    """One forward and backward of a new model of the workload, then, with its blocks
-    checkpointed in place (``wrapping.checkpoint_blocks``), another from the same weights (no
-    optimizer step between), the RNG seeded alike for both (dropout draws the same masks), at
-    ``batch_size`` on the settings' device under their autocast: one model on the device at a
-    time, the plain step's loss and gradients kept on the host, the checkpointed step's
-    compared with them tensor by tensor. Raises
+    """Two forwards and backwards of a new model of the workload (the second: the plain step's
+    own noise), then, with its blocks checkpointed in place (``wrapping.checkpoint_blocks``),
+    another from the same weights (no optimizer step between), the RNG seeded alike for each
+    (dropout draws the same masks), at ``batch_size`` on the settings' device under their
+    autocast: one model on the device at a time, the first step's loss and gradients kept on
+    the host, the others' compared with them tensor by tensor. Raises
     ``wrapping.NotCheckpointable`` where the model has no block to checkpoint safely, and what
     the plain step raises (the model's own error). Where only the checkpointed step raises
     (not out of memory, not an error of ours), the agreement says what it raised."""
     model = workload.make_model().to(settings.device)
     batch = batch_to_device(settings.settings, _users(workload.make_batch, batch_size))
     kept = [_on_host(t) for t in _step(workload, model, batch, settings)]
+    model.zero_grad(set_to_none=True)
+    noise = _apart(kept, _step(workload, model, batch, settings))
     model.zero_grad(set_to_none=True)
     blocks = checkpoint_blocks(model, settings.settings.blocks)
     raised: str | None = None
@@ -65,11 +69,11 @@ def checkpointed_step_agrees(
     if raised is not None:  # the failed step's frames are gone with its exception: free them
         del model, batch
         release_memory(settings.device)
-        return Agreement(False, math.inf, blocks, raised=raised)
+        return Agreement(False, math.inf, blocks, raised=raised, noise=noise)
     largest = _apart(kept, found)
     del model, batch, found
     release_memory(settings.device)
-    return Agreement(largest <= RTOL, largest, blocks)
+    return Agreement(largest <= tolerance(noise), largest, blocks, noise=noise)
 
 
 def checkpointed_blocks_agree(
@@ -78,8 +82,9 @@ def checkpointed_blocks_agree(
     """Where the plain step does not fit: a new model of the workload with its blocks
     checkpointed in place, its training step's forward at ``batch_size`` (the inputs of the
     first block of each kind kept; no backward), then each of those blocks alone: a forward and a
-    backward of a fixed random projection of its outputs, plain, then recomputed, the RNG
-    seeded alike. Compared: its outputs, its parameters' gradients and its inputs'. None where
+    backward of a fixed random projection of its outputs, plain twice (its own noise: the
+    largest of the blocks' is the agreement's), then recomputed, the RNG seeded alike.
+    Compared: its outputs, its parameters' gradients and its inputs'. None where
     no block can be trained alone (a Hugging Face model that checkpoints layers of its own
     choosing) or none ran in the forward. Raises as ``checkpointed_step_agrees`` does; where
     only a recomputed block raises, the agreement says what it raised."""
@@ -91,21 +96,23 @@ def checkpointed_blocks_agree(
         kinds.setdefault(type(block), (block, plain, recomputed))
     given = _inputs(workload, model, batch, settings, [found[0] for found in kinds.values()])
     del batch
-    largest = 0.0
+    largest = noise = 0.0
     for block, plain, recomputed in kinds.values():
         if block not in given:
             continue
         expected = [_on_host(t) for t in _block_step(block, plain, given[block], settings)]
+        noise = max(noise, _apart(expected, _block_step(block, plain, given[block], settings)))
         try:
             found = _block_step(block, recomputed, given[block], settings)
         except Exception as error:  # the plain block trained: the block recomputed raised
             if isinstance(error, AutotuneError) or is_out_of_memory(error):
                 raise
-            return Agreement(False, math.inf, wrapped, raised=said_in_one_line(error), kinds=1)
+            said = said_in_one_line(error)
+            return Agreement(False, math.inf, wrapped, raised=said, kinds=1, noise=noise)
         largest = max(largest, _apart(expected, found))
     if not given:
         return None
-    return Agreement(largest <= RTOL, largest, wrapped, kinds=len(given))
+    return Agreement(largest <= tolerance(noise), largest, wrapped, kinds=len(given), noise=noise)
 
 
 def _inputs(
@@ -205,9 +212,9 @@ def _apart(kept: list[Any], found: Iterable[Any]) -> float:
 def _seeded() -> Iterator[None]:
     """Torch's generators seeded alike for each of the steps compared (dropout draws the same
     masks), and Python's and NumPy's global ones too: a block that draws from them draws
-    alike in the plain step and in the checkpointed step's forward, while its recompute, which
-    checkpointing does not replay them for, still draws anew, so what differs is the
-    recompute, not two forwards' draws. The CPU's, Python's and NumPy's put back after."""
+    alike in each plain step, so the plain step run twice differs by its kernels alone, while
+    its recompute, which checkpointing does not replay them for, still draws anew. The CPU's,
+    Python's and NumPy's put back after."""
     import torch
 
     numpy = sys.modules.get("numpy")  # only where something imported it: drawn from, maybe
@@ -237,7 +244,11 @@ def _loss(workload: Workload, model: Any, batch: Any) -> Any:
 
 
 def _relative(a: Any, b: Any) -> float:
-    """The largest difference of ``a`` and ``b`` over the largest magnitude of ``a``."""
+    """The largest difference of ``a`` and ``b`` over the largest magnitude of ``a``; without
+    bound where they are not of one shape (a block that changes state: a call of another
+    batch)."""
+    if a.shape != b.shape:
+        return math.inf
     scale = float(a.abs().max()) if a.numel() else 0.0
     difference = float((a - b).abs().max()) if a.numel() else 0.0
     if not math.isfinite(difference):
