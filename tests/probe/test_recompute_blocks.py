@@ -48,10 +48,13 @@ class Layer(nn.Module):
 
 
 class Jittery(Layer):
-    """Noise from Python's own generator, which checkpointing does not replay."""
+    """Noise from Python's own generator, which checkpointing does not replay, in what the
+    block saves for its backward (its linear's input): the recompute saves another draw. (Its
+    output scaled by a draw saves nothing of it: the check seeds Python's generator alike for
+    each call, and such a block recomputes as it trains.)"""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) * (1 + random.gauss(0, 0.1))
+        return super().forward(x * (1 + random.gauss(0, 0.1)))
 
 
 class Alternating(Layer):

@@ -29,7 +29,7 @@ from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.judge import NOISE, Judgement
 from torch_autotune.probe.plan import plan
 from torch_autotune.probe.seam import Progress, Trials
-from torch_autotune.probe.search import RTOL, Agreement
+from torch_autotune.probe.search import NOISE_CEILING, NOISE_FACTOR, RTOL, Agreement, tolerance
 from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.variant_phase import Bounds, VariantOutcome, measure_variant
 from torch_autotune.probe.variants import Variant
@@ -246,10 +246,46 @@ def disagrees(checked: Agreement) -> str:
         f"{checked.largest_difference:.1e} (loss or"
     )
     return (
-        f"not used: {what} a gradient, relative), more than {RTOL:g}: a checkpointed block's"
-        " forward depends on more than its inputs (state it changes, randomness not from"
-        " torch's generators)"
+        f"not used: {what} a gradient, relative), more than {_held_to(checked)}: a"
+        " checkpointed block's forward depends on more than its inputs (state it changes,"
+        " randomness not from torch's generators)"
     )
+
+
+def _held_to(checked: Agreement) -> str:
+    """The tolerance the check held ``checked`` to, and why, where the plain step (or block)
+    run twice differed (``search.tolerance``); ``RTOL`` alone where it did not."""
+    noise, twice = checked.noise, f"{_plain(checked)} run twice"
+    if noise == 0:
+        return f"{RTOL:g}"
+    if not noise <= NOISE_CEILING:
+        return (
+            f"{RTOL:g} ({twice} differed by {noise:.1e}, more than the {NOISE_CEILING:g}"
+            " kernels' noise is taken to reach, so not counted)"
+        )
+    if tolerance(noise) == RTOL:
+        return (
+            f"{RTOL:g} ({twice} differed by {noise:.1e}; {NOISE_FACTOR:g}x that is less than"
+            f" {RTOL:g}, the least the check allows)"
+        )
+    return (
+        f"{tolerance(noise):.1e} ({NOISE_FACTOR:g}x the {noise:.1e} by which {twice}"
+        f" differed; at least {RTOL:g})"
+    )
+
+
+def _plain(checked: Agreement) -> str:
+    """What ran twice for the noise: the plain step, or each kind's block alone."""
+    if not checked.kinds:
+        return "the plain step"
+    return "the plain block" if checked.kinds == 1 else "the plain blocks"
+
+
+def _noise_said(checked: Agreement) -> str:
+    """Where the plain step (or block) run twice differed, by how much; nothing where not."""
+    if checked.noise == 0:
+        return ""
+    return f", where {_plain(checked)} run twice differed by {checked.noise:.1e}"
 
 
 def checked_text(checked: Agreement | None, batch: int) -> str:
@@ -263,13 +299,13 @@ def checked_text(checked: Agreement | None, batch: int) -> str:
         alone = f"{_one_of(checked.kinds)} trained alone on the inputs it got in a step"
         return (
             f"its recomputed blocks matched their plain forward and backward ({alone} at batch"
-            f" {batch}: outputs and gradients within {checked.largest_difference:.1e}, relative;"
-            " the whole plain step ran out of memory, or took more than --memory-limit, in the"
-            " check)"
+            f" {batch}: outputs and gradients within {checked.largest_difference:.1e}, relative"
+            f"{_noise_said(checked)}; the whole plain step ran out of memory, or took more than"
+            " --memory-limit, in the check)"
         )
     return (
         f"its recomputed step matched the plain one at batch {batch} (loss and gradients "
-        f"within {checked.largest_difference:.1e}, relative)"
+        f"within {checked.largest_difference:.1e}, relative{_noise_said(checked)})"
     )
 
 
