@@ -192,3 +192,20 @@ def test_the_reason_names_the_batch_chosen_and_the_room_apart() -> None:
     reason = batch_reason(62, choice)
     assert reason.startswith("62: the fastest steady batch measured here (169 samples/s; the best")
     assert "kept in memory: batch 250 peaked at 2.2 GiB of the 6.3 GiB training could use" in reason
+
+
+def test_checkpointing_is_planned_with_the_models_it_builds() -> None:
+    """Its check and its own variant each build a model (10 s each for GPT-2 large here, as
+    the base's build took): where 40 s cannot hold them, it is not started, and says so; it
+    once spent them and finished no step."""
+    workload = dataclasses.replace(resolve_workload("gpt2-large"), dataset=None)
+    machine = preset("h200-gpt2-large-16gib")
+    profile = tune_on(machine, workload, H200, mode="balanced", budget_s=40, memory_limit_gib=16)
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert decision.reason.startswith(
+        "off: not measured: activation checkpointing was predicted to take about 20 s to build"
+        " and warm up"
+    )
+    assert profile.evidence is not None
+    assert profile.evidence.elapsed_s <= 30  # the base's search and point; no model built again

@@ -106,6 +106,15 @@ def test_a_trial_trains_real_steps_and_times_them() -> None:
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
+def test_a_runner_says_how_long_its_model_took_to_build() -> None:
+    """What the plan charges a variant with a model of its own for each it builds."""
+    ticks = iter(range(100))
+    runner = TrialRunner(Tiny(OomAt(), adam), StepSettings(), clock=lambda: float(next(ticks)))
+    assert runner.built_s is None
+    assert runner(8).fits
+    assert runner.built_s == 1.0  # one tick: the build alone, not the steps after it
+
+
 @pytest.mark.parametrize("phase", ["forward", "backward", "step"])
 def test_oom_in_any_phase_is_recovered_and_the_limit_found(phase: str) -> None:
     def optimizer(params: Iterable[Any], **kwargs: Any) -> torch.optim.Optimizer:

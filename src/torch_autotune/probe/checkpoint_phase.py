@@ -55,11 +55,13 @@ CHECKPOINTED = "checkpointed"
 
 def checkpointed() -> Variant:
     """Activation checkpointing: a model of its own (the blocks of the base's stay as they
-    are), less memory a sample, no one-off cost beyond a new model's first step."""
+    are), less memory a sample, no one-off cost beyond building its models (the check's and
+    its own: on an H200, 8-15 s each for GPT-2 large) and a new model's first step."""
     return Variant(
         CHECKPOINTED,
         (("activation_checkpointing", True),),
         fresh_model=True,
+        builds=2,  # the check's model (``recompute_check``), then its own
         changes_memory=True,
         label="activation checkpointing",
         paid_for="to build and warm up",

@@ -83,7 +83,7 @@ def plan(
     point_s = point.seconds if point else 0.0
     if variant is None:
         return Plan(None, 0.0, 0.0, workers_s, confirm_s, None)
-    predicted = variant.warmup_s(runner.leaf_modules())
+    predicted = variant.warmup_s(runner.leaf_modules()) + variant.builds * (runner.built_s or 0.0)
     variant_s = predicted + 2 * point_s
     if variant.changes_memory:
         variant_s += VARIANT_SEARCH_TRIALS * confirm_s

@@ -181,6 +181,10 @@ class Leader:
         found = self._all(_Call(self.ident, "leaf_modules"), self.runner.leaf_modules)
         return int(found[0])
 
+    @property
+    def built_s(self) -> float | None:
+        return cast("float | None", self.runner.built_s)  # rank 0's: the ranks build alike
+
     def release_model(self) -> None:
         self._all(_Call(self.ident, "release_model"), self.runner.release_model)
 

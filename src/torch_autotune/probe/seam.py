@@ -43,6 +43,12 @@ class Trials(Protocol):
 
     def leaf_modules(self) -> int: ...
 
+    @property
+    def built_s(self) -> float | None:
+        """Seconds its model took to build from the workload, last time (None: not built):
+        what a variant with a model of its own pays again (``probe.plan``)."""
+        ...
+
     def release_model(self) -> None:
         """Let go of this runner's model (built again when next needed) and its memory."""
         ...

@@ -109,6 +109,7 @@ class SimulatedMachine:
     thread_sync_s: float = 0.0  # a CPU step's cost per thread beyond the first (the pool's
     # synchronisation: on a tiny model or a busy CPU, more than the work the threads split)
     leaves: int = 137  # leaf modules: what the compile time is predicted from
+    build_s: float = 0.0  # building a model of its own (checkpointing's check and variant)
     now: float = 0.0
     started: bool = False
     compiled_once: bool = False
@@ -279,6 +280,10 @@ class SimulatedTrials:
     def leaf_modules(self) -> int:
         return self.machine.leaves
 
+    @property
+    def built_s(self) -> float | None:
+        return self.machine.build_s
+
     def release_model(self) -> None:
         self.released += 1
 
@@ -310,12 +315,14 @@ class SimulatedTrials:
     def recompute_check(self, batch_size: int) -> Agreement | None:
         """The machine's check of the step (``recompute``) at every size where the plain step
         fits, else its check of the blocks alone (``recompute_blocks``)."""
+        self.machine.advance(self.machine.build_s)  # its model of its own
         if self.machine.fits(batch_size, compiled=False):
             return self.machine.recompute
         return self.machine.recompute_blocks
 
     def variant(self, variant: Variant) -> SimulatedTrials:
         settings = self.settings.with_variant(variant)
+        self.machine.advance(self.machine.build_s if variant.fresh_model else 0.0)
         runner = SimulatedTrials(
             self.machine,
             settings,

@@ -151,6 +151,7 @@ class TrialRunner:
         self._base = base
         self._model: Any = None
         self._timer: Timer | None = None
+        self.built_s: float | None = None  # the seam's: its model's last build, in seconds
 
     @property
     def timer(self) -> Timer:
@@ -166,7 +167,9 @@ class TrialRunner:
             if self._base is not None:  # already on the device, prepared as the base's
                 self._model = prepare_model(settings, self._base.model)
             else:  # the memory format, then the process group's wrapper, then compile
-                model = self.workload.make_model().to(self.settings.device)
+                began = self.clock()
+                model = self.workload.make_model()
+                self.built_s, model = self.clock() - began, model.to(self.settings.device)
                 eager = settings.model_copy(update={"compile": Compile()})
                 self._model = compile_model(settings, self.distribute(prepare_model(eager, model)))
         return self._model

@@ -14,7 +14,8 @@ the allocator) is a declaration, not a copy of the code that measures compile:
   on its own memory curve and its own time model (``probe.variant_phase``); a variant that
   does not is measured at the base's candidate sizes;
 - ``warmup_s(leaf_modules)``: its one-off cost, predicted before it ran, which the plan
-  weighs against the time left (``probe.plan``);
+  weighs against the time left (``probe.plan``), with ``builds`` models built from the
+  workload, each as long as the base's build took (the seam's ``built_s``);
 - the words its judgement is written with.
 
 The records of every trial and point name the variant they ran with (``SearchTrialRecord``,
@@ -78,6 +79,7 @@ class Variant:
     warmup_noun: str = "the warm-up"
     phase: str = "variant"
     costs_training: bool = True  # training pays its one-off cost too (False: only the probe)
+    builds: int = 0  # models it builds from the workload, each as long as the base's took
 
     def settings(self, base: Settings) -> Settings:
         """``base`` with this variant's changes."""
