@@ -1,6 +1,6 @@
 """Every saved reason and summary line agrees with the evidence (issue 19, point 6), over runs
 of ``tune()`` on simulated machines with random limits, timings, noise, compile speedups,
-budgets, loading, smallest batches and target batches.
+budgets, loading, smallest batches, target batches and lucky passes fed by the DataLoader.
 
 ``disagreements`` reads a profile as a user does, the batch decision's reason, the workers
 decision's reason and the summary ``autotune`` prints, and lists each claim the evidence does
@@ -23,15 +23,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from tests.probe.fake_trials import recorded, tune_on
+from tests.probe.fake_trials import cpu_machine, recorded, tune_on
+from tests.rules.helpers import with_host
+from torch_autotune.api import tune
 from torch_autotune.evidence import BatchChoice
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import process_count
 from torch_autotune.probe import workers_phase
+from torch_autotune.probe.fed import FedTrial
 from torch_autotune.probe.points import margin_for
 from torch_autotune.probe.presets import preset
 from torch_autotune.probe.search import apply_margin
-from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
+from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Evidence, Profile, ThroughputRecord
 from torch_autotune.render.results import render_run
@@ -39,6 +43,13 @@ from torch_autotune.render.results import render_run
 H100 = recorded("h100-80gb-hbm3")
 LAPTOP = recorded("cpu-laptop-linux")
 A100X8 = recorded("a100-sxm4-80gb-8x")  # 8 training processes
+TWO_CPUS = with_host(
+    "cpu-laptop-linux",
+    cpus_usable=2,
+    cpu_cores_physical=2,
+    cpu_cores_logical=2,
+    cpu_affinity_count=2,
+)
 SNAPSHOTS = {"h100": H100, "laptop": LAPTOP, "a100x8": A100X8}
 
 _RATE = r"([\d,]+(?:\.\d)?) samples/s"
@@ -88,6 +99,7 @@ def disagreements(profile: Profile) -> list[str]:
     found += _accumulation_claims(profile, text)
     found += _worker_claims(profile, evidence, text)
     found += _time_claims(evidence)
+    found += _round_claims(profile, evidence)
     return found
 
 
@@ -263,7 +275,12 @@ def _fed_batch_claims(profile: Profile, evidence: Evidence) -> list[str]:
     if said is None:
         return []
     best, step, at, workers, trace = said.groups()
-    fed = [f for f in evidence.fed if f.samples_per_s is not None]
+    aside = _set_aside(profile, evidence)
+    fed = [
+        f
+        for f in evidence.fed
+        if f.samples_per_s is not None and (f.num_workers, f.cpu_threads) not in aside
+    ]
     found = []
     if not _same_rate(best, max((f.samples_per_s or 0.0 for f in fed), default=None)):
         found.append(f"the fed batch reason's best {best} is not the best pass")
@@ -370,6 +387,73 @@ _SKIP = re.compile(
 )
 
 
+def _set_aside(profile: Profile, evidence: Evidence) -> set[tuple[int, int | None]]:
+    """The (workers, CPU threads) whose passes set no bar for the batch (``probe.fed_rounds``,
+    step 4): where the second round kept the plain alternative (run again second), those with
+    a pass at its batch faster than the plain alternative's faster pass."""
+    again = [f for f in evidence.fed if f.round == 2]
+    settings_ = profile.settings
+    if len(again) < 2 or again[1].num_workers != settings_.dataloader.num_workers:
+        return set()
+    plain = (again[1].batch_size, again[1].num_workers, again[1].cpu_threads)
+    mine = [f for f in evidence.fed if (f.batch_size, f.num_workers, f.cpu_threads) == plain]
+    fastest = max(f.samples_per_s or 0.0 for f in mine)
+    return {
+        (f.num_workers, f.cpu_threads)
+        for f in evidence.fed
+        if f.batch_size == plain[0]
+        and (f.num_workers, f.cpu_threads) != plain[1:]
+        and (f.samples_per_s or 0.0) > fastest
+    }
+
+
+_ROUND = re.compile(
+    r"(bore out|did not bear out) (\d+) worker\(s\)(?: at [^:]*)?: the slower of its two passes "
+    rf"\({_RATE}\) is( not)? faster than the faster of the plain alternative's "
+    r"\(([\d,]+(?:\.\d)?)\) beyond 2%"
+)
+
+
+def _round_claims(profile: Profile, evidence: Evidence) -> list[str]:
+    """The workers' reason on the second round of fed passes (``probe.fed_rounds``): said
+    where one ran, its rates the slower of the challenger's passes and the faster of the plain
+    alternative's, its verdict the profile's workers; 'one pass each' only where none ran."""
+    reason = _reason(profile, "dataloader.num_workers")
+    again = [f for f in evidence.fed if f.round == 2]
+    said = _ROUND.search(reason)
+    if "rests on one pass each" in reason and again:
+        return ["the workers reason says one pass each; a second round ran"]
+    if not again:
+        return ["a second round is said; none ran"] if said else []
+    if said is None:
+        failed = "did not bear out" in reason and "its second pass failed" in reason
+        return [] if failed else ["a second round ran; the workers reason does not say so"]
+    verdict, count, slower, negated, faster = said.groups()
+    challenger, plain = ((f.batch_size, f.num_workers, f.cpu_threads) for f in again[:2])
+    found = []
+    if int(count) != challenger[1]:
+        found.append(f"the second round's {count} worker(s) are not the challenger's")
+    rates = {
+        key: [
+            f.samples_per_s
+            for f in evidence.fed
+            if (f.batch_size, f.num_workers, f.cpu_threads) == key
+        ]
+        for key in (challenger, plain)
+    }
+    if not _same_rate(slower, min(r or 0.0 for r in rates[challenger])):
+        found.append(f"the challenger's slower pass {slower} is not its slower pass")
+    if not _same_rate(faster, max(r or 0.0 for r in rates[plain])):
+        found.append(f"the plain alternative's faster pass {faster} is not its faster pass")
+    borne = verdict == "bore out"
+    if borne == bool(negated):
+        found.append(f"'{verdict}' with '{'is not' if negated else 'is'} faster'")
+    workers = profile.settings.dataloader.num_workers
+    if workers != (challenger if borne else plain)[1]:
+        found.append(f"the second round {verdict} the challenger; the profile has {workers}")
+    return found
+
+
 def _time_claims(evidence: Evidence) -> list[str]:
     """What the run says it left out for time (``probe.budget.Skip``) against its numbers:
     each ask for a longer --budget names a skip, each skip did not fit in the time left less
@@ -451,16 +535,57 @@ def runs(draw: st.DrawFn) -> tuple[SimulatedMachine, str, dict[str, object]]:
         options["target_global_batch"] = target
     if draw(st.booleans()):
         options["max_batch_size"] = draw(st.integers(smallest or 1, 4096))
+    if loading and draw(st.booleans()):  # one fed pass of a busy machine, lucky or not
+        options["lucky"] = (draw(st.integers(0, 2)), draw(st.sampled_from([0.6, 1.5])))
     return machine, where, options
 
 
-def run(machine: SimulatedMachine, where: str, **options: object) -> Profile:
+def _lucky_first_pass(
+    machine: SimulatedMachine, workers: int, factor: float
+) -> Callable[[Workload, StepSettings], SimulatedTrials]:
+    """``tune(trials=...)`` on ``machine`` where the first pass fed by ``workers`` workers at
+    each batch and thread count runs at ``factor`` times its rate: a lucky (or unlucky) pass
+    on a busy machine, which the second round of fed passes (``probe.fed_rounds``) is for."""
+    seen: set[tuple[int, int | None]] = set()
+
+    def trials(workload: Workload, step: StepSettings) -> SimulatedTrials:
+        runner = machine.trials(workload, step)
+        fed = runner.fed
+
+        def once(batch: int, count: int, threads: int | None, *, seconds: float) -> FedTrial:
+            trial = fed(batch, count, threads, seconds=seconds)
+            if count != workers or (batch, threads) in seen or trial.samples_per_s is None:
+                return trial
+            seen.add((batch, threads))
+            return dataclasses.replace(trial, samples_per_s=trial.samples_per_s * factor)
+
+        runner.fed = once  # type: ignore[method-assign]
+        return runner
+
+    return trials
+
+
+def run(
+    machine: SimulatedMachine,
+    where: str,
+    lucky: tuple[int, float] | None = None,
+    **options: object,
+) -> Profile:
     """``tune()`` on ``machine`` as the snapshot ``where``, the workers phase seeing the
-    machine's CPUs (``host_cpus``) as this process's."""
+    machine's CPUs (``host_cpus``) as this process's; ``lucky``: the first pass fed by that
+    many workers at each batch and thread count runs at that factor of its rate."""
     snapshot: HardwareSnapshot = SNAPSHOTS[where]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(workers_phase, "_process_cpus", lambda: machine.host_cpus)
-        return tune_on(machine, _workload(machine.load_s is not None), snapshot, **options)
+        if lucky is None:
+            return tune_on(machine, _workload(machine.load_s is not None), snapshot, **options)
+        return tune(
+            _workload(machine.load_s is not None),
+            snapshot=snapshot,
+            clock=machine.clock,
+            trials=_lucky_first_pass(machine, *lucky),
+            **options,  # type: ignore[arg-type]
+        )
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -584,6 +709,71 @@ def data_bound() -> Profile:
     assert evidence.batch_choice.fed
     assert disagreements(profile) == []
     return profile
+
+
+@pytest.fixture(scope="module")
+def lucky() -> Profile:
+    """A 2-core CPU where the plain 2 workers feed training fastest (2,462 samples/s at batch
+    128; 0 workers 1,771), and 0 workers' first pass is a lucky 1.5x (2,657): the second round
+    does not bear it out, the plain alternative stands, and the batch is chosen as without the
+    lucky pass (64, within 2% of the plain alternative's 2,462)."""
+    machine = cpu_machine(
+        first_s=0.3,
+        autotune_s=0.0,
+        fixed_s=0.0004,
+        per_sample_s=2e-4,
+        load_s=0.9 * 0.0004015625,  # 0.9x a sample's step on one core: 2,767 samples/s a core
+        shares_cpus=True,
+        host_cpus=2,
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(workers_phase, "_process_cpus", lambda: 2)
+        profile = tune(
+            "conv",
+            snapshot=TWO_CPUS,
+            clock=machine.clock,
+            trials=_lucky_first_pass(machine, 0, 1.5),
+            budget_s=60,
+        )
+    assert disagreements(profile) == []
+    return profile
+
+
+def test_a_lucky_pass_the_second_round_did_not_bear_out_is_said_as_measured(lucky: Profile) -> None:
+    evidence = lucky.evidence
+    assert evidence is not None
+    assert lucky.settings.dataloader.num_workers == 2
+    again = [(f.num_workers, f.cpu_threads) for f in evidence.fed if f.round == 2]
+    assert again == [(0, None), (2, 1)]
+    assert "did not bear out 0 worker(s) at torch's default threads" in (
+        evidence.workers_reason or ""
+    )
+    table = summary(lucky).split("Training fed by the DataLoader")[1]
+    assert len(re.findall(r"second round", table)) == 2
+    assert lucky.settings.batch.batch_size == 64  # as without the lucky pass
+    batch = _reason(lucky, "batch.batch_size")
+    assert "at best 2,462 samples/s" in batch
+    assert (
+        "the best rate leaves out the passes at batch 128 faster than the plain alternative's "
+        "2,462 samples/s, as the second round did not bear out the first round's choice: 0 "
+        "worker(s) at torch's default threads (2,657) samples/s"
+    ) in batch
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "found"),
+    [
+        ("passes (1,771 samples/s)", "passes (2,657 samples/s)", "is not its slower pass"),
+        ("alternative's (2,462)", "alternative's (2,400)", "is not its faster pass"),
+        ("is not faster", "is faster", "'did not bear out' with 'is faster'"),
+        ("did not bear out 0", "did not bear out 1", "are not the challenger's"),
+    ],
+)
+def test_the_checker_finds_a_wrong_second_round_claim(
+    lucky: Profile, old: str, new: str, found: str
+) -> None:
+    wrong = disagreements(_rate_changed(lucky, "dataloader.num_workers", old, new))
+    assert any(found in d for d in wrong), wrong
 
 
 def _rate_changed(profile: Profile, setting: str, old: str, new: str) -> Profile:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 
 import pytest
 from rich.console import Console
@@ -20,6 +21,7 @@ from torch_autotune.probe import workers_phase
 from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.profile import Preferences, Profile
+from torch_autotune.render.results import render_run
 from torch_autotune.rules.context import Measurements
 from torch_autotune.rules.engine import build_profile
 
@@ -261,3 +263,37 @@ def test_the_fed_series_marked_is_the_one_of_the_profiles_workers_and_threads(
     lines = _charts(profile)
     (row,) = [line for line in lines if "◀ recommended" in line]
     assert row.startswith(f"  batch 512 {series} ")
+
+
+def test_a_pass_run_again_in_the_second_round_is_one_point_with_its_spread() -> None:
+    """The second round (``probe.fed_rounds``) feeds 0 workers at 1 thread and the plain 2
+    workers again: each is one point, their passes' median and spread, not two at one size;
+    the summary's table says which row is the second round's."""
+    profile = _fed_at_two_thread_counts(1)
+    assert profile.evidence is not None
+    again = (
+        FedRecord(num_workers=0, batch_size=512, cpu_threads=1, samples_per_s=1300.0, round=2),
+        FedRecord(num_workers=2, batch_size=512, samples_per_s=1000.0, round=2),
+    )
+    evidence = profile.evidence.model_copy(update={"fed": profile.evidence.fed + again})
+    profile = profile.model_copy(update={"evidence": evidence})
+    series = {s.name: s.points for s in data.throughput_series(evidence)}
+    (point,) = series["fed, 0 workers, 1 thread"]
+    assert (point.samples_per_s, point.relative_spread) == (1400.0, pytest.approx(200 / 1400))
+    (point,) = series["fed, 2 workers"]
+    assert (point.samples_per_s, point.relative_spread) == (1100.0, pytest.approx(200 / 1100))
+    (point,) = series["fed, 0 workers"]  # one pass: no spread
+    assert point.relative_spread is None
+    (row,) = [line for line in _charts(profile) if "◀ recommended" in line]
+    assert row.startswith("  batch 512 fed, 0 workers, 1 thread ")
+    assert "spread 14%" in row
+    text = io.StringIO()
+    render_run(profile, Console(file=text, width=120), None)
+    table = text.getvalue().split("Training fed by the DataLoader")[1]
+    assert re.findall(r"\n +512 +(\d+) +(\S+) +[\d.]+ +(.*?) *(?=\n)", table) == [
+        ("0", "default", ""),
+        ("0", "1", "recommended"),
+        ("2", "default", ""),
+        ("0", "1", "second round"),
+        ("2", "default", "second round"),
+    ]

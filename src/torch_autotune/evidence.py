@@ -268,6 +268,7 @@ class FedRecord(StrictModel):
     seconds: float | None = Field(default=None, ge=0, description="Wall time of the pass.")
     variant: VariantName = Field(default=EAGER, description="The probe's variant it ran with.")
     error: str | None = None
+    round: int = Field(default=1, ge=1, le=2, description="2: run again to confirm (probe.fed).")
 
 
 class WorkloadDetails(StrictModel):

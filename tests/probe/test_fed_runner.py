@@ -184,7 +184,11 @@ def test_the_workers_phase_on_a_cpu_heavy_dataset_feeds_real_training_and_keeps_
     assert outcome.fed[0].num_workers == most
     best = max(r.samples_per_s or 0.0 for r in outcome.fed)
     chosen = [r.samples_per_s for r in outcome.fed if r.num_workers == outcome.num_workers]
-    assert max(s or 0.0 for s in chosen) >= best * (1 - FED_WITHIN)
+    again = [r.num_workers for r in outcome.fed if r.round == 2]
+    if again[1:] == [outcome.num_workers]:  # the second round kept the plain alternative
+        assert outcome.num_workers == most  # and set the faster passes aside (probe.fed_rounds)
+    else:
+        assert max(s or 0.0 for s in chosen) >= best * (1 - FED_WITHIN)
     fed_at = {r.batch_size for r in outcome.fed if r.samples_per_s}
     assert (outcome.batch_size or 64) in fed_at  # the batch recommended trained fed
     assert took <= budget.total_s + 10  # one pass past the deadline at most

@@ -213,7 +213,8 @@ def test_a_main_process_that_loads_70x_the_step_keeps_ahead_and_a_cpu_feeds_its_
     evidence = profile.evidence
     assert evidence is not None
     assert [r.num_workers for r in evidence.loader] == [0]
-    assert [(r.num_workers, r.cpu_threads) for r in evidence.fed] == [(2, 1), (0, None), (0, 1)]
+    fed = [(r.num_workers, r.cpu_threads, r.round) for r in evidence.fed]
+    assert fed == [(2, 1, 1), (0, None, 1), (0, 1, 1), (0, None, 2), (2, 1, 2)]
     assert profile.settings.dataloader.num_workers == 0
     assert profile.settings.cpu_threads is None
     threads = profile.decision("cpu_threads")
@@ -268,6 +269,12 @@ def test_a_tiny_model_on_a_cpu_trains_at_the_threads_fed_fastest(
     render_run(profile, console, None)  # one pass recommended: 0 workers at 1 thread
     fed_table = console.export_text().split("Training fed by the DataLoader")[1]
     assert re.findall(r"\n +\d+ +(\d+) +(\S+) +[\d.]+ +recommended", fed_table) == [("0", "1")]
+    # it left the plain 2 workers: both ran again, in the reverse order, and bore it out
+    again = re.findall(r"\n +\d+ +(\d+) +(\S+) +[\d.]+ +second round", fed_table)
+    assert again == [("0", "1"), ("2", "1")]
+    assert "a second round, in the reverse order, bore out 0 worker(s) at 1 thread" in (
+        evidence.workers_reason or ""
+    )
 
 
 def _slow_step_cpu() -> SimulatedMachine:

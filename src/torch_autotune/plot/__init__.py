@@ -5,7 +5,8 @@ Three panels, each left out when the profile holds no data for it:
 1. **Batch size.** Training throughput (samples/s, median of the repeats, the bar spans the
    relative spread) against batch size on a log2 axis, one series per variant that ran: the
    eager step, the compiled step, and training fed by the DataLoader at each worker count
-   (one pass each, no spread); the profile's batch (and where ``autotune bench`` or a hand
+   (one pass each, no spread; where a second round ran again to confirm the choice, the two
+   passes' median and spread); the profile's batch (and where ``autotune bench`` or a hand
    edit changed it from the probe's, which); the largest size
    that ran; the first larger size that did not (out of memory, or not run because it was too
    slow for the budget or predicted beyond host RAM) as a shaded region; and, when the trials

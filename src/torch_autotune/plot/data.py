@@ -7,6 +7,7 @@ draws nothing and prints nothing.
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -178,17 +179,28 @@ def throughput_series(evidence: Evidence) -> list[Series]:
         ]
         if points:
             series.append(Series(name, name, tuple(sorted(points, key=_size))))
-    fed: dict[tuple[int, int | None], list[Point]] = {}
+    fed: dict[tuple[int, int | None], dict[int, list[float]]] = {}
     for f in evidence.fed:
         if f.samples_per_s is not None:
-            point = Point(f.batch_size, f.samples_per_s, None, True)
-            fed.setdefault((f.num_workers, f.cpu_threads), []).append(point)
-    for (workers, threads), points in sorted(fed.items(), key=lambda i: (i[0][0], i[0][1] or 0)):
+            by_size = fed.setdefault((f.num_workers, f.cpu_threads), {})
+            by_size.setdefault(f.batch_size, []).append(f.samples_per_s)
+    for (workers, threads), rates in sorted(fed.items(), key=lambda i: (i[0][0], i[0][1] or 0)):
         name = f"fed, {workers} worker{'s' if workers != 1 else ''}"
         name += f", {threads} thread{'s' if threads != 1 else ''}" if threads is not None else ""
         name += f", {chosen}" if chosen != "eager" else ""
-        series.append(Series(name, "fed", tuple(sorted(points, key=_size)), (workers, threads)))
+        fed_points = tuple(_fed_point(size, rates[size]) for size in sorted(rates))
+        series.append(Series(name, "fed", fed_points, (workers, threads)))
     return series
+
+
+def _fed_point(batch_size: int, rates: list[float]) -> Point:
+    """The passes fed at one batch with one worker and thread count as one point: one pass
+    (no spread), or the two rounds of ``probe.fed_rounds``, their median and spread, as the
+    step's points give theirs."""
+    if len(rates) == 1:
+        return Point(batch_size, rates[0], None, True)
+    middle = statistics.median(rates)
+    return Point(batch_size, middle, (max(rates) - min(rates)) / middle, True)
 
 
 def _size(point: Point) -> int:

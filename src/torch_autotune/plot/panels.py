@@ -110,7 +110,7 @@ def draw_throughput(ax: Axes, evidence: Evidence, mark: Chosen) -> int:
 def _throughput_series(ax: Axes, evidence: Evidence) -> list[Handle]:
     """One line per series (``plot.data.throughput_series``: eager, compiled, training fed by
     the DataLoader at each worker count), samples/s against the batch, the bars spanning a
-    point's relative spread (none: no bar; a fed pass is one pass)."""
+    point's relative spread (none: no bar; a fed point is one pass, or two rounds)."""
     handles: list[Handle] = []
     for i, series in enumerate(throughput_series(evidence)):
         colour, marker = _SERIES_LOOKS.get(series.kind, (BROWN, "^"))

@@ -36,9 +36,17 @@ with the CPU threads the profile sets beside that many workers.
    than two counts differ, and the costs are not alike: keeping the plain count where fewer
    measured as fast costs some RAM, while trusting such a tie cost 0.56x on this 2-CPU VM
    (2 workers fed 228 samples/s and 1 fed 231 while a neighbour held a core; the bench,
-   later, measured 2 at 1.8x of 1). The batch is then the smallest these workers fed within
-   2% of the best pass of all. So the choice is never slower than the plain alternative
-   beyond 2%, and within 4% of every pass measured.
+   later, measured 2 at 1.8x of 1). One pass moves by more than 2% too (the same pass fed
+   937 to 2,490 samples/s in four rounds on this VM), so before the choice leaves the plain
+   alternative a second round runs (``probe.fed_rounds``): the pass chosen, then the plain
+   alternative, once more each, at the same batch, workers and threads; the choice moves only
+   where the slower of the chosen pass's two still fed faster than the faster of the plain
+   alternative's beyond 2%, else the plain alternative stands. Where the two passes do not
+   fit in the time left, the first round's choice stays, and its reason says it rests on one
+   pass each. The batch is then the smallest these workers fed within 2% of the best pass of
+   all, less the passes the second round set aside. So the choice is never slower than the
+   plain alternative beyond 2%, and within 4% of every pass measured but those set aside
+   (where each pass feeds at one rate, none is).
 
 A pass is started only when it is predicted to end by ``until`` (``pass_seconds``, at the
 rate that count was fed at before, else the slower of its loader alone and the step).
@@ -59,9 +67,11 @@ from torch_autotune.probe.fed_passes import (
     fmt_rate,
     pass_seconds,
     rate_of,
+    round_text,
     threads_text,
     warmup_steps,
 )
+from torch_autotune.probe.fed_rounds import SecondRound, second_round
 from torch_autotune.probe.fed_threads import (
     MeasuredThreads,
     feed_fewer_threads,
@@ -139,12 +149,8 @@ def choose_fed(
         failed = "; ".join(f"{t.num_workers}: {t.error}" for t in run.trials)
         why = f"every pass failed ({failed})" if failed else "no pass fit in the time left"
         return FedChoice(None, None, tuple(run.trials), why, None)
-    if default_threads is not None:
-        feed_fewer_threads(run, at, default_threads)
-    picked = pick_pass(run, [t for t in run.trials if t.batch_size == at], counts[0])
-    workers = picked.num_workers
-    run.chosen_threads[workers] = picked.threads
-    threads = None if default_threads is None else measured_threads(run, picked, default_threads)
+    second, threads = _choose_pass(run, at, counts[0], default_threads)
+    picked, workers = second.chosen, second.chosen.num_workers
     retimed = _retimed(picked, default_threads)
     step_limits = run.step_rate is not None and run.best >= run.step_rate * (1 - FED_WITHIN)
     if (step_limits and retimed is None) or (
@@ -154,7 +160,7 @@ def choose_fed(
         # the time left), and the smaller batch fed slower than that batch could train at
         # (its step alone, or its loader alone where that is slower): nothing measured says it
         # is as fast, so the step's batch stays.
-        reason = _workers_reason(run, picked, at, loader_rates) + _unfed(sizes[0], at)
+        reason = _workers_reason(run, picked, at, loader_rates, second) + _unfed(sizes[0], at)
         trials = tuple(run.trials)
         return FedChoice(workers, sizes[0], trials, reason, None, threads)
     _feed_sizes(run, at, sizes, workers, step_rates if retimed is None else {})
@@ -163,10 +169,26 @@ def choose_fed(
         chosen.num_workers,
         chosen.batch_size,
         tuple(run.trials),
-        _workers_reason(run, chosen, at, loader_rates),
+        _workers_reason(run, chosen, at, loader_rates, second),
         _batch_reason(run, chosen, sizes[0], retimed if step_limits else None),
         threads,
     )
+
+
+def _choose_pass(
+    run: Passes, at: int, plain: int, default_threads: int | None
+) -> tuple[SecondRound, MeasuredThreads | None]:
+    """The pass chosen at batch ``at`` (step 3 of the module docstring), after the threads
+    were fed where ``default_threads`` is given, with the threads' decision (None: the rules'
+    threads only); ``plain``: the plain alternative's worker count."""
+    if default_threads is not None:
+        feed_fewer_threads(run, at, default_threads)
+    picked = pick_pass(run, [t for t in run.trials if t.batch_size == at], plain)
+    second = second_round(run, picked, plain)
+    run.chosen_threads[second.chosen.num_workers] = second.chosen.threads
+    if default_threads is None:
+        return second, None
+    return second, measured_threads(run, second.chosen, default_threads, kept=second.kept)
 
 
 def _retimed(picked: FedTrial, default_threads: int | None) -> int | None:
@@ -271,27 +293,37 @@ def _pick_batch(run: Passes, at: int, workers: int) -> FedTrial:
 
 
 def _trace(trials: Sequence[FedTrial], batch_size: int) -> str:
-    """'0: 140, 1: 251 (1 thread), 2: failed (worker crashed: ...)' for one batch size; torch's
-    default threads named where a count was fed at fewer too."""
+    """'0: 140, 1: 251 (1 thread), 2: failed (worker crashed: ...), 1: 240 (1 thread, second
+    round)' for one batch size; torch's default threads named where a count was fed at fewer
+    too, and the passes of the second round (``probe.fed_rounds``) said so."""
     mine = [t for t in trials if t.batch_size == batch_size]
     fewer = {t.num_workers for t in mine if t.threads is not None}
     parts = []
     for t in mine:
         named = t.threads is not None or t.num_workers in fewer
-        threads = f" ({threads_text(t.threads)})" if named else ""
-        value = f"{fmt_rate(t.samples_per_s)}{threads}" if t.ok else f"failed ({t.error})"
-        parts.append(f"{t.num_workers}: {value}")
+        notes = [threads_text(t.threads)] * named + ["second round"] * (t.round == 2)
+        value = fmt_rate(t.samples_per_s) if t.ok else f"failed ({t.error})"
+        parts.append(f"{t.num_workers}: {value}" + (f" ({', '.join(notes)})" if notes else ""))
     return ", ".join(parts)
 
 
 def _workers_reason(
-    run: Passes, chosen: FedTrial, batch_size: int, loader_rates: Mapping[int, float]
+    run: Passes,
+    chosen: FedTrial,
+    batch_size: int,
+    loader_rates: Mapping[int, float],
+    second: SecondRound,
 ) -> str:
     at = [t for t in run.trials if t.ok and t.batch_size == batch_size]
     fastest = max(rate_of(t) for t in at)
     mine = max(rate_of(t) for t in at if (t.num_workers, t.threads) == _pair(chosen))
     plain = run.trials[0]  # the first pass: as many workers as usable CPUs, the rules' threads
-    if mine >= fastest:
+    if second.kept:
+        where = (
+            "the plain alternative, as many workers as usable CPUs, which stands as the second "
+            "round did not bear out a faster count, of"
+        )
+    elif mine >= fastest:
         where = "the fastest of"
     elif _pair(chosen) == _pair(plain):
         where = (
@@ -310,6 +342,8 @@ def _workers_reason(
         f"profile sets beside each count{', and fewer' * fewer}): "
         f"{_trace(run.trials, batch_size)}"
     )
+    if second.text:
+        text += f"; {second.text}"
     if run.skipped:
         skipped = ", ".join(f"{n} ({fmt_rate(loader_rates[n])})" for n in run.skipped)
         text += f"; not fed, as their loader alone was slower than that: {skipped} samples/s"
@@ -324,7 +358,7 @@ def _pair(trial: FedTrial) -> tuple[int, int | None]:
 
 def _batch_reason(run: Passes, chosen: FedTrial, batch_size: int, retimed: int | None) -> str:
     trace = ", ".join(
-        f"{t.batch_size}: {fmt_rate(t.samples_per_s) if t.ok else 'failed'}"
+        f"{t.batch_size}: {fmt_rate(t.samples_per_s) if t.ok else 'failed'}{round_text(t)}"
         for t in run.trials
         if _pair(t) == _pair(chosen)
     )

@@ -5,7 +5,7 @@ them: one pass, its predicted time, and the passes run so far. Pure: no torch.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "FED_WITHIN",
@@ -18,6 +18,7 @@ __all__ = [
     "fmt_rate",
     "pass_seconds",
     "rate_of",
+    "round_text",
     "threads_text",
     "warmup_steps",
 ]
@@ -29,7 +30,8 @@ FED_WITHIN = 0.02
 @dataclass(frozen=True)
 class FedTrial:
     """One fed pass: training at ``batch_size`` fed by ``num_workers`` workers, with
-    ``threads`` CPU threads (None: the process's), in samples/s; or why it failed."""
+    ``threads`` CPU threads (None: the process's), in samples/s; or why it failed. ``round``:
+    2 where it ran again to confirm the first round's choice (``probe.fed_rounds``)."""
 
     batch_size: int
     num_workers: int
@@ -37,6 +39,7 @@ class FedTrial:
     samples_per_s: float | None
     seconds: float = 0.0  # wall time of the pass, warm-up included
     error: str | None = None
+    round: int = 1
 
     @property
     def ok(self) -> bool:
@@ -88,10 +91,17 @@ class Passes:
     notes: list[str] = field(default_factory=list)
     chosen_threads: dict[int, int | None] = field(default_factory=dict)
     stop: str | None = None
+    set_aside: set[tuple[int, int | None]] = field(default_factory=set)  # (workers, threads)
 
     @property
     def best(self) -> float | None:
-        rates = [rate_of(t) for t in self.trials if t.ok]
+        """The fastest pass, less those of the counts (and threads) the second round set aside
+        (``set_aside``, ``probe.fed_rounds``): a lucky pass sets no bar for the batch."""
+        rates = [
+            rate_of(t)
+            for t in self.trials
+            if t.ok and (t.num_workers, t.threads) not in self.set_aside
+        ]
         return max(rates) if rates else None
 
     def rate(self, count: int, batch_size: int) -> float | None:
@@ -156,6 +166,13 @@ class Passes:
         self.trials.append(trial)
         return trial
 
+    def feed_again(self, trial: FedTrial) -> FedTrial:
+        """One more pass at ``trial``'s batch, workers and threads, recorded as the second
+        round (``probe.fed_rounds``)."""
+        again = replace(self.fed(trial.batch_size, trial.num_workers, trial.threads), round=2)
+        self.trials.append(again)
+        return again
+
 
 def rate_of(trial: FedTrial) -> float:
     if trial.samples_per_s is None:
@@ -167,6 +184,11 @@ def fmt_rate(rate: float | None) -> str:
     if rate is None:
         return "?"
     return f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}"
+
+
+def round_text(trial: FedTrial) -> str:
+    """' (second round)' for a pass of the second round (``probe.fed_rounds``), else ''."""
+    return " (second round)" if trial.round == 2 else ""
 
 
 def threads_text(threads: int | None, default: int | None = None) -> str:

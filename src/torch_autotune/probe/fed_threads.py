@@ -30,6 +30,7 @@ from torch_autotune.probe.fed_passes import (
     Passes,
     fmt_rate,
     rate_of,
+    round_text,
     threads_text,
 )
 
@@ -95,9 +96,12 @@ def pick_pass(run: Passes, trials: Sequence[FedTrial], plain: int) -> FedTrial:
     )
 
 
-def measured_threads(run: Passes, chosen: FedTrial, default_threads: int) -> MeasuredThreads | None:
+def measured_threads(
+    run: Passes, chosen: FedTrial, default_threads: int, *, kept: bool = False
+) -> MeasuredThreads | None:
     """``chosen``'s thread count and why, where fewer threads than the rules' were fed at its
-    batch (None where none were)."""
+    batch (None where none were). ``kept``: ``chosen`` is the plain alternative's pass, kept
+    where the second round did not bear out the first round's choice (``probe.fed_rounds``)."""
     count, at = chosen.num_workers, chosen.batch_size
     rules = run.threads_for(count)
     mine = [t for t in run.trials if t.num_workers == count and t.batch_size == at]
@@ -105,20 +109,33 @@ def measured_threads(run: Passes, chosen: FedTrial, default_threads: int) -> Mea
         others = [t for t in run.trials if t.batch_size == at]
         if all(t.threads == run.threads_for(t.num_workers) for t in others):
             return None
+        which = threads_text(chosen.threads, default_threads)
+        if kept:
+            return MeasuredThreads(
+                chosen.threads,
+                f"{which}, the rules' count beside {count} worker(s), the plain alternative, "
+                "which stands as the second round did not bear out a faster pass (the "
+                "DataLoader workers' decision gives every pass)",
+            )
         return MeasuredThreads(
             chosen.threads,
-            f"{threads_text(chosen.threads, default_threads)}, the rules' count beside "
+            f"{which}, the rules' count beside "
             f"{count} worker(s), which fed training fastest at batch {at} at "
             f"{fmt_rate(chosen.samples_per_s)} samples/s; no other count fed faster at fewer "
             "threads (the DataLoader workers' decision gives every pass)",
         )
     trace = ", ".join(
         f"{threads_text(t.threads, default_threads)}: "
-        f"{fmt_rate(t.samples_per_s) if t.ok else f'failed ({t.error})'}"
+        f"{fmt_rate(t.samples_per_s) if t.ok else f'failed ({t.error})'}{round_text(t)}"
         for t in mine
     )
     which = threads_text(chosen.threads, default_threads)
-    if chosen.threads == rules:
+    if chosen.threads == rules and kept:
+        verdict = (
+            f"{which}, the rules' count beside the plain alternative's workers, which stand as "
+            "the second round did not bear out a faster pass"
+        )
+    elif chosen.threads == rules:
         verdict = f"{which}, the rules' count: no fewer fed training faster beyond {FED_WITHIN:.0%}"
     else:
         verdict = (

@@ -357,6 +357,7 @@ def _outcome(
             samples_per_s=t.samples_per_s,
             seconds=round(t.seconds, 3),
             error=t.error,
+            round=t.round,
         )
         for t in fed.trials
     )

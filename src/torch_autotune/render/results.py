@@ -240,20 +240,22 @@ def _loader_table(evidence: Evidence) -> Table:
 
 
 def _fed_table(evidence: Evidence, settings: Settings) -> Table:
-    """The passes of training fed by the DataLoader, the recommended one marked: the profile's
-    batch, worker count and CPU threads."""
+    """The passes of training fed by the DataLoader, the recommended one marked (the profile's
+    batch, worker count and CPU threads; its first round's pass), and a pass run again to
+    confirm the choice (``probe.fed_rounds``) said to be of the second round."""
     mine = (evidence.batch_size, settings.dataloader.num_workers, settings.cpu_threads)
     table = Table(title="Training fed by the DataLoader", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("batch", "workers", "threads", "samples/s", "note"):
         table.add_column(column, justify="right" if column != "note" else "left")
     for fed in evidence.fed:
-        chosen = (fed.batch_size, fed.num_workers, fed.cpu_threads) == mine
+        chosen = (fed.batch_size, fed.num_workers, fed.cpu_threads) == mine and fed.round == 1
+        notes = ["second round"] * (fed.round == 2) + [fed.error or "recommended" * chosen]
         table.add_row(
             str(fed.batch_size),
             str(fed.num_workers),
             "default" if fed.cpu_threads is None else str(fed.cpu_threads),
             "-" if fed.samples_per_s is None else f"{fed.samples_per_s:.1f}",
-            fed.error or ("recommended" if chosen else ""),
+            ": ".join(n for n in notes if n),
         )
     return table
 
