@@ -503,3 +503,46 @@ def test_passes_left_out_for_time_are_said_with_their_numbers(
         r"predicted, 0\.0 s of the run left, none of them kept for later phases\) did not fit;",
         outcome.reason,
     ), outcome.reason
+
+
+class _FailingFed(_SlowLoader):
+    """Every pass fed by the DataLoader fails (a worker killed), in no time at all."""
+
+    def fed(
+        self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
+    ) -> FedTrial:
+        self.fed_calls.append(num_workers)
+        self.now += 5.0
+        killed = "RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed."
+        return FedTrial(batch_size, num_workers, threads, None, 5.0, killed)
+
+
+def test_where_every_fed_pass_failed_the_reason_says_so_not_that_time_ran_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0 workers keep ahead in the main process on 2 CPUs, and every pass fed by the
+    DataLoader failed with 43 s of 60 left: it said 'not measured for want of time (a pass
+    ... (2.1 s predicted, 43.0 s of the run left ...) did not fit'."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    runner = _FailingFed({0: 30000.0, 1: 20000.0, 2: 40000.0}, load_s=1.0)
+    budget = Budget(60.0, runner.clock, started=0.0)
+    outcome = workers_phase.measure_workers(
+        workload=resolve_workload("conv"),
+        profile=build_profile(TWO_CPUS),
+        runner=runner,  # type: ignore[arg-type]
+        batch_size=64,
+        step_rates={64: 2000.0},
+        budget=budget,
+        progress=lambda _phase, _what: None,
+        threads_for=lambda workers: None if workers == 0 else 1,
+    )
+    assert runner.fed_calls
+    assert outcome.num_workers == 0
+    assert outcome.reason is not None
+    assert outcome.reason.startswith(
+        "0 worker(s): on a CPU workers take cores from the training step, and training fed by"
+        " the DataLoader was not measured: every pass of it failed (below); in the main process"
+    )
+    assert "for want of time" not in outcome.reason
+    assert "every pass failed (2: RuntimeError: DataLoader worker (pid 7)" in outcome.reason
+    assert not budget.skipped  # nothing was left out for time

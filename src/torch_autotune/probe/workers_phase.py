@@ -201,10 +201,11 @@ def measure_workers(
     )
     alone += _other_threads(fed, threads_for or (lambda _count: None), default_threads)
     fallback = None
-    if fed.num_workers is None:  # no pass chose
+    if fed.num_workers is None:  # no pass chose: none fit in the time, or every one failed
         loader = rates.get(counts[0]) if counts else None
         short = _short(budget, (batch_size, *smaller)[-1], counts[:1] or [0], loader, step_rates)
-        fallback = _unfed(choice, rates, most, step_rate, profile.device, short=short)
+        why = (lambda: ": every pass of it failed (below)") if fed.trials else _for_time(short)
+        fallback = _unfed(choice, rates, most, step_rate, profile.device, why=why)
     return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
 
 
@@ -262,10 +263,11 @@ def _unfed(
     step: float | None,
     device: str,
     *,
-    short: Callable[[], str],
+    why: Callable[[], str],
 ) -> tuple[int, str] | None:
-    """The count to keep, and why, where no pass fed by the DataLoader runs (for want of
-    time: ``short()``, what did not fit), when it is not the loader alone's choice: the usable
+    """The count to keep, and why, where no pass fed by the DataLoader chose (``why()``: for
+    want of time, what did not fit, or that every pass failed), when it is not the loader
+    alone's choice: the usable
     CPUs, the plain alternative, where loading limits training and the loader alone never
     reached them; on a CPU, 0 where its loading keeps 10% ahead of the step, though in series
     with it, since a worker takes a core from the step there (G6)."""
@@ -275,20 +277,23 @@ def _unfed(
         if most in {t.num_workers for t in choice.trials}:
             return None
         return most, (
-            f"{most} worker(s), as many as usable CPUs, the plain alternative, not "
-            f"measured for want of time ({short()} did not fit; give autotune more with "
-            f"--budget); no count the loader alone reached keeps ahead of the training step."
+            f"{most} worker(s), as many as usable CPUs, the plain alternative, not measured"
+            f"{why()}; no count the loader alone reached keeps ahead of the training step."
         )
     main = rates.get(0)
     if device != "cpu" or choice.num_workers == 0 or main is None or main < step * HEADROOM:
         return None
     return 0, (
         f"0 worker(s): on a CPU workers take cores from the training step, and training fed by "
-        f"the DataLoader was not measured for want of time ({short()} did not fit; give autotune "
-        f"more with --budget); "
-        f"in the main process, loading at {format_rate(main)} samples/s takes "
+        f"the DataLoader was not measured{why()}; in the main process, loading at "
+        f"{format_rate(main)} samples/s takes "
         f"{format_share(serial_share(main, step))} of training's time, in series with the step."
     )
+
+
+def _for_time(short: Callable[[], str]) -> Callable[[], str]:
+    """Why training fed by the DataLoader was not measured, where no pass fit: ``short()``."""
+    return lambda: f" for want of time ({short()} did not fit; give autotune more with --budget)"
 
 
 def _alone(
