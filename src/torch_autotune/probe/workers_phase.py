@@ -204,8 +204,7 @@ def measure_workers(
     if fed.num_workers is None:  # no pass chose: none fit in the time, or every one failed
         loader = rates.get(counts[0]) if counts else None
         short = _short(budget, (batch_size, *smaller)[-1], counts[:1] or [0], loader, step_rates)
-        why = (lambda: ": every pass of it failed (below)") if fed.trials else _for_time(short)
-        fallback = _unfed(choice, rates, most, step_rate, profile.device, why=why)
+        fallback = _unfed(choice, rates, most, step_rate, profile.device, why=_why_not(fed, short))
     return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
 
 
@@ -291,8 +290,12 @@ def _unfed(
     )
 
 
-def _for_time(short: Callable[[], str]) -> Callable[[], str]:
-    """Why training fed by the DataLoader was not measured, where no pass fit: ``short()``."""
+def _why_not(fed: FedChoice, short: Callable[[], str]) -> Callable[[], str]:
+    """Why training fed by the DataLoader was not measured: every pass failed (``fed`` ran
+    some: the reason's end lists them), else none fit in the time (``short()``: what did not
+    fit, recorded on the budget only when said)."""
+    if fed.trials:
+        return lambda: ": every pass of it failed (below)"
     return lambda: f" for want of time ({short()} did not fit; give autotune more with --budget)"
 
 
