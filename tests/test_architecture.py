@@ -296,7 +296,7 @@ _CUDA_HOMES = (
     "probe.recompute",
 )
 HOMES: dict[str, tuple[str, ...]] = {
-    "torch": (*_CUDA_HOMES, "probe.workloads"),  # the workloads build models, never ask CUDA
+    "torch": (*_CUDA_HOMES, "probe.step", "probe.workloads"),  # they train, never ask CUDA
     "torch.cuda": _CUDA_HOMES,
     "pynvml": ("detect.nvml",),
     "rich": ("cli", "render", "plot.text"),

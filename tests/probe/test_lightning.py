@@ -293,7 +293,7 @@ def test_a_ranks_model_in_ddp_gets_configure_optimizers_of_the_module_inside() -
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from torch_autotune.probe.trials import make_optimizer
+    from torch_autotune.probe.step import make_optimizer
 
     workload = resolve_workload(Classifier(), objects={"datamodule": Data()})
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())

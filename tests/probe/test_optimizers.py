@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from torch_autotune.errors import WorkloadError, raised_by_user_code
-from torch_autotune.probe.trials import make_optimizer
+from torch_autotune.probe.step import make_optimizer
 from torch_autotune.probe.workloads import as_workload
 from torch_autotune.probe.workloads.optimizers import (
     FactoryOptimizer,

@@ -14,6 +14,7 @@ import torch
 
 from torch_autotune.apply import optimizer_kwargs
 from torch_autotune.errors import raised_by_user_code
+from torch_autotune.probe import step as step_module
 from torch_autotune.probe import trials
 from torch_autotune.probe.search import find_max_batch_size
 from torch_autotune.probe.state import preserved
@@ -229,7 +230,7 @@ def test_a_bug_in_our_own_step_code_is_not_blamed_on_the_user(
     def ours(*_args: object, **_kwargs: object) -> Any:
         raise TypeError(f"a bug in {helper}")
 
-    monkeypatch.setattr(trials, helper, ours)
+    monkeypatch.setattr(step_module if helper == "autocast" else trials, helper, ours)
     with pytest.raises(TypeError, match="a bug in") as caught:
         TrialRunner(Tiny(OomAt(), adam), StepSettings())(8)
     assert not raised_by_user_code(caught.value)

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.probe.trials import StepSettings, make_optimizer
+from torch_autotune.probe.step import make_optimizer
+from torch_autotune.probe.trials import StepSettings
 from torch_autotune.settings import FsdpSettings
 from torch_autotune.wrapping import checkpoint_blocks, shard
 
@@ -207,7 +208,7 @@ def _two_steps(
     workload: Workload, settings: Any, model: Any, optimizer: Any, batch: Any, *, tracker: Any
 ) -> None:
     """Two training steps under ``tracker``: the second holds the optimizer's state."""
-    from torch_autotune.probe.trials import train_step
+    from torch_autotune.probe.step import train_step
 
     for step in range(2):
         train_step(workload, batch, settings, model=model, optimizer=optimizer, scaler=_NoScaler())

@@ -52,8 +52,9 @@ from torch_autotune.probe.loader import (
 )
 from torch_autotune.probe.memory import grown_since, held_now
 from torch_autotune.probe.oom import release_memory, run_guarded
+from torch_autotune.probe.step import make_optimizer, train_step
 from torch_autotune.probe.timing import Timer
-from torch_autotune.probe.trials import TrialRunner, make_optimizer, train_step
+from torch_autotune.probe.trials import TrialRunner
 from torch_autotune.settings import Settings, torch_defaults
 
 T = TypeVar("T")

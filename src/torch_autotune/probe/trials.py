@@ -4,11 +4,11 @@ A trial is the step the user's training loop will run, repeated so optimizer sta
 forward under the profile's autocast, loss, backward (through the GradScaler for fp16),
 optimizer step, zero_grad; with the profile's memory format and compile setting. Every one of
 those is ``torch_autotune.apply`` applied to the profile's ``Settings``, as in the user's
-script, and ``train_step`` is that step for the bench's loop too. Steps are timed by the one
-``Timer`` (``probe.timing``). Peak memory is read from the allocator, reset before each trial.
-Out-of-memory is recognised by ``oom`` and cleaned up outside the ``except`` block; any other
-error propagates with the user's traceback. ``probe.state.preserved`` puts back what the
-probe touches.
+script, and ``probe.step.train_step`` is that step, for the bench's loop too. Steps are timed
+by the one ``Timer`` (``probe.timing``). Peak memory is read from the allocator, reset before
+each trial. Out-of-memory is recognised by ``oom`` and cleaned up outside the ``except``
+block; any other error propagates with the user's traceback. ``probe.state.preserved`` puts
+back what the probe touches.
 
 Several training processes (``probe.ddp``) train the same steps in DistributedDataParallel:
 the runner's hooks ``distribute``, ``synced`` and ``agreed`` are where they differ from one.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from torch_autotune.apply import (
     apply_flags,
-    autocast,
     batch_to_device,
     compile_model,
     grad_scaler,
@@ -45,6 +44,7 @@ from torch_autotune.probe.memory import (
 )
 from torch_autotune.probe.oom import release_memory, run_guarded
 from torch_autotune.probe.search import Agreement, TrialOutcome
+from torch_autotune.probe.step import make_optimizer, train_step
 from torch_autotune.probe.timing import Timer
 from torch_autotune.settings import Compile, Settings, torch_defaults
 
@@ -393,58 +393,3 @@ class TrialRunner:
             step_s=one,
             blocks=len(rates),
         )
-
-
-def make_optimizer(workload: Workload, model: Any, options: Mapping[str, Any]) -> Any:
-    """The workload's optimizer over ``model``'s parameters with ``options`` (``fused=True``),
-    or without them when the user's optimizer does not take them. A model in DDP is given as
-    the module inside, as the user's own code builds its optimizer (the same parameters): a
-    LightningModule's ``configure_optimizers`` or a Trainer's ``create_optimizer(model)`` is
-    asked of their model, not of the wrapper, which has neither."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    kwargs = dict(options)
-    accepts = getattr(workload, "optimizer_accepts", None)
-    if kwargs and accepts is not None and not accepts(**kwargs):
-        kwargs = {}
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
-    return workload.make_optimizer(inner, **kwargs)
-
-
-def train_step(
-    workload: Workload,
-    batch: Any,
-    settings: Settings,
-    *,
-    model: Any,
-    optimizer: Any,
-    scaler: Any,
-) -> None:
-    """One step as the user's loop runs it: the forward pass and the loss (the workload's
-    ``train_step``) under the settings' autocast, backward through the scaler, optimizer step,
-    zero_grad. What the user's code raises is marked as theirs: a step of ours
-    (``workloads.steps``: ``marks_user_code``) marks it itself, so that its own failures stay
-    ours; any other step is the user's, and so are backward and the optimizer step (their
-    model and optimizer)."""
-    step = workload.train_step
-    with autocast(settings):  # ours: outside the user's part
-        if getattr(step, "marks_user_code", False):
-            loss = step(model, batch)
-        else:
-            loss = _users_step(step, model, batch)
-    try:
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-    except Exception as error:  # the user's model (its backward) or optimizer: re-raised as is
-        blame_user_code(error)
-        raise
-
-
-def _users_step(step: Callable[[Any, Any], Any], model: Any, batch: Any) -> Any:
-    try:
-        return step(model, batch)
-    except Exception as error:  # a step the user wrote: their error, re-raised as is
-        blame_user_code(error)
-        raise

@@ -253,7 +253,7 @@ def fused_by(builder: Any) -> str | None:
     in words ("your Trainer's optim='adamw_torch_fused'"); None where the profile decides.
 
     An optimizer built with ``fused=True`` keeps it: the probe passes ``fused=True`` where the
-    profile fuses and nothing where it does not (``trials.make_optimizer``), so it trains fused
+    profile fuses and nothing where it does not (``probe.step.make_optimizer``), so it trains fused
     either way, and the profile must say so. Read from the object given, the one a model's
     ``configure_optimizers`` or a Trainer made (``ModelOptimizer.sample``), or one a factory
     builds over a throwaway parameter. The words are the maker's own (``fused_words``) where it
