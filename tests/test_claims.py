@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from tests.probe.fake_trials import cpu_machine, recorded, tune_on
-from tests.rules.helpers import with_host
+from tests.rules.helpers import two_cpus
 from torch_autotune.api import tune
 from torch_autotune.evidence import BatchChoice
 from torch_autotune.hardware import HardwareSnapshot
@@ -43,13 +43,7 @@ from torch_autotune.render.results import render_run
 H100 = recorded("h100-80gb-hbm3")
 LAPTOP = recorded("cpu-laptop-linux")
 A100X8 = recorded("a100-sxm4-80gb-8x")  # 8 training processes
-TWO_CPUS = with_host(
-    "cpu-laptop-linux",
-    cpus_usable=2,
-    cpu_cores_physical=2,
-    cpu_cores_logical=2,
-    cpu_affinity_count=2,
-)
+TWO_CPUS = two_cpus()
 SNAPSHOTS = {"h100": H100, "laptop": LAPTOP, "a100x8": A100X8}
 
 _RATE = r"([\d,]+(?:\.\d)?) samples/s"

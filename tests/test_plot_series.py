@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from tests.probe.fake_trials import cpu_machine, recorded, tune_on
-from tests.rules.helpers import with_host
+from tests.rules.helpers import two_cpus
 from tests.test_plot import NOW, SNAPSHOT_DIR, h100_evidence
 from torch_autotune.evidence import BatchChoice, FedRecord
 from torch_autotune.hardware import HardwareSnapshot
@@ -40,17 +40,10 @@ def h100_speed() -> Profile:
 @pytest.fixture(scope="module")
 def data_bound() -> Profile:
     """The data-bound 2-core CPU: training fed by the DataLoader chose the batch."""
-    two_cpus = with_host(
-        "cpu-laptop-linux",
-        cpus_usable=2,
-        cpu_cores_physical=2,
-        cpu_cores_logical=2,
-        cpu_affinity_count=2,
-    )
     machine = cpu_machine(first_s=0.3, autotune_s=0.0, load_s=0.004, shares_cpus=True, host_cpus=2)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(workers_phase, "_process_cpus", lambda: 2)
-        return tune_on(machine, "conv", two_cpus, budget_s=120)
+        return tune_on(machine, "conv", two_cpus(), budget_s=120)
 
 
 def _rates(profile: Profile, compiled: bool) -> dict[int, float]:

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from tests.probe.fake_trials import cpu_machine, recorded, tune_on
-from tests.rules.helpers import snapshot, with_host
+from tests.rules.helpers import snapshot, two_cpus, with_host
 from torch_autotune.probe import workers_phase
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import FED_WITHIN, FedTrial
@@ -84,13 +84,7 @@ def test_the_smaller_sizes_fed_are_halvings_above_the_floor(
 
 # --- whole runs on simulated machines --------------------------------------------------------
 
-TWO_CPUS = with_host(
-    "cpu-laptop-linux",
-    cpus_usable=2,
-    cpu_cores_physical=2,
-    cpu_cores_logical=2,
-    cpu_affinity_count=2,
-)
+TWO_CPUS = two_cpus()
 
 
 def _data_bound_cpu() -> SimulatedMachine:

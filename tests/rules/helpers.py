@@ -68,6 +68,18 @@ def with_host(machine: str, **update: Any) -> HardwareSnapshot:
     return snap.model_copy(update={"host": snap.host.model_copy(update=update)})
 
 
+def two_cpus() -> HardwareSnapshot:
+    """The Linux laptop held to 2 usable CPUs, 2 cores: the shape of the 2-core VMs the
+    recorded CPU runs came from."""
+    return with_host(
+        "cpu-laptop-linux",
+        cpus_usable=2,
+        cpu_cores_physical=2,
+        cpu_cores_logical=2,
+        cpu_affinity_count=2,
+    )
+
+
 def only_gpu(machine: str, index: int) -> HardwareSnapshot:
     """The same box with only one of its GPUs."""
     snap = snapshot(machine)

@@ -50,8 +50,19 @@ def top_candidate(largest: int, limited_by: str, fixed_shapes: bool, room: Room 
     margin = margin_for(limited_by, fixed_shapes)
     if margin is None:
         return largest
-    top = apply_margin(largest, margin)
-    return max(top, room[0]) if room is not None else top
+    deciding = room_deciding(largest, limited_by, fixed_shapes, room)
+    return deciding[0] if deciding is not None else apply_margin(largest, margin)
+
+
+def room_deciding(
+    largest: int, limited_by: str, fixed_shapes: bool, room: Room | None
+) -> Room | None:
+    """``room`` where its margin in memory leaves a larger top candidate than the margin in
+    samples does (it sets the top, and the batch's reason gives it); None elsewhere."""
+    margin = margin_for(limited_by, fixed_shapes)
+    if margin is None or room is None or room[0] <= apply_margin(largest, margin):
+        return None
+    return room
 
 
 def room_in(
@@ -109,9 +120,6 @@ def batch_choice(
     another batch: the summary called it the eager best). ``room``: the candidates' (their
     ``Room``), recorded where its margin in memory set the top candidate."""
     variant = EAGER if best is None else best.variant
-    margin = margin_for(limited_by, fixed_shapes)
-    if margin is None or room is None or room[0] <= apply_margin(largest, margin):
-        room = None  # the margin in samples set it
     steady = [r for r in records if r.steady and r.variant == variant]
     peak = max(steady, key=lambda r: r.samples_per_s, default=None)
     if best is not None:
@@ -129,8 +137,8 @@ def batch_choice(
         chosen_by=chosen_by,
         largest=largest,
         top=top,
-        margin=margin,
-        memory_room=room,
+        margin=margin_for(limited_by, fixed_shapes),
+        memory_room=room_deciding(largest, limited_by, fixed_shapes, room),
         limited_by=limited_by,
         multiple=multiple,
         variant=variant,

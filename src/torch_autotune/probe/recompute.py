@@ -3,7 +3,7 @@ and the same batch: before the probe measures checkpointing, it checks that the 
 step is the step (the same loss and gradients within tolerance), so that a block whose forward
 depends on more than its inputs is found before it trains wrong. The tolerance is measured:
 the plain step runs twice, and what it differs by from itself (on a GPU, attention's backward
-sums in no fixed order: about 1e-2 in bfloat16) widens it (``search.tolerance``). A block
+sums in no fixed order) widens it (``search.tolerance``). A block
 whose recompute does not even run as its forward did (torch's ``CheckpointError``: the
 recomputed tensors differ in shape) raises in the checkpointed step alone: the check says so,
 as its finding, since the plain step from the same weights trained.

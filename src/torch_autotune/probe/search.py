@@ -75,17 +75,17 @@ by. The checkpointed step against the first plain step is one more draw of the n
 second plain step drew (the same kernels on the same weights and batch; the recompute adds one
 forward), and the largest difference over millions of values moves little between draws: two
 draws rarely differ by 2x, and 4x leaves as much again. A recompute that is wrong (a block
-that changes state, randomness not from torch's generators) differs by 0.1 to 1, above 4x
-the 1e-2 by which bfloat16 attention's backward differs from run to run on a GPU (an H200, a
-1.1B decoder: the plain step run twice differed about as much as the checkpointed step's
-1.3e-2, which the check held to 1e-3 and refused)."""
+that changes state, randomness not from torch's generators) differs by 0.1 to 1. On an H200 a
+1.1B decoder's checkpointed step differed from its plain step by 1.3e-2 in bfloat16, which the
+check then held to 1e-3 and refused; what its plain step run twice differs by there has not
+been measured yet."""
 
 NOISE_CEILING = 0.05
-"""The most the plain step run twice may differ by and still be taken for its kernels'
-noise: about 4x the 1.3e-2 that bfloat16 gave on an H200. Beyond it the plain step's forward itself
-depends on more than its weights and batch (a block that changes state at each call: the
-second plain step is its second call), which would widen the tolerance to let the same fault
-in the recompute through; the check then holds to ``RTOL``."""
+"""The most the plain step run twice may differ by and still be taken for its kernels' noise:
+about 4x the 1.3e-2 by which the checkpointed step differed on an H200. Beyond it the plain
+step's forward itself depends on more than its weights and batch (a block that changes state
+at each call: the second plain step is its second call), which would widen the tolerance to
+let the same fault in the recompute through; the check then holds to ``RTOL``."""
 
 
 def tolerance(noise: float) -> float:
