@@ -20,6 +20,7 @@ from torch_autotune.probe.search import find_max_batch_size
 from torch_autotune.probe.state import preserved
 from torch_autotune.probe.trials import StepSettings, TrialRunner
 from torch_autotune.probe.variants import BASE, compiled
+from torch_autotune.probe.workloads import Workload
 
 LIMIT = 12  # the injected allocator "runs out" above this batch size
 
@@ -76,6 +77,8 @@ class Tiny:
         return self.model
 
     typical_batch = None
+    builds_on_device = False
+    model_on = Workload.model_on
 
     def make_optimizer(self, model: torch.nn.Module, **kwargs: Any) -> torch.optim.Optimizer:
         return self.optimizer(model.parameters(), **kwargs)

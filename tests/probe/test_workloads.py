@@ -3,6 +3,7 @@ every way a user's factory can be unusable is one clear WorkloadError (exit code
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pickle
 import subprocess
@@ -148,6 +149,41 @@ def test_builtin_make_model_returns_independent_fresh_models(key: str) -> None:
     train_step(workload, first)
     assert all(torch.equal(s, p) for s, p in zip(snapshot, second.parameters(), strict=True))
     assert second.training
+
+
+@pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))
+def test_builtin_models_are_built_on_the_device_itself_every_tensor_there(key: str) -> None:
+    # the meta device stands for an accelerator: a tensor made on the CPU first would show
+    workload = BUILT[key]
+    assert workload.builds_on_device
+    model = workload.model_on("meta")
+    tensors = [*model.parameters(), *model.buffers()]
+    assert tensors
+    assert {t.device.type for t in tensors} == {"meta"}
+
+
+def _built_where(on_device: bool) -> tuple[str, str]:
+    """(where the factory's own tensors were made, where the model's parameters are)."""
+    made: list[str] = []
+
+    def make_model() -> torch.nn.Module:
+        made.append(torch.empty(0).device.type)
+        return torch.nn.Linear(2, 2)
+
+    workload = dataclasses.replace(BUILT["mlp"], make_model=make_model, builds_on_device=on_device)
+    model = workload.model_on("meta")
+    return made[0], next(model.parameters()).device.type
+
+
+def test_a_workload_that_cannot_build_on_the_device_is_built_on_the_cpu_and_moved() -> None:
+    assert _built_where(on_device=True) == ("meta", "meta")
+    assert _built_where(on_device=False) == ("cpu", "meta")
+
+
+@pytest.mark.usefixtures("user_models")
+def test_the_users_models_are_built_on_the_cpu_as_they_wrote_them() -> None:
+    for spec in ("tiny:good_mapping", "tiny:good_object"):
+        assert not load_workload(spec).builds_on_device
 
 
 @pytest.mark.parametrize("key", list(BUILTIN_WORKLOADS))

@@ -133,7 +133,7 @@ class TrainingLoop:
         )
         if key not in self._models:
             torch.manual_seed(0)  # the same weights in every arm
-            model = self.workload.make_model().to(self.device)
+            model = self.workload.model_on(self.device)
             self._models[key] = prepare_model(settings, model)
         return self._models[key]
 

@@ -52,7 +52,7 @@ def checkpointed_step_agrees(
     ``wrapping.NotCheckpointable`` where the model has no block to checkpoint safely, and what
     the plain step raises (the model's own error). Where only the checkpointed step raises
     (not out of memory, not an error of ours), the agreement says what it raised."""
-    model = workload.make_model().to(settings.device)
+    model = workload.model_on(settings.device)
     batch = batch_to_device(settings.settings, _users(workload.make_batch, batch_size))
     kept = [_on_host(t) for t in _step(workload, model, batch, settings)]
     model.zero_grad(set_to_none=True)
@@ -88,7 +88,7 @@ def checkpointed_blocks_agree(
     no block can be trained alone (a Hugging Face model that checkpoints layers of its own
     choosing) or none ran in the forward. Raises as ``checkpointed_step_agrees`` does; where
     only a recomputed block raises, the agreement says what it raised."""
-    model = workload.make_model().to(settings.device)
+    model = workload.model_on(settings.device)
     batch = batch_to_device(settings.settings, _users(workload.make_batch, batch_size))
     wrapped = checkpoint_blocks(model, settings.settings.blocks)
     kinds: dict[type, tuple[Any, Any, Any]] = {}

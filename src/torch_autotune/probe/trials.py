@@ -126,7 +126,7 @@ class TrialRunner:
     """Real training steps at one batch size: ``runner(batch_size)`` (a search trial) and
     ``runner.point(batch_size, until=...)`` (steady throughput).
 
-    The model is built once (``workload.make_model()``), moved to the device and prepared as
+    The model is built once on the device (``workload.model_on``) and prepared as
     the settings say (``apply.prepare_model``); ``variant(v)`` gives a runner of a variant
     (``probe.variants``): on the same model, prepared again with the variant's settings (under
     ``torch.compile``, the batch dimension marked dynamic, so that it compiles once and every
@@ -168,8 +168,8 @@ class TrialRunner:
                 self._model = prepare_model(settings, self._base.model)
             else:  # the memory format, then the process group's wrapper, then compile
                 began = self.clock()
-                model = self.workload.make_model()
-                self.built_s, model = self.clock() - began, model.to(self.settings.device)
+                model = self.workload.model_on(self.settings.device)
+                self.built_s = self.clock() - began
                 eager = settings.model_copy(update={"compile": Compile()})
                 self._model = compile_model(settings, self.distribute(prepare_model(eager, model)))
         return self._model
