@@ -269,6 +269,9 @@ class FedRecord(StrictModel):
     variant: VariantName = Field(default=EAGER, description="The probe's variant it ran with.")
     error: str | None = None
     round: int = Field(default=1, ge=1, le=2, description="2: run again to confirm (probe.fed).")
+    dataloader: bool = Field(
+        default=True, description="False: no dataset, its own batches (probe.own_threads)."
+    )
 
 
 class WorkloadDetails(StrictModel):

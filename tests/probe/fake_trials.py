@@ -42,6 +42,21 @@ def mlp_machine() -> SimulatedMachine:
     return cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
 
 
+def tiny_mlp_on_two_busy_cores(**loading: float) -> SimulatedMachine:
+    """A tiny MLP on 2 busy cores: torch's 2 threads cost more to synchronise than the work
+    they split; ``loading``: the DataLoader's timings, where it has one (``load_s``, ...)."""
+    return cpu_machine(
+        first_s=0.3,
+        autotune_s=0.0,
+        shares_cpus=True,
+        host_cpus=2,
+        fixed_s=0.0004,
+        per_sample_s=2e-6,
+        thread_sync_s=0.003,
+        **loading,
+    )
+
+
 def tune_on(
     machine: SimulatedMachine,
     workload: str | Workload,
@@ -76,14 +91,15 @@ class Ticks:
 def tune_ticking(
     workload: object = None, *, snapshot: HardwareSnapshot, tick: float = 0.1, **options: object
 ) -> Profile:
-    """``tune()`` with real training steps (``TrialRunner``) on ``Ticks``: with a budget of
-    30 s and ticks of 0.1 s, a few dozen real steps of the user's model."""
-    from torch_autotune.probe.trials import TrialRunner
+    """``tune()`` with real training steps (``FedRunner``, the seam ``tune()`` uses) on
+    ``Ticks``: with a budget of 30 s and ticks of 0.1 s, a few dozen real steps of the user's
+    model."""
+    from torch_autotune.probe.loop import FedRunner
 
     clock = Ticks(tick)
 
-    def trials(workload: Workload, step: StepSettings) -> TrialRunner:
-        return TrialRunner(workload, step, clock=clock)
+    def trials(workload: Workload, step: StepSettings) -> FedRunner:
+        return FedRunner(workload, step, clock=clock)
 
     return tune(
         workload,

@@ -9,7 +9,7 @@ import re
 import pytest
 from rich.console import Console
 
-from tests.probe.fake_trials import cpu_machine, recorded, tune_on
+from tests.probe.fake_trials import cpu_machine, recorded, tiny_mlp_on_two_busy_cores, tune_on
 from tests.rules.helpers import snapshot, two_cpus, with_host
 from torch_autotune.probe import workers_phase
 from torch_autotune.probe.budget import Budget
@@ -227,17 +227,7 @@ def test_a_tiny_model_on_a_cpu_trains_at_the_threads_fed_fastest(
     thread feeds training fastest; the profile sets it, measured, and the bench's knob sees it
     (the profile's threads differ from a plain loop's)."""
     monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
-    machine = cpu_machine(
-        first_s=0.3,
-        autotune_s=0.0,
-        shares_cpus=True,
-        host_cpus=2,
-        fixed_s=0.0004,
-        per_sample_s=2e-6,
-        thread_sync_s=0.003,
-        load_s=2e-6,
-        receive_s=4e-6,
-    )
+    machine = tiny_mlp_on_two_busy_cores(load_s=2e-6, receive_s=4e-6)
     profile = tune_on(machine, "mlp", TWO_CPUS, budget_s=60)
     evidence = profile.evidence
     assert evidence is not None

@@ -184,9 +184,11 @@ def throughput_series(evidence: Evidence) -> list[Series]:
         if f.samples_per_s is not None:
             by_size = fed.setdefault((f.num_workers, f.cpu_threads), {})
             by_size.setdefault(f.batch_size, []).append(f.samples_per_s)
+    own = not any(f.dataloader for f in evidence.fed)  # no dataset: its own batches
     for (workers, threads), rates in sorted(fed.items(), key=lambda i: (i[0][0], i[0][1] or 0)):
-        name = f"fed, {workers} worker{'s' if workers != 1 else ''}"
-        name += f", {threads} thread{'s' if threads != 1 else ''}" if threads is not None else ""
+        name = "own batches" if own else f"fed, {workers} worker{'s' if workers != 1 else ''}"
+        threads_named = f"{threads} thread{'s' if threads != 1 else ''}"
+        name += f", {threads_named}" if threads is not None else ", default threads" * own
         name += f", {chosen}" if chosen != "eager" else ""
         fed_points = tuple(_fed_point(size, rates[size]) for size in sorted(rates))
         series.append(Series(name, "fed", fed_points, (workers, threads)))

@@ -60,10 +60,13 @@ class SecondRound:
     text: str = ""
 
 
-def second_round(run: Passes, picked: FedTrial, plain: int) -> SecondRound:
+def second_round(
+    run: Passes, picked: FedTrial, plain: int, *, named: str | None = None
+) -> SecondRound:
     """Steps 1 to 3 of the module docstring. ``picked``: the first round's choice; ``plain``:
     the plain alternative's worker count (its first pass at ``picked``'s batch, at the rules'
-    threads, is the plain alternative's pass)."""
+    threads, is the plain alternative's pass); ``named``: what the reason calls ``picked``
+    (default: its workers, and its threads where they differ)."""
     first = next(
         (
             t
@@ -74,7 +77,7 @@ def second_round(run: Passes, picked: FedTrial, plain: int) -> SecondRound:
     )
     if first is None or _pair(first) == _pair(picked):
         return SecondRound(picked)
-    who = _who(picked, first)
+    who = named or _who(picked, first)
     if not _fits(run, picked, first):
         why = run.short(f"a second round ({who} and the plain alternative again)")
         return SecondRound(picked, text=f"this rests on one pass each: {why}")

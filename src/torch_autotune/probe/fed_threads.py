@@ -55,9 +55,10 @@ def halved(threads: int) -> list[int]:
     return counts
 
 
-def feed_fewer_threads(run: Passes, at: int, default_threads: int) -> None:
+def feed_fewer_threads(run: Passes, at: int, default_threads: int, *, counted: bool = True) -> None:
     """Step 1 of the module docstring at batch ``at``. ``default_threads``: what the rules'
-    None (torch's default pool) stands for here."""
+    None (torch's default pool) stands for here; ``counted``: a pass that did not fit names its
+    worker count (not where there is no DataLoader: ``probe.own_threads``)."""
     first = [t for t in run.trials if t.ok and t.batch_size == at]
     for trial in sorted(first, key=lambda t: -rate_of(t)):
         count = trial.num_workers
@@ -70,7 +71,8 @@ def feed_fewer_threads(run: Passes, at: int, default_threads: int) -> None:
             # as slow as the threads are fewer, at worst: 8 threads to 1, an eighth
             slowest = rate_of(last) * threads / (last.threads or default_threads)
             if not run.fits_at(at, count, slowest):
-                run.stop = run.short(f"a pass with {count} worker(s) at {threads_text(threads)}")
+                workers = f"with {count} worker(s) " if counted else ""
+                run.stop = run.short(f"a pass {workers}at {threads_text(threads)}")
                 return
             fed = run.feed_at(at, count, threads)
             if not fed.ok or rate_of(fed) <= rate_of(last):

@@ -316,11 +316,13 @@ class FedRunner(TrialRunner):
     ) -> FedTrial:
         """Samples/s of training at ``batch_size`` fed by ``num_workers`` workers, with
         ``threads`` CPU threads (None: the process's), timed for ``seconds`` after a warm-up
-        of one round of the workers' batches (``probe.fed.warmup_steps``). A worker
+        of one round of the workers' batches (``probe.fed.warmup_steps``); without workers,
+        on a workload without a dataset, its own batch (``probe.own_threads``). A worker
         that died or hung, or out-of-memory, fails the pass; the user's errors propagate."""
         from torch_autotune.bench import ArmFailed
 
-        self._dataset()
+        if num_workers:
+            self._dataset()
         settings = self.settings.settings
         loop = TrainingLoop(
             self.workload,

@@ -88,10 +88,10 @@ from torch_autotune.probe.workers_phase import (
     ThreadsFor,
     WorkersOutcome,
     halvings,
+    kept_seconds,
     measure_workers,
     out_of_time_warning,
     step_rates,
-    workers_seconds,
 )
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.probe.workloads.copies import parked
@@ -196,10 +196,8 @@ class _Run:
 
     @property
     def workers_s(self) -> float:
-        """Seconds kept for the DataLoader measurement (none when it will not run)."""
-        if self.workload.dataset is None or self.preferences.num_workers is not None:
-            return 0.0
-        return workers_seconds(self.settings.device, self.budget.total_s)
+        """Seconds kept for the workers phase (none when it will not run)."""
+        return kept_seconds(self.rules_only, self.workload, self.budget.total_s)
 
     def searched(self, max_batch_size: int | None) -> Searched:
         """The search phase (``probe.search_phase``), and what the later phases keep of it."""

@@ -83,5 +83,6 @@ class Trials(Protocol):
     def fed(
         self, batch_size: int, num_workers: int, threads: int | None, *, seconds: float
     ) -> FedTrial:
-        """Training at ``batch_size`` fed by ``num_workers`` DataLoader workers."""
+        """Training at ``batch_size`` fed by ``num_workers`` DataLoader workers (0 workers of a
+        workload without a dataset: its own batches, ``probe.own_threads``)."""
         ...

@@ -35,8 +35,9 @@ from torch_autotune.evidence import (
 )
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import PASS_S, FedChoice, choose_fed, fed_order
-from torch_autotune.probe.fed_passes import pass_seconds, threads_text
+from torch_autotune.probe.fed_passes import FedTrial, pass_seconds, threads_text
 from torch_autotune.probe.fed_threads import MeasuredThreads
+from torch_autotune.probe.own_threads import measure_own_threads
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import round_down
 from torch_autotune.probe.workers import (
@@ -55,6 +56,8 @@ WORKERS_SHARE = 0.1  # of the budget, at most WORKERS_MAX_S, kept for the DataLo
 WORKERS_MAX_S = 20.0
 CPU_WORKERS_SHARE = 0.2  # on a CPU, where training fed by the loader is measured too
 CPU_WORKERS_MAX_S = 40.0
+OWN_THREADS_SHARE = 0.1  # on a CPU without a dataset: the threads on its own batches alone
+OWN_THREADS_MAX_S = 15.0
 LOADER_BATCH_CAP = 64  # loader samples/s barely depend on the batch; large ones take long
 MAIN_PROCESS_BATCH_CAP = 16  # without workers a batch is its samples and a collate, no IPC;
 # a slow dataset loads far slower there (torch's threads: 300 ms a sample on a busy 2-CPU VM)
@@ -67,10 +70,24 @@ workers (rules G6; None: the process's own)."""
 
 
 def workers_seconds(device: str, total_s: float) -> float:
-    """Seconds the earlier phases keep for the workers phase (module docstring)."""
+    """Seconds the earlier phases keep for the workers phase where it measures the DataLoader
+    (module docstring)."""
     if device == "cpu":
         return min(CPU_WORKERS_MAX_S, CPU_WORKERS_SHARE * total_s)
     return min(WORKERS_MAX_S, WORKERS_SHARE * total_s)
+
+
+def kept_seconds(profile: Profile, workload: Workload, total_s: float) -> float:
+    """Seconds the earlier phases keep for this run's workers phase: ``workers_seconds`` where
+    it measures the DataLoader; without a dataset, on a CPU of more than one core, the share of
+    the threads on its own batches (``probe.own_threads``); none where it measures nothing (the
+    user set the workers, or neither applies)."""
+    if profile.provenance.preferences.num_workers is not None:
+        return 0.0
+    if workload.dataset is not None:
+        return workers_seconds(profile.device, total_s)
+    own = _default_threads(profile) is not None
+    return min(OWN_THREADS_MAX_S, OWN_THREADS_SHARE * total_s) if own else 0.0
 
 
 def halvings(batch_size: int, multiple: int, floor: int, count: int = 3) -> tuple[int, ...]:
@@ -158,12 +175,19 @@ def measure_workers(
     among ``batch_size`` and the ``smaller`` sizes): the module docstring. ``step_rates``:
     the training step's samples/s alone at the sizes the points measured; ``runner``
     measures."""
-    snapshot = profile.provenance.snapshot
     if workload.dataset is None:
-        return WorkersOutcome(None)
+        return _own_batches(
+            runner,
+            profile,
+            batch_size,
+            step_rates=step_rates,
+            budget=budget,
+            progress=progress,
+            threads_for=threads_for,
+        )
     if profile.provenance.preferences.num_workers is not None:
         return WorkersOutcome(None, reason="set by the user: not measured")
-    if snapshot.host.os_name == "windows":
+    if profile.provenance.snapshot.host.os_name == "windows":
         return WorkersOutcome(
             None, reason="Windows keeps num_workers=0 (--workers N overrides it); not measured"
         )
@@ -173,14 +197,7 @@ def measure_workers(
     most = _max_workers(profile)
     step_rate = step_rates.get(batch_size)
     choice = _alone(runner, batch_size, most, step_rate, budget)
-    records = tuple(
-        LoaderRecord(num_workers=t.num_workers, samples_per_s=t.samples_per_s, error=t.error)
-        for t in choice.trials
-    )
-    alone = choice.reason
-    if min(batch_size, MAIN_PROCESS_BATCH_CAP) < batch_size:
-        sizes = f"{min(batch_size, LOADER_BATCH_CAP)}, {MAIN_PROCESS_BATCH_CAP} without workers"
-        alone += f" (loaded in batches of {sizes}: samples/s hardly depend on the batch)"
+    records, alone = _loader_said(choice, batch_size)
     default_threads = _default_threads(profile)
     if not _needs_feeding(choice, step_rate, profile.device, default_threads):
         return WorkersOutcome(choice.num_workers, records, alone)
@@ -206,6 +223,19 @@ def measure_workers(
         short = _short(budget, (batch_size, *smaller)[-1], counts[:1] or [0], loader, step_rates)
         fallback = _unfed(choice, rates, most, step_rate, profile.device, why=_why_not(fed, short))
     return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
+
+
+def _loader_said(choice: WorkerChoice, batch_size: int) -> tuple[tuple[LoaderRecord, ...], str]:
+    """The loader alone's records and its sentence, with the batches it loaded in."""
+    records = tuple(
+        LoaderRecord(num_workers=t.num_workers, samples_per_s=t.samples_per_s, error=t.error)
+        for t in choice.trials
+    )
+    alone = choice.reason
+    if min(batch_size, MAIN_PROCESS_BATCH_CAP) < batch_size:
+        sizes = f"{min(batch_size, LOADER_BATCH_CAP)}, {MAIN_PROCESS_BATCH_CAP} without workers"
+        alone += f" (loaded in batches of {sizes}: samples/s hardly depend on the batch)"
+    return records, alone
 
 
 def _other_threads(fed: FedChoice, threads_for: ThreadsFor, default_threads: int | None) -> str:
@@ -333,6 +363,50 @@ def _needs_feeding(
     return not ahead or cpu
 
 
+def _own_batches(
+    runner: Trials,
+    profile: Profile,
+    batch_size: int,
+    *,
+    step_rates: Mapping[int, float],
+    budget: Budget,
+    progress: Progress,
+    threads_for: ThreadsFor | None,
+) -> WorkersOutcome:
+    """No dataset: no worker count to measure; on a CPU of more than one core, the threads on
+    the workload's own batches (``probe.own_threads``)."""
+    default_threads = _default_threads(profile)
+    if default_threads is None or budget.left() <= 0:
+        return WorkersOutcome(None)
+    progress("workers", "CPU threads on the workload's own batches")
+    own = measure_own_threads(
+        lambda b, n, t: runner.fed(b, n, t, seconds=PASS_S),
+        batch_size=batch_size,
+        default_threads=default_threads,
+        rules_threads=(threads_for or (lambda _count: None))(0),
+        step_rates=step_rates,
+        until=budget.deadline,
+        clock=budget.clock,
+    )
+    return WorkersOutcome(None, fed=_fed_records(own.trials, dataloader=False), threads=own.threads)
+
+
+def _fed_records(trials: Sequence[FedTrial], *, dataloader: bool = True) -> tuple[FedRecord, ...]:
+    return tuple(
+        FedRecord(
+            num_workers=t.num_workers,
+            batch_size=t.batch_size,
+            cpu_threads=t.threads,
+            samples_per_s=t.samples_per_s,
+            seconds=round(t.seconds, 3),
+            error=t.error,
+            round=t.round,
+            dataloader=dataloader,
+        )
+        for t in trials
+    )
+
+
 def _default_threads(profile: Profile) -> int | None:
     """On a CPU, the threads of torch's default pool, where the passes fed by the DataLoader
     try fewer (``probe.fed_threads``): one per physical core (G1), no more than this process
@@ -357,18 +431,7 @@ def _outcome(
 ) -> WorkersOutcome:
     """The phase's decision from the fed passes; without one, from the loader alone, or
     ``fallback`` (the count and why: ``_unfed``) where given."""
-    passes = tuple(
-        FedRecord(
-            num_workers=t.num_workers,
-            batch_size=t.batch_size,
-            cpu_threads=t.threads,
-            samples_per_s=t.samples_per_s,
-            seconds=round(t.seconds, 3),
-            error=t.error,
-            round=t.round,
-        )
-        for t in fed.trials
-    )
+    passes = _fed_records(fed.trials)
     if fed.num_workers is None:
         why = f"{alone} Training fed by the DataLoader was not measured: {fed.workers_reason}."
         if fallback is not None:

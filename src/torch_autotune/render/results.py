@@ -240,11 +240,15 @@ def _loader_table(evidence: Evidence) -> Table:
 
 
 def _fed_table(evidence: Evidence, settings: Settings) -> Table:
-    """The passes of training fed by the DataLoader, the recommended one marked (the profile's
+    """The passes of training fed by the DataLoader (or, without a dataset, on the workload's
+    own batches: ``probe.own_threads``), the recommended one marked (the profile's
     batch, worker count and CPU threads; its first round's pass), and a pass run again to
     confirm the choice (``probe.fed_rounds``) said to be of the second round."""
     mine = (evidence.batch_size, settings.dataloader.num_workers, settings.cpu_threads)
-    table = Table(title="Training fed by the DataLoader", title_justify="left", box=box.SIMPLE_HEAD)
+    title = "Training fed by the DataLoader"
+    if not any(fed.dataloader for fed in evidence.fed):  # no dataset: its threads alone
+        title = "Training on its own batches (no dataset): CPU threads"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("batch", "workers", "threads", "samples/s", "note"):
         table.add_column(column, justify="right" if column != "note" else "left")
     for fed in evidence.fed:

@@ -1,0 +1,235 @@
+"""The CPU threads of a workload without a dataset, on its own batches (``probe.own_threads``):
+recorded rates through the fake of the fed passes, a clock it moves."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from tests.probe.fake_trials import recorded, tiny_mlp_on_two_busy_cores, tune_on, tune_ticking
+from tests.probe.test_fed import FakeFed, RatesTable
+from tests.rules.helpers import two_cpus, with_host
+from torch_autotune.plot.data import throughput_series
+from torch_autotune.probe import workers_phase
+from torch_autotune.probe.fed_passes import FED_WITHIN, pass_seconds
+from torch_autotune.probe.own_threads import OWN_BATCHES, OwnThreads, measure_own_threads
+from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.workers_phase import kept_seconds
+from torch_autotune.probe.workloads import Workload, resolve_workload
+from torch_autotune.profile import Source
+from torch_autotune.render.results import render_run
+from torch_autotune.rules.engine import build_profile
+
+
+def _measure(
+    rates: RatesTable, *, default: int = 4, until: float | None = None
+) -> tuple[FakeFed, OwnThreads]:
+    """Batch 256 on ``default`` cores, the rules' threads torch's own pool."""
+    fake = FakeFed(rates)
+    own = measure_own_threads(
+        fake,
+        batch_size=256,
+        default_threads=default,
+        rules_threads=None,
+        step_rates={256: 1_000.0},
+        until=until,
+        clock=fake.clock,
+    )
+    return fake, own
+
+
+def test_the_defect_a_tiny_model_keeps_torchs_pool_where_one_thread_trains_15x_faster() -> None:
+    # this 2-core VM: a tiny MLP at 13,178 samples/s at torch's 2 threads, 205,000 at 1
+    fake, own = _measure({(256, 0, None): 13_178.0, (256, 0, 1): 205_000.0}, default=2)
+    assert fake.calls == [(256, 0, None), (256, 0, 1), (256, 0, 1), (256, 0, None)]
+    assert own.threads is not None
+    assert own.threads.threads == 1
+    reason = own.threads.reason
+    assert reason.startswith(
+        f"1 thread: training on {OWN_BATCHES} at batch 256 ran at 205,000 samples/s with it, "
+        "against 13,178 with torch's default (2 threads), the rules' count"
+    )
+    assert "a second round, in the reverse order, bore out 1 thread:" in reason
+    assert "worker" not in reason  # no DataLoader: no worker count to speak of
+    assert "1 thread: 205,000 (second round)" in reason
+
+
+def test_fewer_threads_halve_while_each_is_faster_and_the_fewest_within_noise_wins() -> None:
+    rates = {(256, 0, None): 1_000.0, (256, 0, 4): 1_000.0, (256, 0, 2): 1_500.0}
+    fake, own = _measure({**rates, (256, 0, 1): 1_510.0})
+    assert [c[2] for c in fake.calls[:4]] == [None, 2, 1, 1]  # 1 was faster than 2: tried
+    assert own.threads is not None
+    assert own.threads.threads == 1  # within 2% of 2 threads: the fewest
+    fake, own = _measure({**rates, (256, 0, 1): 1_200.0})
+    assert [c[2] for c in fake.calls[:3]] == [None, 2, 1]  # 1 slower than 2: no further
+    assert own.threads is not None
+    assert own.threads.threads == 2
+
+
+def test_torchs_pool_stands_where_no_fewer_threads_are_faster_beyond_noise() -> None:
+    fake, own = _measure({(256, 0, None): 1_000.0, (256, 0, 2): 1_015.0, (256, 0, 1): 900.0})
+    assert fake.calls == [(256, 0, None), (256, 0, 2), (256, 0, 1)]  # 2 within 2%: no 2nd round
+    assert own.threads is not None
+    assert own.threads.threads is None
+    assert own.threads.reason.startswith(
+        f"torch's default (4 threads), the rules' count: on {OWN_BATCHES}, no fewer threads "
+        "trained faster beyond 2%"
+    )
+    assert "2 threads: 1,015" in own.threads.reason
+
+
+def test_a_lucky_pass_the_second_round_does_not_bear_out_leaves_torchs_pool() -> None:
+    rates = {(256, 0, None): (1_000.0, 1_010.0), (256, 0, 2): (1_300.0, 990.0), (256, 0, 1): 800.0}
+    fake, own = _measure(rates)
+    assert fake.calls[3:] == [(256, 0, 2), (256, 0, None)]
+    assert own.threads is not None
+    assert own.threads.threads is None
+    assert own.threads.reason.startswith(
+        f"torch's default (4 threads), the rules' count, the plain alternative on {OWN_BATCHES}; "
+        "a second round, in the reverse order, did not bear out 2 threads"
+    )
+
+
+def test_a_pass_at_fewer_threads_that_would_not_end_in_time_is_not_started() -> None:
+    # the plain pass ends at about 1.8 s; one at 2 threads could take twice as long
+    plain = pass_seconds(256, 0, 1_000.0)
+    fake, own = _measure({(256, 0, None): 1_000.0, (256, 0, 2): 2_000.0}, until=plain + 1.0)
+    assert fake.calls == [(256, 0, None)]
+    assert own.threads is not None
+    assert own.threads.threads is None
+    assert own.threads.reason.startswith(
+        f"torch's default (4 threads), the rules' count, measured on {OWN_BATCHES} alone: a "
+        "pass at 2 threads did not fit in the 1 s of the time budget left"
+    )
+
+
+def test_no_pass_that_would_not_end_in_time_and_none_that_failed_says_anything() -> None:
+    fake, own = _measure({(256, 0, None): 1_000.0}, until=0.5)
+    assert (fake.calls, own) == ([], OwnThreads((), None))
+    fake, own = _measure({(256, 0, None): None})
+    assert fake.calls == [(256, 0, None)]
+    assert own.threads is None  # the rules' guess stays, as it was
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(100.0, 10_000.0), min_size=4, max_size=4),
+    st.lists(st.floats(100.0, 10_000.0), min_size=4, max_size=4),
+)
+def test_the_threads_chosen_never_trained_slower_than_torchs_pool_in_any_pass(
+    first: list[float], second: list[float]
+) -> None:
+    threads = (None, 4, 2, 1)
+    rates = {(256, 0, t): (a, b) for t, a, b in zip(threads, first, second, strict=True)}
+    fake, own = _measure(rates, default=8)
+    assert own.threads is not None
+    chosen = own.threads.threads
+    if chosen is not None:  # moved from the plain alternative: faster in every pass it ran
+        plain = [fake.rate(256, 0, None, n) for n in (1, 2)][: fake.calls.count((256, 0, None))]
+        mine = [fake.rate(256, 0, chosen, n) for n in (1, 2)][: fake.calls.count((256, 0, chosen))]
+        assert min(r for r in mine if r) > max(r for r in plain if r) * (1 + FED_WITHIN)
+
+
+# --- whole runs on simulated machines ------------------------------------------------------
+
+
+def _no_dataset(name: str) -> Workload:
+    """The built-in ``name`` as objects in hand with an example batch would make it: no dataset."""
+    return dataclasses.replace(resolve_workload(name), dataset=None, max_batch_size=None)
+
+
+def test_the_defect_objects_in_hand_on_a_busy_cpu_train_at_the_threads_measured_fastest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    machine = tiny_mlp_on_two_busy_cores()
+    profile = tune_on(machine, _no_dataset("mlp"), two_cpus(), budget_s=60)
+    evidence = profile.evidence
+    assert evidence is not None
+    batch = profile.settings.batch.batch_size
+    assert batch is not None
+    rates = {r.cpu_threads: r.samples_per_s for r in evidence.fed if r.round == 1}
+    assert set(rates) == {None, 1}  # torch's pool, then half of it
+    assert rates[1] == pytest.approx(machine.fed_rate(batch, 0, 1, compiled=False))
+    assert rates[1] > 1.3 * (rates[None] or 0.0)
+    assert all(not r.dataloader and r.num_workers == 0 for r in evidence.fed)
+    assert profile.settings.cpu_threads == 1
+    assert profile.settings.environment.get("OMP_NUM_THREADS") == "1"
+    threads = profile.decision("cpu_threads")
+    assert threads is not None
+    assert threads.source is Source.MEASURED
+    assert threads.reason.startswith(f"1 thread: training on {OWN_BATCHES} at batch {batch}")
+    workers = profile.decision("dataloader.num_workers")
+    assert workers is not None
+    assert workers.source is Source.INFERRED  # no DataLoader: nothing to measure
+    assert evidence.loader == ()
+    console = Console(record=True, width=120)
+    render_run(profile, console, None)
+    shown = console.export_text()
+    assert "Training fed by the DataLoader" not in shown
+    table = shown.split("Training on its own batches (no dataset): CPU threads")[1]
+    assert re.findall(r"\n +\d+ +0 +(\S+) +[\d.]+ +recommended", table) == ["1"]
+    names = [series.name for series in throughput_series(evidence) if series.kind == "fed"]
+    assert names == ["own batches, default threads", "own batches, 1 thread"]
+
+
+def test_on_real_torch_objects_in_hand_have_their_threads_measured_on_their_own_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    profile = tune_ticking(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        example_batch=(torch.randn(32, 8), torch.randint(0, 4, (32,))),
+        loss_fn=torch.nn.functional.cross_entropy,
+        snapshot=two_cpus(),
+        budget_s=30,
+    )
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.fed
+    assert all(not r.dataloader and r.num_workers == 0 for r in evidence.fed)
+    assert all((r.samples_per_s or 0) > 0 for r in evidence.fed)
+    assert evidence.fed[0].cpu_threads is None  # torch's own pool first: the plain alternative
+    threads = profile.decision("cpu_threads")
+    assert threads is not None
+    assert threads.source is Source.MEASURED
+    assert OWN_BATCHES in threads.reason
+
+
+def test_without_a_dataset_a_gpu_or_a_single_core_measures_no_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    h100 = tune_on(SimulatedMachine(), _no_dataset("gpt2"), recorded("h100-80gb-hbm3"), budget_s=60)
+    assert h100.evidence is not None
+    assert h100.evidence.fed == ()
+    one = with_host("cpu-laptop-linux", cpus_usable=1, cpu_cores_physical=1, cpu_affinity_count=1)
+    single = tune_on(tiny_mlp_on_two_busy_cores(), _no_dataset("mlp"), one, budget_s=60)
+    assert single.evidence is not None
+    assert single.evidence.fed == ()
+    threads = single.decision("cpu_threads")
+    assert threads is not None
+    assert threads.source is Source.INFERRED
+
+
+def test_the_phase_keeps_time_for_the_threads_only_where_it_measures_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    cpu, gpu = build_profile(two_cpus()), build_profile(recorded("h100-80gb-hbm3"))
+    mlp = resolve_workload("mlp")
+    assert kept_seconds(cpu, _no_dataset("mlp"), 60.0) == pytest.approx(6.0)
+    assert kept_seconds(cpu, _no_dataset("mlp"), 600.0) == workers_phase.OWN_THREADS_MAX_S
+    assert kept_seconds(gpu, _no_dataset("mlp"), 60.0) == 0.0
+    assert kept_seconds(cpu, mlp, 60.0) == workers_phase.workers_seconds("cpu", 60.0)
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 1)
+    assert kept_seconds(cpu, _no_dataset("mlp"), 60.0) == 0.0
