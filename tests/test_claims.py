@@ -267,7 +267,7 @@ def _fed_batch_claims(profile: Profile, evidence: Evidence) -> list[str]:
         reason,
     )
     if said is None:
-        return []
+        return _own_batch_claims(profile, evidence, reason)
     best, step, at, workers, trace = said.groups()
     aside = _set_aside(profile, evidence)
     fed = [
@@ -289,6 +289,30 @@ def _fed_batch_claims(profile: Profile, evidence: Evidence) -> list[str]:
         ]
         if not any(rate == "failed" or _same_rate(rate, f.samples_per_s) for f in passes):
             found.append(f"the fed batch reason's pass at {size}: none ran at {rate}")
+    return found
+
+
+def _own_batch_claims(profile: Profile, evidence: Evidence, reason: str) -> list[str]:
+    """Where the passes on a workload's own batches chose the batch at fewer threads
+    (``probe.own_threads``), its reason: the threads the profile sets, and each pass it gives
+    as one on its own batches at those threads."""
+    said = re.search(r"^(\d+): .*the best rate at (\d+) threads?: (.*?) samples/s", reason)
+    if said is None:
+        return []
+    batch, threads, trace = said.groups()
+    found = []
+    if int(batch) != profile.settings.batch.batch_size:
+        found.append(f"the own-batch reason's batch {batch} is not the profile's")
+    if int(threads) != profile.settings.cpu_threads:
+        found.append(f"the own-batch reason's {threads} thread(s) are not the profile's")
+    for size, rate in re.findall(r"(\d+): (\d{1,3}(?:,\d{3})*(?:\.\d+)?|failed)", trace):
+        passes = [
+            f
+            for f in evidence.fed
+            if (f.batch_size, f.cpu_threads, f.dataloader) == (int(size), int(threads), False)
+        ]
+        if not any(rate == "failed" or _same_rate(rate, f.samples_per_s) for f in passes):
+            found.append(f"the own-batch reason's pass at {size}: none ran at {rate}")
     return found
 
 
@@ -387,7 +411,8 @@ def _set_aside(profile: Profile, evidence: Evidence) -> set[tuple[int, int | Non
     a pass at its batch faster than the plain alternative's faster pass."""
     again = [f for f in evidence.fed if f.round == 2]
     settings_ = profile.settings
-    if len(again) < 2 or again[1].num_workers != settings_.dataloader.num_workers:
+    kept = (settings_.dataloader.num_workers, settings_.cpu_threads)  # a challenger may differ
+    if len(again) < 2 or (again[1].num_workers, again[1].cpu_threads) != kept:  # in threads only
         return set()
     plain = (again[1].batch_size, again[1].num_workers, again[1].cpu_threads)
     mine = [f for f in evidence.fed if (f.batch_size, f.num_workers, f.cpu_threads) == plain]
@@ -412,6 +437,8 @@ def _round_claims(profile: Profile, evidence: Evidence) -> list[str]:
     """The workers' reason on the second round of fed passes (``probe.fed_rounds``): said
     where one ran, its rates the slower of the challenger's passes and the faster of the plain
     alternative's, its verdict the profile's workers; 'one pass each' only where none ran."""
+    if evidence.fed and not any(f.dataloader for f in evidence.fed):
+        return _own_round_claims(profile, evidence)
     reason = _reason(profile, "dataloader.num_workers")
     again = [f for f in evidence.fed if f.round == 2]
     said = _ROUND.search(reason)
@@ -445,6 +472,46 @@ def _round_claims(profile: Profile, evidence: Evidence) -> list[str]:
     workers = profile.settings.dataloader.num_workers
     if workers != (challenger if borne else plain)[1]:
         found.append(f"the second round {verdict} the challenger; the profile has {workers}")
+    return found
+
+
+_OWN_ROUND = re.compile(
+    r"(bore out|did not bear out) (\d+) threads?: the slower of its two passes "
+    rf"\({_RATE}\) is( not)? faster than the faster of the plain alternative's "
+    r"\(([\d,]+(?:\.\d)?)\) beyond 2%"
+)
+
+
+def _own_round_claims(profile: Profile, evidence: Evidence) -> list[str]:
+    """The threads' reason on the second round of passes on a workload's own batches
+    (``probe.own_threads``): said where one ran, its rates the slower of the challenger's
+    passes and the faster of torch's pool's, its verdict the profile's threads."""
+    reason = _reason(profile, "cpu_threads")
+    again = [f for f in evidence.fed if f.round == 2]
+    said = _OWN_ROUND.search(reason)
+    if not again:
+        return ["a second round is said; none ran"] if said else []
+    if said is None:
+        failed = "did not bear out" in reason and "its second pass failed" in reason
+        return [] if failed else ["a second round ran; the threads' reason does not say so"]
+    verdict, threads, slower, negated, faster = said.groups()
+    challenger, plain = ((f.batch_size, f.cpu_threads) for f in again[:2])
+    found = []
+    if int(threads) != challenger[1]:
+        found.append(f"the second round's {threads} thread(s) are not the challenger's")
+    rates = {
+        key: [f.samples_per_s for f in evidence.fed if (f.batch_size, f.cpu_threads) == key]
+        for key in (challenger, plain)
+    }
+    if not _same_rate(slower, min(r or 0.0 for r in rates[challenger])):
+        found.append(f"the challenger's slower pass {slower} is not its slower pass")
+    if not _same_rate(faster, max(r or 0.0 for r in rates[plain])):
+        found.append(f"torch's pool's faster pass {faster} is not its faster pass")
+    borne = verdict == "bore out"
+    if borne == bool(negated):
+        found.append(f"'{verdict}' with '{'is not' if negated else 'is'} faster'")
+    if profile.settings.cpu_threads != (challenger if borne else plain)[1]:
+        found.append(f"the second round {verdict} the challenger; the profile has other threads")
     return found
 
 
@@ -515,6 +582,7 @@ def runs(draw: st.DrawFn) -> tuple[SimulatedMachine, str, dict[str, object]]:
         load_s=draw(st.floats(1e-5, 0.01)) if loading else None,
         host_cpus=2 if cpu else draw(st.sampled_from([2, 8, 16])),
         shares_cpus=cpu,
+        thread_sync_s=draw(st.sampled_from([0.0, 0.003])) if cpu else 0.0,
         leaves=draw(st.integers(1, 200)),
     )
     options: dict[str, object] = {

@@ -15,11 +15,14 @@ from rich.console import Console
 from tests.probe.fake_trials import recorded, tiny_mlp_on_two_busy_cores, tune_on, tune_ticking
 from tests.probe.test_fed import FakeFed, RatesTable
 from tests.rules.helpers import two_cpus, with_host
+from tests.test_claims import _with_reason, disagreements, summary
+from torch_autotune.api import tune
 from torch_autotune.plot.data import throughput_series
 from torch_autotune.probe import workers_phase
-from torch_autotune.probe.fed_passes import FED_WITHIN, pass_seconds
+from torch_autotune.probe.fed_passes import FED_WITHIN, FedTrial, pass_seconds
 from torch_autotune.probe.own_threads import OWN_BATCHES, OwnThreads, measure_own_threads
-from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
+from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workers_phase import kept_seconds
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Source
@@ -28,9 +31,13 @@ from torch_autotune.rules.engine import build_profile
 
 
 def _measure(
-    rates: RatesTable, *, default: int = 4, until: float | None = None
+    rates: RatesTable,
+    *,
+    default: int = 4,
+    until: float | None = None,
+    smaller: tuple[int, ...] = (),
 ) -> tuple[FakeFed, OwnThreads]:
-    """Batch 256 on ``default`` cores, the rules' threads torch's own pool."""
+    """Batch 256 on ``default`` cores, the rules' threads torch's own pool; then ``smaller``."""
     fake = FakeFed(rates)
     own = measure_own_threads(
         fake,
@@ -40,6 +47,7 @@ def _measure(
         step_rates={256: 1_000.0},
         until=until,
         clock=fake.clock,
+        smaller=smaller,
     )
     return fake, own
 
@@ -109,7 +117,33 @@ def test_a_pass_at_fewer_threads_that_would_not_end_in_time_is_not_started() -> 
     )
 
 
-def test_no_pass_that_would_not_end_in_time_and_none_that_failed_says_anything() -> None:
+def test_at_fewer_threads_the_smaller_sizes_run_and_the_smallest_as_fast_as_the_best_wins() -> None:
+    rates = {(256, 0, None): 1_000.0, (256, 0, 2): 1_500.0, (256, 0, 1): 1_400.0}
+    smaller = {(128, 0, 2): 2_400.0, (64, 0, 2): 2_380.0, (32, 0, 2): 1_000.0}
+    fake, own = _measure({**rates, **smaller}, smaller=(128, 64, 32))
+    assert [c for c in fake.calls if c[0] < 256] == [(128, 0, 2), (64, 0, 2), (32, 0, 2)]
+    assert own.batch_size == 64  # within 2% of 128's 2,400: the smallest as fast
+    assert own.batch_reason is not None
+    assert own.batch_reason.startswith("64: the step's throughput points ran at torch's default")
+    assert own.batch_reason.endswith(
+        "at 2 threads: 256: 1,500, 256: 1,500 (second round), 128: 2,400, 64: 2,380, 32: 1,000 "
+        "samples/s"
+    )
+    # fewer threads, no smaller size to run: the batch stays, said as it ran at them
+    fake, alone = _measure(rates)
+    assert alone.batch_size == 256
+    assert alone.batch_reason is not None
+    assert alone.batch_reason.endswith(
+        "trains at 2 threads (cpu_threads), where it ran at 1,500 samples/s; no smaller batch ran"
+        " at 2 threads"
+    )
+    # torch's pool kept: the batch stays the points', and no smaller size runs
+    fake, kept = _measure({(256, 0, None): 1_000.0, (256, 0, 2): 900.0}, smaller=(128, 64))
+    assert (kept.batch_size, kept.batch_reason) == (None, None)
+    assert all(c[0] == 256 for c in fake.calls)
+
+
+def test_where_no_pass_ran_to_a_rate_the_threads_are_left_to_the_rules() -> None:
     fake, own = _measure({(256, 0, None): 1_000.0}, until=0.5)
     assert (fake.calls, own) == ([], OwnThreads((), None))
     fake, own = _measure({(256, 0, None): None})
@@ -154,9 +188,15 @@ def test_the_defect_objects_in_hand_on_a_busy_cpu_train_at_the_threads_measured_
     assert evidence is not None
     batch = profile.settings.batch.batch_size
     assert batch is not None
-    rates = {r.cpu_threads: r.samples_per_s for r in evidence.fed if r.round == 1}
+    assert evidence.fed[0].batch_size == batch  # a smaller batch ran at 1 thread: slower
+    rates = {
+        r.cpu_threads: r.samples_per_s
+        for r in evidence.fed
+        if (r.round, r.batch_size) == (1, batch)
+    }
     assert set(rates) == {None, 1}  # torch's pool, then half of it
     assert rates[1] == pytest.approx(machine.fed_rate(batch, 0, 1, compiled=False))
+    assert {r.batch_size for r in evidence.fed if r.cpu_threads is None} == {batch}
     assert rates[1] > 1.3 * (rates[None] or 0.0)
     assert all(not r.dataloader and r.num_workers == 0 for r in evidence.fed)
     assert profile.settings.cpu_threads == 1
@@ -205,6 +245,62 @@ def test_on_real_torch_objects_in_hand_have_their_threads_measured_on_their_own_
     assert OWN_BATCHES in threads.reason
 
 
+def test_at_the_threads_chosen_a_smaller_batch_that_trains_faster_is_recommended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the conv net on 2 busy cores: batch 128 fastest at 2 threads, 32 at 1 (1.6x of 128);
+    # here the sizes below the points' batch train 1.6x as fast at 1 thread as the model says
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    machine = tiny_mlp_on_two_busy_cores()
+
+    def trials(workload: Workload, step: StepSettings) -> SimulatedTrials:
+        runner = machine.trials(workload, step)
+        fed, first = runner.fed, []
+
+        def faster_below(
+            batch: int, count: int, threads: int | None, *, seconds: float
+        ) -> FedTrial:
+            trial = fed(batch, count, threads, seconds=seconds)
+            first.append(first[0] if first else batch)
+            if threads != 1 or batch >= first[0] or trial.samples_per_s is None:
+                return trial
+            return dataclasses.replace(trial, samples_per_s=1.6 * trial.samples_per_s)
+
+        runner.fed = faster_below  # type: ignore[method-assign]
+        return runner
+
+    profile = tune(
+        _no_dataset("mlp"), snapshot=two_cpus(), clock=machine.clock, trials=trials, budget_s=60
+    )
+    evidence = profile.evidence
+    assert evidence is not None
+    points = evidence.fed[0].batch_size
+    batch = profile.settings.batch.batch_size
+    assert batch is not None
+    assert batch < points
+    assert batch in {r.batch_size for r in evidence.fed if r.cpu_threads == 1}  # it ran there
+    assert profile.settings.cpu_threads == 1
+    decision = profile.decision("batch.batch_size")
+    assert decision is not None
+    assert decision.reason.startswith(
+        f"{batch}: the step's throughput points ran at torch's default (2 threads) and chose "
+        f"batch {points}; training on {OWN_BATCHES} trains at 1 thread (cpu_threads)"
+    )
+    assert disagreements(profile) == []
+    assert "on its own batches at the CPU threads that trained them fastest" in summary(profile)
+    # the checker reads these reasons: a pass that did not run at that rate is found
+    wrong = re.sub(r"(\d+): [\d,]+ samples/s$", r"\1: 1 samples/s", decision.reason)
+    assert wrong != decision.reason
+    found = disagreements(_with_reason(profile, "batch.batch_size", wrong))
+    assert any("the own-batch reason's pass at" in d for d in found), found
+    threads = profile.decision("cpu_threads")
+    assert threads is not None
+    wrong = threads.reason.replace("bore out 1 thread", "bore out 2 threads")
+    assert wrong != threads.reason
+    found = disagreements(_with_reason(profile, "cpu_threads", wrong))
+    assert any("are not the challenger's" in d for d in found), found
+
+
 def test_without_a_dataset_a_gpu_or_a_single_core_measures_no_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -221,13 +317,37 @@ def test_without_a_dataset_a_gpu_or_a_single_core_measures_no_threads(
     assert threads.source is Source.INFERRED
 
 
+def test_a_cpu_whose_rules_keep_workers_leaves_the_threads_to_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 8 CPUs: the rules keep 2 workers and 6 threads beside them for a DataLoader this workload
+    # does not have; threads measured at 0 workers would be said against the wrong count
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 8)
+    eight = with_host(
+        "cpu-laptop-linux",
+        cpus_usable=8,
+        cpu_cores_physical=8,
+        cpu_cores_logical=8,
+        cpu_affinity_count=8,
+    )
+    assert build_profile(eight).settings.dataloader.num_workers > 0
+    machine = tiny_mlp_on_two_busy_cores()
+    profile = tune_on(machine, _no_dataset("mlp"), eight, budget_s=60)
+    assert profile.evidence is not None
+    assert profile.evidence.fed == ()
+    threads = profile.decision("cpu_threads")
+    assert threads is not None
+    assert threads.source is Source.INFERRED
+    assert kept_seconds(build_profile(eight), _no_dataset("mlp"), 60.0) == 0.0
+
+
 def test_the_phase_keeps_time_for_the_threads_only_where_it_measures_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
     cpu, gpu = build_profile(two_cpus()), build_profile(recorded("h100-80gb-hbm3"))
     mlp = resolve_workload("mlp")
-    assert kept_seconds(cpu, _no_dataset("mlp"), 60.0) == pytest.approx(6.0)
+    assert kept_seconds(cpu, _no_dataset("mlp"), 60.0) == pytest.approx(9.0)
     assert kept_seconds(cpu, _no_dataset("mlp"), 600.0) == workers_phase.OWN_THREADS_MAX_S
     assert kept_seconds(gpu, _no_dataset("mlp"), 60.0) == 0.0
     assert kept_seconds(cpu, mlp, 60.0) == workers_phase.workers_seconds("cpu", 60.0)

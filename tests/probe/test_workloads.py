@@ -180,6 +180,27 @@ def test_a_workload_that_cannot_build_on_the_device_is_built_on_the_cpu_and_move
     assert _built_where(on_device=False) == ("cpu", "meta")
 
 
+def test_before_torch_2_whose_device_is_no_context_a_builtin_is_built_on_the_cpu_and_moved(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class OldDevice:  # torch 1.x: ``torch.device`` has no __enter__
+        pass
+
+    made: list[str] = []
+
+    def make_model() -> torch.nn.Module:
+        made.append(torch.empty(0).device.type)
+        return torch.nn.Linear(2, 2)
+
+    workload = dataclasses.replace(BUILT["mlp"], make_model=make_model)
+    assert workload.builds_on_device
+    monkeypatch.setattr(torch, "device", OldDevice)
+    model = workload.model_on("meta")
+    monkeypatch.undo()
+    assert made == ["cpu"]
+    assert next(model.parameters()).device.type == "meta"
+
+
 @pytest.mark.usefixtures("user_models")
 def test_the_users_models_are_built_on_the_cpu_as_they_wrote_them() -> None:
     for spec in ("tiny:good_mapping", "tiny:good_object"):

@@ -136,6 +136,8 @@ def _series_label(name: str) -> str:
     """The legend's words for a series: 'training fed by the DataLoader: 2 workers'."""
     if name in _SERIES_LABELS:
         return _SERIES_LABELS[name]
+    if name.startswith("own batches, "):  # no dataset: ``probe.own_threads``
+        return "training on its own batches: " + name.removeprefix("own batches, ")
     return "training fed by the DataLoader: " + name.removeprefix("fed, ")
 
 

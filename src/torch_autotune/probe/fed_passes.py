@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from torch_autotune.evidence import FedRecord
+
 __all__ = [
     "FED_WITHIN",
     "MIN_STEPS",
@@ -15,6 +17,7 @@ __all__ = [
     "Fed",
     "FedTrial",
     "Passes",
+    "fed_records",
     "fmt_rate",
     "pass_seconds",
     "rate_of",
@@ -200,3 +203,21 @@ def threads_text(threads: int | None, default: int | None = None) -> str:
 
 def _n(threads: int) -> str:
     return f"{threads} thread{'s' * (threads != 1)}"
+
+
+def fed_records(trials: Sequence[FedTrial], *, dataloader: bool = True) -> tuple[FedRecord, ...]:
+    """The passes as the evidence records them (``dataloader``: False for a workload's own
+    batches, ``probe.own_threads``)."""
+    return tuple(
+        FedRecord(
+            num_workers=t.num_workers,
+            batch_size=t.batch_size,
+            cpu_threads=t.threads,
+            samples_per_s=t.samples_per_s,
+            seconds=round(t.seconds, 3),
+            error=t.error,
+            round=t.round,
+            dataloader=dataloader,
+        )
+        for t in trials
+    )

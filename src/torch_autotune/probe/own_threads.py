@@ -19,12 +19,18 @@ points chose, with the passes' own machinery:
    second round in the reverse order bears it out (``fed_rounds.second_round``: the slower of
    the challenger's two passes against the faster of the plain alternative's).
 
-The batch stays the points' (measured at torch's threads); the threads' reason gives every pass.
+4. **The batch at those threads.** Where fewer threads are chosen, the points' rates (at torch's
+   pool) and the batch they chose do not hold at them (a conv net on 2 busy cores: batch 128
+   fastest at 2 threads, 32 at 1, 1.6x faster than 128 there), so the ``smaller`` sizes run at
+   them too, each while within ``FED_WITHIN`` of the best, and the batch is the smallest within
+   it of the best rate at those threads (``OwnThreads.batch_reason``).
+
+The threads' reason gives every pass; the batch's, the passes at the threads chosen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from torch_autotune.probe.fed_passes import (
@@ -39,8 +45,10 @@ from torch_autotune.probe.fed_passes import (
 )
 from torch_autotune.probe.fed_rounds import SecondRound, second_round
 from torch_autotune.probe.fed_threads import MeasuredThreads, feed_fewer_threads, pick_pass
+from torch_autotune.probe.workloads import Workload
+from torch_autotune.profile import Profile
 
-__all__ = ["OWN_BATCHES", "OwnThreads", "measure_own_threads"]
+__all__ = ["OWN_BATCHES", "OwnThreads", "measure_own_threads", "own_threads_from"]
 
 OWN_BATCHES = "its own batches in memory (no dataset, so no DataLoader)"
 
@@ -52,6 +60,24 @@ class OwnThreads:
 
     trials: tuple[FedTrial, ...]
     threads: MeasuredThreads | None
+    batch_size: int | None = None  # step 4: the batch at fewer threads chosen, and why
+    batch_reason: str | None = None
+
+
+def own_threads_from(
+    profile: Profile, workload: Workload, default_threads: int | None
+) -> int | None:
+    """``default_threads`` (torch's pool here; None: one thread, or not a CPU), where the
+    threads of ``workload`` are measured on its own batches: no dataset (with one, the passes
+    fed by its DataLoader measure them), one process, and rules that keep 0 workers (so the
+    rules' threads, halved from, are the count beside what it trains with; beside workers it
+    cannot run, they are not) and more than one thread. None where they are not measured."""
+    if workload.dataset is not None or default_threads is None:
+        return None
+    rules = profile.settings
+    if profile.topology.world_size > 1 or rules.dataloader.num_workers != 0:
+        return None
+    return default_threads if (rules.cpu_threads or default_threads) > 1 else None
 
 
 def measure_own_threads(
@@ -63,10 +89,11 @@ def measure_own_threads(
     step_rates: Mapping[int, float],
     until: float | None,
     clock: Callable[[], float],
+    smaller: Sequence[int] = (),
 ) -> OwnThreads:
-    """Steps 1 to 3 of the module docstring at ``batch_size``. ``default_threads``: what
-    torch's pool (``rules_threads`` None) stands for here; ``step_rates``: the points'
-    samples/s, which predict a pass's time."""
+    """The module docstring at ``batch_size``, then the ``smaller`` sizes (descending) where
+    fewer threads are chosen. ``default_threads``: what torch's pool (``rules_threads`` None)
+    stands for here; ``step_rates``: the points' samples/s, which predict a pass's time."""
     run = Passes(
         fed=fed,
         threads_for=lambda _workers: rules_threads,
@@ -84,7 +111,55 @@ def measure_own_threads(
     feed_fewer_threads(run, batch_size, default_threads, counted=False)
     picked = pick_pass(run, run.trials, 0)
     second = second_round(run, picked, 0, named=threads_text(picked.threads, default_threads))
-    return OwnThreads(tuple(run.trials), _measured(run, second, plain, default_threads))
+    measured = _measured(run, second, plain, default_threads)
+    if second.chosen.threads == plain.threads:
+        return OwnThreads(tuple(run.trials), measured)
+    run.chosen_threads[0] = second.chosen.threads
+    retimed = _retimed_batch(run, second.chosen, smaller, default_threads)
+    return OwnThreads(tuple(run.trials), measured, *retimed)
+
+
+def _retimed_batch(
+    run: Passes, chosen: FedTrial, smaller: Sequence[int], default_threads: int
+) -> tuple[int, str]:
+    """Step 4 of the module docstring: the batch and why (where no smaller size ran at
+    ``chosen``'s threads, its own, said as it ran at them)."""
+    for size in smaller:
+        if not run.fits(size, [0]):
+            run.stop = run.short(f"a pass at batch {size}")
+            break
+        trial = run.feed(size, 0)
+        best = run.best
+        if not trial.ok or best is None or rate_of(trial) < best * (1 - FED_WITHIN):
+            break
+    mine = [t for t in run.trials if t.ok and t.threads == chosen.threads]
+    which = threads_text(chosen.threads)
+    points = (
+        f"the step's throughput points ran at {threads_text(None, default_threads)} and chose "
+        f"batch {chosen.batch_size}; training on {OWN_BATCHES} trains at {which} (cpu_threads)"
+    )
+    if len({t.batch_size for t in mine}) < 2:  # the batch stays; said as it ran at them
+        why = f": {run.stop}" if run.stop else ""
+        return chosen.batch_size, (
+            f"{chosen.batch_size}: {points}, where it ran at {fmt_rate(chosen.samples_per_s)} "
+            f"samples/s; no smaller batch ran at {which}{why}"
+        )
+    best_rate = max(rate_of(t) for t in mine)
+    pick = min((t for t in mine if rate_of(t) >= best_rate * (1 - FED_WITHIN)), key=_size)
+    trace = ", ".join(
+        f"{t.batch_size}: {fmt_rate(t.samples_per_s) if t.ok else 'failed'}{round_text(t)}"
+        for t in run.trials
+        if t.threads == chosen.threads
+    )
+    reason = (
+        f"{pick.batch_size}: {points}, where the batch was run again, so the batch is the "
+        f"smallest within {FED_WITHIN:.0%} of the best rate at {which}: {trace} samples/s"
+    )
+    return pick.batch_size, reason + (f"; {run.stop}" if run.stop else "")
+
+
+def _size(trial: FedTrial) -> int:
+    return trial.batch_size
 
 
 def _measured(

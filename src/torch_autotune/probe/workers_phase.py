@@ -13,12 +13,17 @@ is not enough and training must be fed by it to choose (``probe.fed``).
    more than one core, where the step's threads are fed too (``probe.fed_threads``). The
    worker count, on a CPU the threads, and, where loading limits training, the batch come
    from those passes.
+3. **No dataset** (objects in hand with an example batch): no worker count to measure; on a
+   CPU of more than one core whose rules keep 0 workers, the threads are measured on the
+   workload's own batches instead (``probe.own_threads``, ``own_threads_from``).
 
-The time: the phase runs last and has what the earlier phases left. ``workers_seconds`` is
-what they keep for it: 10% of the budget, at most 20 s, on an accelerator, where the loader
-alone usually decides; 20%, at most 40 s, on a CPU, where the passes fed by the DataLoader
-take a few seconds each (a dataset of 4 ms a sample on 2 cores: 3 worker counts and 2 batch
-sizes, about 20 s) and the step's own points matter less once loading limits training.
+The time: the phase runs last and has what the earlier phases left. ``kept_seconds`` is what
+they keep for it (``workers_seconds`` with a dataset): 10% of the budget, at most 20 s, on an
+accelerator, where the loader alone usually decides; 20%, at most 40 s, on a CPU, where the
+passes fed by the DataLoader take a few seconds each (a dataset of 4 ms a sample on 2 cores: 3
+worker counts and 2 batch sizes, about 20 s) and the step's own points matter less once
+loading limits training; without a dataset, 15%, at most 20 s, where its threads are measured
+(a pass of 1.5 s or more each: torch's pool, its halvings and a second round).
 """
 
 from __future__ import annotations
@@ -35,9 +40,9 @@ from torch_autotune.evidence import (
 )
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import PASS_S, FedChoice, choose_fed, fed_order
-from torch_autotune.probe.fed_passes import FedTrial, pass_seconds, threads_text
+from torch_autotune.probe.fed_passes import fed_records, pass_seconds, threads_text
 from torch_autotune.probe.fed_threads import MeasuredThreads
-from torch_autotune.probe.own_threads import measure_own_threads
+from torch_autotune.probe.own_threads import measure_own_threads, own_threads_from
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import round_down
 from torch_autotune.probe.workers import (
@@ -56,8 +61,8 @@ WORKERS_SHARE = 0.1  # of the budget, at most WORKERS_MAX_S, kept for the DataLo
 WORKERS_MAX_S = 20.0
 CPU_WORKERS_SHARE = 0.2  # on a CPU, where training fed by the loader is measured too
 CPU_WORKERS_MAX_S = 40.0
-OWN_THREADS_SHARE = 0.1  # on a CPU without a dataset: the threads on its own batches alone
-OWN_THREADS_MAX_S = 15.0
+OWN_THREADS_SHARE = 0.15  # on a CPU without a dataset: the threads on its own batches alone
+OWN_THREADS_MAX_S = 20.0
 LOADER_BATCH_CAP = 64  # loader samples/s barely depend on the batch; large ones take long
 MAIN_PROCESS_BATCH_CAP = 16  # without workers a batch is its samples and a collate, no IPC;
 # a slow dataset loads far slower there (torch's threads: 300 ms a sample on a busy 2-CPU VM)
@@ -79,15 +84,14 @@ def workers_seconds(device: str, total_s: float) -> float:
 
 def kept_seconds(profile: Profile, workload: Workload, total_s: float) -> float:
     """Seconds the earlier phases keep for this run's workers phase: ``workers_seconds`` where
-    it measures the DataLoader; without a dataset, on a CPU of more than one core, the share of
-    the threads on its own batches (``probe.own_threads``); none where it measures nothing (the
-    user set the workers, or neither applies)."""
+    it measures the DataLoader; without a dataset, the share of the threads on its own batches
+    where they are measured (``own_threads_from``); none where it measures nothing."""
+    if workload.dataset is None:
+        own = own_threads_from(profile, workload, _default_threads(profile)) is not None
+        return min(OWN_THREADS_MAX_S, OWN_THREADS_SHARE * total_s) if own else 0.0
     if profile.provenance.preferences.num_workers is not None:
         return 0.0
-    if workload.dataset is not None:
-        return workers_seconds(profile.device, total_s)
-    own = _default_threads(profile) is not None
-    return min(OWN_THREADS_MAX_S, OWN_THREADS_SHARE * total_s) if own else 0.0
+    return workers_seconds(profile.device, total_s)
 
 
 def halvings(batch_size: int, multiple: int, floor: int, count: int = 3) -> tuple[int, ...]:
@@ -179,11 +183,11 @@ def measure_workers(
         return _own_batches(
             runner,
             profile,
-            batch_size,
+            (batch_size, *smaller),
             step_rates=step_rates,
             budget=budget,
             progress=progress,
-            threads_for=threads_for,
+            workload=workload,
         )
     if profile.provenance.preferences.num_workers is not None:
         return WorkersOutcome(None, reason="set by the user: not measured")
@@ -366,44 +370,34 @@ def _needs_feeding(
 def _own_batches(
     runner: Trials,
     profile: Profile,
-    batch_size: int,
+    sizes: tuple[int, ...],
     *,
     step_rates: Mapping[int, float],
     budget: Budget,
     progress: Progress,
-    threads_for: ThreadsFor | None,
+    workload: Workload,
 ) -> WorkersOutcome:
-    """No dataset: no worker count to measure; on a CPU of more than one core, the threads on
-    the workload's own batches (``probe.own_threads``)."""
-    default_threads = _default_threads(profile)
+    """No dataset: no worker count to measure; where ``own_threads_from`` says so, the threads
+    on the workload's own batches (``probe.own_threads``) at the first of ``sizes`` (the
+    points' batch), and, where fewer threads are chosen, the batch among ``sizes`` at them."""
+    default_threads = own_threads_from(profile, workload, _default_threads(profile))
     if default_threads is None or budget.left() <= 0:
         return WorkersOutcome(None)
     progress("workers", "CPU threads on the workload's own batches")
     own = measure_own_threads(
         lambda b, n, t: runner.fed(b, n, t, seconds=PASS_S),
-        batch_size=batch_size,
+        batch_size=sizes[0],
+        smaller=sizes[1:],
         default_threads=default_threads,
-        rules_threads=(threads_for or (lambda _count: None))(0),
+        rules_threads=profile.settings.cpu_threads,  # beside the rules' 0 workers
         step_rates=step_rates,
         until=budget.deadline,
         clock=budget.clock,
     )
-    return WorkersOutcome(None, fed=_fed_records(own.trials, dataloader=False), threads=own.threads)
-
-
-def _fed_records(trials: Sequence[FedTrial], *, dataloader: bool = True) -> tuple[FedRecord, ...]:
-    return tuple(
-        FedRecord(
-            num_workers=t.num_workers,
-            batch_size=t.batch_size,
-            cpu_threads=t.threads,
-            samples_per_s=t.samples_per_s,
-            seconds=round(t.seconds, 3),
-            error=t.error,
-            round=t.round,
-            dataloader=dataloader,
-        )
-        for t in trials
+    passes = fed_records(own.trials, dataloader=False)
+    moved = own.batch_size if own.batch_size != sizes[0] else None
+    return WorkersOutcome(
+        None, fed=passes, batch_size=moved, batch_reason=own.batch_reason, threads=own.threads
     )
 
 
@@ -431,7 +425,7 @@ def _outcome(
 ) -> WorkersOutcome:
     """The phase's decision from the fed passes; without one, from the loader alone, or
     ``fallback`` (the count and why: ``_unfed``) where given."""
-    passes = _fed_records(fed.trials)
+    passes = fed_records(fed.trials)
     if fed.num_workers is None:
         why = f"{alone} Training fed by the DataLoader was not measured: {fed.workers_reason}."
         if fallback is not None:

@@ -168,6 +168,12 @@ _CONFIRMED = {
 }
 
 
+_OWN_PASS = (
+    "it trained on its own batches at the CPU threads that trained them fastest, with these"
+    " settings"
+)
+
+
 def _ranks_text(profile: Profile, ranks: RanksRecord) -> str:
     """The job's ranks: how many, where, over what, the global batch, how the group scaled
     against rank 0 alone, the DDP options."""
@@ -200,6 +206,8 @@ def _recommended(profile: Profile, evidence: Evidence) -> str:
     text = str(evidence.batch_size)
     if choice is not None:
         confirmed = _CONFIRMED[choice.confirmed]
+        if choice.fed and not any(f.dataloader for f in evidence.fed):  # ``probe.own_threads``
+            confirmed = _OWN_PASS
         if choice.compiled != profile.settings.compile.enabled:
             confirmed = confirmed.replace("with these settings", except_compile(choice.compiled))
         text += f" ({confirmed})"

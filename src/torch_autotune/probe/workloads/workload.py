@@ -122,10 +122,11 @@ class Workload:
         """A fresh model on ``device``: built there directly where the workload allows it
         (``builds_on_device``), neither initialised by the CPU first (7.7 s for GPT-2 large on
         two cores, against 1 s for its shapes alone) nor held in host memory on the way; else
-        built on the CPU and moved."""
-        if self.builds_on_device and device != "cpu":
-            import torch
+        (and before torch 2.0, whose ``torch.device`` is no context) built on the CPU and
+        moved."""
+        import torch
 
+        if self.builds_on_device and device != "cpu" and hasattr(torch.device, "__enter__"):
             with torch.device(device):
                 return self.make_model()
         return self.make_model().to(device)
