@@ -6,8 +6,12 @@
 # their needs, and this package's own wheel), as docs/development.md says; writes its logs to
 # benchmarks/results/gpu-run/ and, where $OUT is set (the device tool), packs them there.
 # `bash benchmarks/device_run.sh memory`: issue 21's checks instead, in a call of their own
-# (GPT-2 large under --memory-limit 24 against the quick grid of benchmarks/memory_regime.py,
-# then the 1B decoder under 24 GiB: it tunes or exits 7 with its plan).
+# (GPT-2 large under --memory-limit 16 and 24 against the eager grid of
+# benchmarks/memory_regime.py, then the 1B decoder under 24 GiB: it tunes or exits 7 with its
+# plan, then the GPU tier's memory tests). `memory-compiled`: the grid's compiled arms, which
+# did not fit beside them in 15 minutes of device time: GPT-2 large under 16 GiB, tuned in
+# speed mode against checkpointing off and on x eager and compiled (`--quick`: no memory-budget
+# arms, no allocator axis), in a call of its own.
 set -u
 out=benchmarks/results/gpu-run
 mkdir -p "$out"
@@ -28,6 +32,16 @@ step() {  # name, seconds, command...: its log in $out, its exit code and time i
     local code=$?
     echo "$name: exit $code in $((SECONDS - began)) s" | tee -a "$out/steps.txt"
 }
+
+if [ "${1:-}" = memory-compiled ]; then
+    # Sized for one call of 10 minutes: each compiled arm compiles GPT-2 large once (its batch
+    # dimension dynamic), the tuner too; the progress file keeps what a cut leaves.
+    step memory-regime-16-compiled 560 python3 benchmarks/memory_regime.py \
+        --workloads gpt2-large --limits 16 --mode speed --quick --budget 240 --out "$out/mem16c"
+    tail -20 "$out/memory-regime-16-compiled.log"
+    if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu-run.tgz" -C "$(dirname "$out")" "$(basename "$out")"; fi
+    exit 0
+fi
 
 if [ "${1:-}" = memory ]; then
     # Sized for 15 minutes of device time, start included: GPT-2 large under 16 GiB (where
