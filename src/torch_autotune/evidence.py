@@ -48,6 +48,8 @@ VariantName = Annotated[str, Field(min_length=1, max_length=120)]
 
 WORKERS_OUT_OF_TIME = "not measured: the time budget ran out"
 """``Evidence.workers_reason`` where the run had no time left for the DataLoader's workers."""
+WORKERS_NO_DATASET = "not measured: the workload tuned had no dataset, so no DataLoader"
+"""``Evidence.workers_reason`` where the workload had none (objects with an example batch)."""
 
 
 MEMORY_DEFAULTS = {r.name: r.show(Settings()) for r in RECORDS if r.memory}
@@ -269,9 +271,7 @@ class FedRecord(StrictModel):
     variant: VariantName = Field(default=EAGER, description="The probe's variant it ran with.")
     error: str | None = None
     round: int = Field(default=1, ge=1, le=2, description="2: run again to confirm (probe.fed).")
-    dataloader: bool = Field(
-        default=True, description="False: no dataset, its own batches (probe.own_threads)."
-    )
+    dataloader: bool = Field(default=True, description="False: own batches (probe.own_threads).")
 
 
 class WorkloadDetails(StrictModel):

@@ -308,6 +308,14 @@ def test_without_a_dataset_a_gpu_or_a_single_core_measures_no_threads(
     h100 = tune_on(SimulatedMachine(), _no_dataset("gpt2"), recorded("h100-80gb-hbm3"), budget_s=60)
     assert h100.evidence is not None
     assert h100.evidence.fed == ()
+    workers = h100.decision("dataloader.num_workers")
+    assert workers is not None
+    assert "(a rule of thumb: the workload tuned had no dataset to measure them on)" in (
+        workers.reason
+    )
+    rules_only = build_profile(recorded("h100-80gb-hbm3")).decision("dataloader.num_workers")
+    assert rules_only is not None  # where autotune did not run, the hint stays
+    assert "(a rule of thumb: run autotune to measure)" in rules_only.reason
     one = with_host("cpu-laptop-linux", cpus_usable=1, cpu_cores_physical=1, cpu_affinity_count=1)
     single = tune_on(tiny_mlp_on_two_busy_cores(), _no_dataset("mlp"), one, budget_s=60)
     assert single.evidence is not None
@@ -339,6 +347,13 @@ def test_a_cpu_whose_rules_keep_workers_leaves_the_threads_to_them(
     assert threads is not None
     assert threads.source is Source.INFERRED
     assert kept_seconds(build_profile(eight), _no_dataset("mlp"), 60.0) == 0.0
+    # the rules' count, after autotune ran: not "run autotune to measure"
+    workers = profile.decision("dataloader.num_workers")
+    assert workers is not None
+    assert workers.reason.endswith(
+        "2 worker(s), the rest for compute (a heuristic: the workload tuned had no dataset to "
+        "measure them on)"
+    )
 
 
 def test_the_phase_keeps_time_for_the_threads_only_where_it_measures_them(

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from torch_autotune.evidence import (
+    WORKERS_NO_DATASET,
     WORKERS_OUT_OF_TIME,
     FedRecord,
     SearchTrialRecord,
@@ -382,7 +383,7 @@ def _own_batches(
     points' batch), and, where fewer threads are chosen, the batch among ``sizes`` at them."""
     default_threads = own_threads_from(profile, workload, _default_threads(profile))
     if default_threads is None or budget.left() <= 0:
-        return WorkersOutcome(None)
+        return WorkersOutcome(None, reason=WORKERS_NO_DATASET)
     progress("workers", "CPU threads on the workload's own batches")
     own = measure_own_threads(
         lambda b, n, t: runner.fed(b, n, t, seconds=PASS_S),
@@ -397,7 +398,7 @@ def _own_batches(
     passes = fed_records(own.trials, dataloader=False)
     moved = own.batch_size if own.batch_size != sizes[0] else None
     return WorkersOutcome(
-        None, fed=passes, batch_size=moved, batch_reason=own.batch_reason, threads=own.threads
+        None, (), WORKERS_NO_DATASET, passes, moved, own.batch_reason, threads=own.threads
     )
 
 

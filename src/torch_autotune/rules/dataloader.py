@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from torch_autotune.evidence import WORKERS_OUT_OF_TIME
+from torch_autotune.evidence import WORKERS_NO_DATASET, WORKERS_OUT_OF_TIME
 from torch_autotune.hardware import Host
 from torch_autotune.profile import Mode, Source
 from torch_autotune.rules.context import Context, Finding
@@ -28,6 +28,7 @@ LOW_HOST_RAM_BYTES = 4 * 1024**3
 """Below this much available host RAM, pinned buffers risk starving the host (F6 warning)."""
 
 _GUARDED_START_METHODS = ("spawn", "forkserver")
+_MEASURE = "run autotune to measure"  # the heuristics' hint, where autotune did not measure
 
 
 # --- describing the CPUs ------------------------------------------------------------------------
@@ -101,7 +102,7 @@ def _workers(ctx: Context) -> tuple[int, str, str, Source]:
             workers,
             "F2",
             f"GPU training, {cpu_budget(ctx)}; min(max(1, {cpus} - 1), {MAX_GPU_WORKERS}) "
-            f"= {workers} worker(s), {left} (a rule of thumb: run autotune to measure)",
+            f"= {workers} worker(s), {left} (a rule of thumb: {_MEASURE})",
             Source.INFERRED,
         )
     if cpus <= 2:
@@ -118,8 +119,7 @@ def _workers(ctx: Context) -> tuple[int, str, str, Source]:
         "G6",
         f"CPU training with {cpu_budget(ctx)}: workers compete with torch's compute threads for "
         f"the same CPUs, so a small count, one per {CPUS_PER_CPU_WORKER} CPUs (at most "
-        f"{MAX_CPU_WORKERS}): {workers} worker(s), the rest for compute (a heuristic: run "
-        "autotune to measure)",
+        f"{MAX_CPU_WORKERS}): {workers} worker(s), the rest for compute (a heuristic: {_MEASURE})",
         Source.INFERRED,
     )
 
@@ -238,8 +238,11 @@ def _seed_workers(ctx: Context) -> Finding:
 def dataloader(ctx: Context) -> Iterator[Finding]:
     """F1-F12, S22: DataLoader workers, pinning, persistence, prefetch and seeding."""
     workers, rule, why, source = _workers(ctx)
-    if ctx.measurements is not None and ctx.measurements.workers_reason == WORKERS_OUT_OF_TIME:
+    said = ctx.measurements.workers_reason if ctx.measurements is not None else None
+    if said == WORKERS_OUT_OF_TIME:
         why += "; autotune ran out of time before measuring them (--budget gives it more)"
+    elif said == WORKERS_NO_DATASET and source is Source.INFERRED:  # no "run autotune" then
+        why = why.replace(_MEASURE, "the workload tuned had no dataset to measure them on")
     yield Finding("dataloader.num_workers", workers, rule, why + _spawn_note(ctx, workers), source)
     yield _pin_memory(ctx)
     yield _persistent_workers(ctx, workers)
