@@ -38,6 +38,7 @@ import functools
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -171,9 +172,10 @@ def _by_hand(
                 configs[name] = TrainConfig(batch_size=size, num_workers=workers, cpu_threads=count)
     loop = TrainingLoop(workload, "cpu", settings=profile.settings)
     rates: dict[str, list[float | None]] = {name: [] for name in configs}
-    names = list(configs)
-    for r in range(rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
+    shuffled = random.Random(0)
+    for r in range(rounds):  # a new order each round: no arm always follows the same one
+        order = list(configs)
+        shuffled.shuffle(order)
         for name in order:
             print(f"  round {r + 1}/{rounds}: {name}", file=sys.stderr, flush=True)
             try:
