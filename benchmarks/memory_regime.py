@@ -16,23 +16,22 @@ one training loop (``probe.loop.TrainingLoop``, data on the device) measures:
   an arm whose value is not this process's runs in a fresh child, this script with ``--arm
   JSON``, which prints one JSON line back).
   Each arm finds its largest batch (doubling from 1 to out-of-memory, then bisecting, each
-  trial a short training run), measured there, at K2's size (90% of it, rounded down: the
-  headroom the tuner keeps for fixed shapes) and at half. ``--quick``: no allocator axis, no
-  memory-budget arms. Each measurement is also appended, as it finishes, to
+  trial a short training run), measured there, at K2's size where memory stopped it (90% of
+  it, rounded down: the margin the tuner keeps for fixed shapes) and at half. ``--quick``: no
+  allocator axis, no memory-budget arms. Each measurement is also appended, as it finishes, to
   ``memory_regime.progress.jsonl`` in ``--out``: a run cut short still leaves what it measured.
 
-The oracle is the fastest measurement of the grid that keeps K2's headroom as the tuner keeps
-it (``_headroom``: at most 90% of its arm's largest batch, or a peak that left 10% of the limit
-free): the edge itself (GPT-2 large checkpointed under 16 GiB on the H200: batch 6, its peak
-0.6% below the limit) is what Lightning's batch finder hands out and users then see run out of
-memory, and what the tuner never recommends, so it is no bar for it. The same at the edge
-(every row) is reported beside it (``edge_oracle``, ``tuned_over_edge_oracle``). Targets:
-tuned/oracle at least 0.95; tuned no slower than the best arm without checkpointing (1.0,
-``NOISE`` allowed); where the tuner says nothing fits, no arm fits either. Writes
-results/memory_regime_<device>.json and .md (device, versions, date, every arm: settings,
-largest batch, samples/s, peak memory, whether it kept the headroom). Exit 0
-when the targets held, 1 if not, 2 for usage errors and without a CUDA GPU (``--device cpu``
-is a smoke run for the tests: the limits recorded, not applied).
+The oracle is the fastest measurement of the grid. Targets: tuned/oracle at least 0.95; tuned
+no slower than the best arm without checkpointing (1.0, ``NOISE`` allowed); where the tuner
+says nothing fits, no arm fits either. Beside them, the same among the rows that keep K2's
+margin (``headroom_oracle``, ``tuned_over_headroom_oracle``: at most 90% of the arm's largest
+batch where memory stopped its search, as the tuner takes its margin in samples): at the edge
+the grid's best can be a batch the tuner never recommends (GPT-2 large checkpointed under 16
+GiB on the H200: batch 6, its peak 0.6% below the limit), and the two say what that margin
+costs. Writes results/memory_regime_<device>.json and .md (device, versions, date, every arm:
+settings, largest batch, samples/s, peak memory, whether it keeps the margin). Exit 0 when the
+targets held, 1 if not, 2 for usage errors and without a CUDA GPU (``--device cpu`` is a smoke
+run for the tests: the limits recorded, not applied).
 
     python benchmarks/memory_regime.py [--workloads gpt2-large llama-1b] [--limits 24 16]
         [--profile gpt2-large@24=p.yaml] [--seconds 3] [--mode speed] [--budget 300]
@@ -87,7 +86,7 @@ DEFAULT_LIMITS = {"gpt2-large": (24.0, 16.0), "llama-1b": (24.0,)}
 RESULT_LINE = "MEMORY_REGIME_ARM "  # a child's one line of JSON on stdout starts so
 CHILD_LIMIT_S = 3600.0
 PARENT_ENV = {ALLOC: os.environ.get(ALLOC)}  # what this process starts CUDA with
-TABLE = "| arm | process | settings | largest batch | batch | samples/s | peak GiB | headroom |"
+TABLE = "| arm | process | settings | largest batch | batch | samples/s | peak GiB | K2 margin |"
 
 
 @dataclasses.dataclass
@@ -192,29 +191,26 @@ def run_arm(spec: Spec) -> dict[str, Any]:
                 fits = partial(_fits, loop, config)
                 largest, result["trials"] = largest_batch(fits, spec.max_batch)
                 result["largest_batch"] = largest or None
-                sizes = sorted(
-                    {largest, apply_margin(largest, K2), largest // 2} - {0}, reverse=True
-                )
+                kept = _kept(largest, result["trials"])
+                sizes = sorted({largest, kept or 0, largest // 2} - {0}, reverse=True)
                 result["error"] = None if largest else "does not fit"
             for size in sizes:
                 sized = config.model_copy(update={"batch_size": size})
                 row = _measurement(loop, sized, spec, cap)
-                row["headroom"] = _headroom(row, result["largest_batch"], cap)
+                row["headroom"] = spec.batch is not None or size <= (kept or size)
                 result["measurements"].append(row)
     except NotCheckpointable as refused:
         result["error"] = f"not checkpointable: {refused}"
     return result
 
 
-def _headroom(row: dict[str, Any], largest: int | None, cap: int | None) -> bool:
-    """Whether the row's batch keeps K2's headroom, as the tuner's does (``probe.points``): at
-    most 90% of its arm's largest batch, or a peak (reserved) that left 10% of the limit free.
-    The tuned arm's batch (no search of its own here) is the tuner's, which kept it."""
-    if largest is None:
-        return True
-    peak = row.get("peak_reserved_bytes")
-    room = bool(cap and peak and peak <= (1 - K2) * cap)
-    return row["batch"] <= apply_margin(largest, K2) or room
+def _kept(largest: int, trials: list[list[Any]]) -> int | None:
+    """K2's size for an arm whose search ``memory`` stopped (a size ran out of memory): 90% of
+    its largest batch, rounded down, as the tuner takes its margin in samples; None where no
+    size ran out (the batch cap stopped it: no margin, as the tuner takes none) or none fit."""
+    if not largest or all(ok for _size, ok in trials):
+        return None
+    return apply_margin(largest, K2)
 
 
 def _release(device: str) -> None:
@@ -336,24 +332,25 @@ def _best(rows: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any] |
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Oracle and best arm without checkpointing among the rows that keep K2's headroom (the
-    targets), the same at the edge (every row), the ratios and whether the targets held."""
+    """Oracle, best arm without checkpointing, the ratios and whether the targets held (every
+    row); and the same among the rows that keep K2's margin (``headroom_``), for the record."""
     rows = [(arm, row) for arm in result["arms"] for row in arm["measurements"] if _rate(row) > 0]
-    safe = [(arm, row) for arm, row in rows if row.get("headroom", True)]
+    kept = [(arm, row) for arm, row in rows if row.get("headroom", True)]
     best: dict[str, Any] = {}
-    for prefix, chosen in (("", safe), ("edge_", rows)):
+    for prefix, chosen in (("", rows), ("headroom_", kept)):
         best[f"{prefix}oracle"] = _best(chosen)
         unchecked = [(arm, row) for arm, row in chosen if not arm["checkpointing"]]
         best[f"{prefix}best_without_checkpointing"] = _best(unchecked)
     tuned = result["tuned"]["measurements"] if result["tuned"] else []
     rate = _rate(tuned[0]) if tuned else 0.0
     if result["does_not_fit"] is not None:  # the tuner found no fit: neither may the grid
-        return {**best, "targets_held": best["edge_oracle"] is None}
+        return {**best, "targets_held": best["oracle"] is None}
     if not rate or best["oracle"] is None:  # the tuned arm did not train under the cap
         return {**best, "targets_held": False}
     ratios = {}
-    for prefix in ("", "edge_"):
-        ratios[f"tuned_over_{prefix}oracle"] = rate / best[f"{prefix}oracle"]["samples_per_s"]
+    for prefix in ("", "headroom_"):
+        if (oracle := best[f"{prefix}oracle"]) is not None:
+            ratios[f"tuned_over_{prefix}oracle"] = rate / oracle["samples_per_s"]
         if (unchecked_best := best[f"{prefix}best_without_checkpointing"]) is not None:
             ratios[f"tuned_over_{prefix}no_checkpointing"] = rate / unchecked_best["samples_per_s"]
     held = ratios["tuned_over_oracle"] >= TARGET_ORACLE
@@ -432,13 +429,13 @@ def _rows(label: str, arm: dict[str, Any]) -> list[str]:
         shown = f"{rate:,.1f}" if rate is not None else f"failed: {row['error']}"
         shown += " (over the cap)" if row.get("over_cap") else ""
         peak = f"{row['peak_allocated_bytes'] / 2**30:.2f}" if row["peak_allocated_bytes"] else ""
-        kept = "yes" if row.get("headroom", True) else "no (the edge)"
+        margin = "yes" if row.get("headroom", True) else "no"
         largest = arm.get("largest_batch") or ""
-        lines.append(f"{head} {largest} | {row['batch']} | {shown} | {peak} | {kept} |")
+        lines.append(f"{head} {largest} | {row['batch']} | {shown} | {peak} | {margin} |")
     return lines
 
 
-_EDGE = ("tuned_over_edge_oracle", "tuned_over_edge_no_checkpointing")
+_KEPT = ("tuned_over_headroom_oracle", "tuned_over_headroom_no_checkpointing")
 
 
 def _named(best: dict[str, Any] | None) -> str:
@@ -466,13 +463,13 @@ def _markdown(versions: dict[str, Any], results: list[dict[str, Any]]) -> str:
             lines += _rows(arm["label"], arm)
         keys = ("tuned_over_oracle", "tuned_over_no_checkpointing")
         said = ", ".join(f"{k} {result[k]:.3f}" for k in keys if k in result) or "no ratio"
-        edge = ", ".join(f"{k} {result[k]:.3f}" for k in _EDGE if k in result) or "no ratio"
+        kept = ", ".join(f"{k} {result[k]:.3f}" for k in _KEPT if k in result) or "no ratio"
         oracle = _named(result.get("oracle"))
         held = "held" if result["targets_held"] else "MISSED"
         lines += [
             "",
-            f"Oracle (K2's headroom kept, as the tuner keeps it): {oracle}. {said}; targets "
-            f"{held}. At the edge (every row): {_named(result.get('edge_oracle'))}; {edge}.",
+            f"Oracle (every row): {oracle}. {said}; targets {held}. Among the rows that keep "
+            f"K2's margin, as the tuner does: {_named(result.get('headroom_oracle'))}; {kept}.",
         ]
         if result.get("reasons"):
             lines += ["", "The tuned profile's reasons:", ""]

@@ -124,6 +124,7 @@ def _retimed_batch(
 ) -> tuple[int, str]:
     """Step 4 of the module docstring: the batch and why (where no smaller size ran at
     ``chosen``'s threads, its own, said as it ran at them)."""
+    run.stop = None  # what stopped the thread counts is no reason for the sizes
     for size in smaller:
         if not run.fits(size, [0]):
             run.stop = run.short(f"a pass at batch {size}")
