@@ -294,17 +294,24 @@ def _fed_batch_claims(profile: Profile, evidence: Evidence) -> list[str]:
 
 def _own_batch_claims(profile: Profile, evidence: Evidence, reason: str) -> list[str]:
     """Where the passes on a workload's own batches chose the batch at fewer threads
-    (``probe.own_threads``), its reason: the threads the profile sets, and each pass it gives
-    as one on its own batches at those threads."""
-    said = re.search(r"^(\d+): .*the best rate at (\d+) threads?: (.*?) samples/s", reason)
+    (``probe.own_threads``), its reason: the threads the profile sets, each pass it gives as
+    one on its own batches at those threads, and the batch the smallest within 2% of the best
+    of them; or, where no smaller batch ran, the rate of the one that did."""
+    alone = re.search(
+        rf"^(\d+): .*trains at (\d+) threads? \(cpu_threads\), where it ran at {_RATE}; no smaller",
+        reason,
+    )
+    said = alone or re.search(r"^(\d+): .*the best rate at (\d+) threads?: (.*?) samples/s", reason)
     if said is None:
         return []
     batch, threads, trace = said.groups()
+    trace = f"{batch}: {trace}" if alone else trace
     found = []
     if int(batch) != profile.settings.batch.batch_size:
         found.append(f"the own-batch reason's batch {batch} is not the profile's")
     if int(threads) != profile.settings.cpu_threads:
         found.append(f"the own-batch reason's {threads} thread(s) are not the profile's")
+    rates: dict[int, float] = {}
     for size, rate in re.findall(r"(\d+): (\d{1,3}(?:,\d{3})*(?:\.\d+)?|failed)", trace):
         passes = [
             f
@@ -313,6 +320,11 @@ def _own_batch_claims(profile: Profile, evidence: Evidence, reason: str) -> list
         ]
         if not any(rate == "failed" or _same_rate(rate, f.samples_per_s) for f in passes):
             found.append(f"the own-batch reason's pass at {size}: none ran at {rate}")
+        if rate != "failed":
+            rates[int(size)] = max(rates.get(int(size), 0.0), float(rate.replace(",", "")))
+    near = [size for size, rate in rates.items() if rate >= max(rates.values()) * 0.98 - 0.5]
+    if rates and int(batch) != min(near):
+        found.append(f"the own-batch reason's batch {batch} is not the smallest as fast")
     return found
 
 

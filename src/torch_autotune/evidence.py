@@ -244,8 +244,8 @@ class BatchChoice(StrictModel):
     confirmed: Confirmed
     fed: bool = Field(
         default=False,
-        description="Training fed by the DataLoader ran below the step alone: the fed passes "
-        "chose the batch.",
+        description="The passes chose the batch: fed by the DataLoader, below the step alone,"
+        " or on its own batches at fewer threads (probe.own_threads).",
     )
 
     @property

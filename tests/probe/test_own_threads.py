@@ -19,7 +19,7 @@ from tests.test_claims import _with_reason, disagreements, summary
 from torch_autotune.api import tune
 from torch_autotune.plot.data import throughput_series
 from torch_autotune.probe import workers_phase
-from torch_autotune.probe.fed_passes import FED_WITHIN, FedTrial, pass_seconds
+from torch_autotune.probe.fed_passes import FED_WITHIN, FedTrial, fmt_rate, pass_seconds
 from torch_autotune.probe.own_threads import OWN_BATCHES, OwnThreads, measure_own_threads
 from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
 from torch_autotune.probe.trials import StepSettings
@@ -292,6 +292,29 @@ def test_at_the_threads_chosen_a_smaller_batch_that_trains_faster_is_recommended
     wrong = re.sub(r"(\d+): [\d,]+ samples/s$", r"\1: 1 samples/s", decision.reason)
     assert wrong != decision.reason
     found = disagreements(_with_reason(profile, "batch.batch_size", wrong))
+    assert any("the own-batch reason's pass at" in d for d in found), found
+    # a larger batch than the smallest as fast, said as chosen
+    larger = max(r.batch_size for r in evidence.fed if r.cpu_threads == 1)
+    wrong = profile.model_copy(
+        update={
+            "settings": profile.settings.model_copy(
+                update={"batch": profile.settings.batch.model_copy(update={"batch_size": larger})}
+            )
+        }
+    )
+    wrong = _with_reason(wrong, "batch.batch_size", f"{larger}{decision.reason[len(str(batch)) :]}")
+    found = disagreements(wrong)
+    assert any("is not the smallest as fast" in d for d in found), found
+    # the form where no smaller batch ran: its one rate is checked too
+    ran = next(r for r in evidence.fed if (r.batch_size, r.cpu_threads) == (batch, 1))
+    alone = (
+        f"{batch}: the step's throughput points ran at torch's default (2 threads) and chose "
+        f"batch {batch}; training on {OWN_BATCHES} trains at 1 thread (cpu_threads), where it ran"
+        f" at {{}} samples/s; no smaller batch ran at 1 thread"
+    )
+    right = alone.format(fmt_rate(ran.samples_per_s))
+    assert disagreements(_with_reason(profile, "batch.batch_size", right)) == []
+    found = disagreements(_with_reason(profile, "batch.batch_size", alone.format("1")))
     assert any("the own-batch reason's pass at" in d for d in found), found
     threads = profile.decision("cpu_threads")
     assert threads is not None
