@@ -171,9 +171,17 @@ def _by_hand(
                 name = f"{workers} workers, batch {size}" + (", 1 thread" if count else "")
                 configs[name] = TrainConfig(batch_size=size, num_workers=workers, cpu_threads=count)
     loop = TrainingLoop(workload, "cpu", settings=profile.settings)
+    return configs, interleaved(loop, configs, rounds, seconds)
+
+
+def interleaved(
+    loop: TrainingLoop, configs: dict[str, TrainConfig], rounds: int, seconds: float
+) -> dict[str, list[float | None]]:
+    """Every arm of ``configs`` for ``seconds`` in each of ``rounds`` rounds, in a new order
+    each round (no arm always follows the same one): samples/s per round (None: it failed)."""
     rates: dict[str, list[float | None]] = {name: [] for name in configs}
     shuffled = random.Random(0)
-    for r in range(rounds):  # a new order each round: no arm always follows the same one
+    for r in range(rounds):
         order = list(configs)
         shuffled.shuffle(order)
         for name in order:
@@ -183,7 +191,7 @@ def _by_hand(
             except Exception as error:  # an arm that cannot run is a row without a number
                 print(f"    failed: {error}", file=sys.stderr)
                 rates[name].append(None)
-    return configs, rates
+    return rates
 
 
 def _median(values: list[float | None]) -> float | None:

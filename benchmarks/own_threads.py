@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from datetime import datetime, timezone
@@ -41,9 +40,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from data_bound import _cpu_seconds, _machine, _median, _neighbours, _share
+from data_bound import _cpu_seconds, _machine, _median, _neighbours, _share, interleaved
 from torch_autotune.api import tune
 from torch_autotune.bench import TrainConfig, tuned_config
+from torch_autotune.probe.fed_threads import halved
 from torch_autotune.probe.loop import TrainingLoop
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.profile import Profile
@@ -74,14 +74,6 @@ def objects(model: str) -> dict[str, Any]:
     }
 
 
-def _halvings(threads: int) -> list[int]:
-    counts = []
-    while threads > 1:
-        threads //= 2
-        counts.append(threads)
-    return counts
-
-
 def _by_hand(
     profile: Profile, given: dict[str, Any], rounds: int, seconds: float
 ) -> tuple[dict[str, TrainConfig], dict[str, list[float | None]]]:
@@ -91,24 +83,13 @@ def _by_hand(
     batch = profile.settings.batch.batch_size or EXAMPLE_BATCH
     configs: dict[str, TrainConfig] = {"tuned": tuned_config(profile)}
     for size in dict.fromkeys((batch, EXAMPLE_BATCH)):
-        for count in (None, *_halvings(torch.get_num_threads())):
+        for count in (None, *halved(torch.get_num_threads())):
             name = f"batch {size}, " + (f"{count} thread(s)" if count else "torch's threads")
             config = TrainConfig(batch_size=size, num_workers=0, cpu_threads=count)
             if config != configs["tuned"]:  # the profile's own is its row, measured once
                 configs[name] = config
     loop = TrainingLoop(workload, "cpu", settings=profile.settings)
-    rates: dict[str, list[float | None]] = {name: [] for name in configs}
-    order = random.Random(0)
-    for _ in range(rounds):  # a new order each round: no arm always follows the same one
-        names = list(configs)
-        order.shuffle(names)
-        for name in names:
-            try:
-                rates[name].append(loop.measure(configs[name], seconds))
-            except Exception as error:  # an arm that cannot run is a row without a number
-                print(f"    {name} failed: {error}", file=sys.stderr)
-                rates[name].append(None)
-    return configs, rates
+    return configs, interleaved(loop, configs, rounds, seconds)
 
 
 def _model_result(model: str, budget: float, rounds: int, seconds: float) -> dict[str, Any]:

@@ -30,8 +30,8 @@ from torch_autotune.probe.fed_passes import (
     Passes,
     fmt_rate,
     rate_of,
-    round_text,
     threads_text,
+    threads_trace,
 )
 
 __all__ = ["MeasuredThreads", "feed_fewer_threads", "measured_threads", "pick_pass"]
@@ -126,11 +126,7 @@ def measured_threads(
             f"{fmt_rate(chosen.samples_per_s)} samples/s; no other count fed faster at fewer "
             "threads (the DataLoader workers' decision gives every pass)",
         )
-    trace = ", ".join(
-        f"{threads_text(t.threads, default_threads)}: "
-        f"{fmt_rate(t.samples_per_s) if t.ok else f'failed ({t.error})'}{round_text(t)}"
-        for t in mine
-    )
+    trace = threads_trace(mine, default_threads)
     which = threads_text(chosen.threads, default_threads)
     if chosen.threads == rules and kept:
         verdict = (

@@ -42,6 +42,7 @@ from torch_autotune.probe.fed_passes import (
     rate_of,
     round_text,
     threads_text,
+    threads_trace,
 )
 from torch_autotune.probe.fed_rounds import SecondRound, second_round
 from torch_autotune.probe.fed_threads import MeasuredThreads, feed_fewer_threads, pick_pass
@@ -187,11 +188,7 @@ def _measured(
             f"beyond {FED_WITHIN:.0%}"
         )
     then = f"; {second.text}" if second.text else ""
-    trace = ", ".join(
-        f"{threads_text(t.threads, default_threads)}: "
-        f"{fmt_rate(t.samples_per_s) if t.ok else f'failed ({t.error})'}{round_text(t)}"
-        for t in run.trials
-    )
+    trace = threads_trace(run.trials, default_threads)
     return MeasuredThreads(
         chosen.threads, f"{verdict}{then} (at batch {batch_size}, samples/s: {trace})"
     )
