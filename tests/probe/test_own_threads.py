@@ -18,9 +18,15 @@ from tests.rules.helpers import two_cpus, with_host
 from tests.test_claims import _with_reason, disagreements, summary
 from torch_autotune.api import tune
 from torch_autotune.plot.data import throughput_series
-from torch_autotune.probe import workers_phase
+from torch_autotune.probe import fed_passes, workers_phase
+from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed_passes import FED_WITHIN, FedTrial, fmt_rate, pass_seconds
-from torch_autotune.probe.own_threads import OWN_BATCHES, OwnThreads, measure_own_threads
+from torch_autotune.probe.own_threads import (
+    OWN_BATCHES,
+    OwnThreads,
+    measure_own_threads,
+    own_batches,
+)
 from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workers_phase import kept_seconds
@@ -149,6 +155,71 @@ def test_where_no_pass_ran_to_a_rate_the_threads_are_left_to_the_rules() -> None
     fake, own = _measure({(256, 0, None): None})
     assert fake.calls == [(256, 0, None)]
     assert own.threads is None  # the rules' guess stays, as it was
+
+
+def _budget(left_s: float) -> Budget:
+    now = [0.0]
+    budget = Budget(60.0, lambda: now[0])
+    now[0] = 60.0 - left_s
+    return budget
+
+
+def test_threads_not_measured_for_want_of_time_are_said_so_with_what_did_not_fit() -> None:
+    fake = FakeFed({(256, 0, None): 1_000.0, (256, 0, 1): 900.0})
+    progress: list[tuple[str, str]] = []
+    rates = {256: 1_000.0}
+    for left in (0.0, 0.5):  # no time at all; too little for the plain alternative's pass
+        budget = _budget(left)
+        own = own_batches(
+            fake,
+            (256, 128),
+            default_threads=2,
+            rules_threads=None,
+            step_rates=rates,
+            budget=budget,
+            progress=lambda phase, what: progress.append((phase, what)),
+        )
+        assert (fake.calls, own.trials, own.threads) == ([], (), None)
+        predicted = pass_seconds(256, 0, 1_000.0)
+        assert own.warning is not None
+        assert own.warning.startswith("the CPU threads were not measured (with no dataset")
+        assert f"a pass of training on its own batches at batch 256 ({predicted:.1f} s" in (
+            own.warning
+        )
+        assert own.warning.endswith("so the rules chose them; more time (--budget) measures them")
+        assert [(s.what, s.warned) for s in budget.skipped] == [
+            ("a pass of training on its own batches at batch 256", True)
+        ]
+    assert progress == [("workers", "CPU threads on the workload's own batches")]  # 0.5 s left
+    # with time for it, the same call measures and warns of nothing
+    measured = own_batches(
+        fake,
+        (256,),
+        default_threads=2,
+        rules_threads=None,
+        step_rates=rates,
+        budget=_budget(60.0),
+        progress=lambda phase, what: None,
+    )
+    assert measured.trials
+    assert measured.warning is None
+
+
+def test_a_tune_whose_threads_pass_did_not_fit_warns_and_claims_no_measurement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    monkeypatch.setattr(fed_passes, "PASS_S", 3_600.0)  # a pass predicted past the budget
+    profile = tune_on(tiny_mlp_on_two_busy_cores(), _no_dataset("mlp"), two_cpus(), budget_s=60)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.fed == ()
+    said = [w for w in evidence.warnings if w.startswith("the CPU threads were not measured")]
+    assert len(said) == 1
+    threads = profile.decision("cpu_threads")
+    assert threads is not None
+    assert threads.source is not Source.MEASURED
+    assert disagreements(profile) == []
 
 
 @settings(max_examples=60, deadline=None)

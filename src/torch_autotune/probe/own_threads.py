@@ -25,7 +25,9 @@ points chose, with the passes' own machinery:
    them too, each while within ``FED_WITHIN`` of the best, and the batch is the smallest within
    it of the best rate at those threads (``OwnThreads.batch_reason``).
 
-The threads' reason gives every pass; the batch's, the passes at the threads chosen.
+The threads' reason gives every pass; the batch's, the passes at the threads chosen. Where not
+even the plain alternative's pass fits in the time left, the rules' count stands, and a
+warning says what did not fit (``own_batches``), as the passes fed by a DataLoader do.
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed_passes import (
     FED_WITHIN,
     Fed,
     FedTrial,
     Passes,
     fmt_rate,
+    pass_seconds,
     rate_of,
     round_text,
     threads_text,
@@ -46,10 +50,11 @@ from torch_autotune.probe.fed_passes import (
 )
 from torch_autotune.probe.fed_rounds import SecondRound, second_round
 from torch_autotune.probe.fed_threads import MeasuredThreads, feed_fewer_threads, pick_pass
+from torch_autotune.probe.seam import Progress
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import Profile
 
-__all__ = ["OWN_BATCHES", "OwnThreads", "measure_own_threads", "own_threads_from"]
+__all__ = ["OWN_BATCHES", "OwnThreads", "measure_own_threads", "own_batches", "own_threads_from"]
 
 OWN_BATCHES = "its own batches in memory (no dataset, so no DataLoader)"
 
@@ -63,6 +68,7 @@ class OwnThreads:
     threads: MeasuredThreads | None
     batch_size: int | None = None  # step 4: the batch at fewer threads chosen, and why
     batch_reason: str | None = None
+    warning: str | None = None  # no pass fit in the time left: the rules' count stands
 
 
 def own_threads_from(
@@ -79,6 +85,49 @@ def own_threads_from(
     if profile.topology.world_size > 1 or rules.dataloader.num_workers != 0:
         return None
     return default_threads if (rules.cpu_threads or default_threads) > 1 else None
+
+
+def own_batches(
+    fed: Fed,
+    sizes: Sequence[int],
+    *,
+    default_threads: int,
+    rules_threads: int | None,
+    step_rates: Mapping[int, float],
+    budget: Budget,
+    progress: Progress,
+) -> OwnThreads:
+    """``measure_own_threads`` at the first of ``sizes`` (the points' batch) in the time
+    ``budget``'s phase has left, the others where fewer threads are chosen; where not even
+    the plain alternative's pass fit (predicted at the step's rate, where known), the
+    warning that says so, recorded on ``budget``."""
+    if budget.left() > 0:
+        progress("workers", "CPU threads on the workload's own batches")
+        own = measure_own_threads(
+            fed,
+            batch_size=sizes[0],
+            smaller=sizes[1:],
+            default_threads=default_threads,
+            rules_threads=rules_threads,
+            step_rates=step_rates,
+            until=budget.deadline,
+            clock=budget.clock,
+        )
+        if own.trials:
+            return own
+    rate = step_rates.get(sizes[0])
+    predicted = pass_seconds(sizes[0], 0, rate) if rate else 0.0
+    what = f"a pass of training on its own batches at batch {sizes[0]}"
+    skip = budget.skip(what, predicted, kept_s=0.0, warned=True)
+    return OwnThreads(
+        (),
+        None,
+        warning=(
+            "the CPU threads were not measured (with no dataset, they are measured on the "
+            f"workload's own batches): {skip.words()} did not fit, so the rules chose them; "
+            "more time (--budget) measures them"
+        ),
+    )
 
 
 def measure_own_threads(

@@ -381,6 +381,8 @@ class _Run:
             )
         if outcome.reason == WORKERS_OUT_OF_TIME:
             self.warnings.append(out_of_time_warning(self.budget, self.workers_s))
+        if outcome.warning is not None:
+            self.warnings.append(outcome.warning)
         fed = tuple(r.model_copy(update={"variant": variant}) for r in outcome.fed)
         return replace(outcome, batch_size=outcome.batch_size or batch, fed=fed)
 

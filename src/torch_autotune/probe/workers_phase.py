@@ -43,7 +43,7 @@ from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import PASS_S, FedChoice, choose_fed, fed_order
 from torch_autotune.probe.fed_passes import fed_records, pass_seconds, threads_text
 from torch_autotune.probe.fed_threads import MeasuredThreads
-from torch_autotune.probe.own_threads import measure_own_threads, own_threads_from
+from torch_autotune.probe.own_threads import own_batches, own_threads_from
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import round_down
 from torch_autotune.probe.workers import (
@@ -146,6 +146,7 @@ class WorkersOutcome:
     batch_size: int | None = None
     batch_reason: str | None = None
     threads: MeasuredThreads | None = None  # where fewer CPU threads than the rules' were fed
+    warning: str | None = None  # what the phase was to measure and could not, for time
 
 
 def step_rates(
@@ -382,23 +383,21 @@ def _own_batches(
     on the workload's own batches (``probe.own_threads``) at the first of ``sizes`` (the
     points' batch), and, where fewer threads are chosen, the batch among ``sizes`` at them."""
     default_threads = own_threads_from(profile, workload, _default_threads(profile))
-    if default_threads is None or budget.left() <= 0:
+    if default_threads is None:
         return WorkersOutcome(None, reason=WORKERS_NO_DATASET)
-    progress("workers", "CPU threads on the workload's own batches")
-    own = measure_own_threads(
+    own = own_batches(
         lambda b, n, t: runner.fed(b, n, t, seconds=PASS_S),
-        batch_size=sizes[0],
-        smaller=sizes[1:],
+        sizes,
         default_threads=default_threads,
         rules_threads=profile.settings.cpu_threads,  # beside the rules' 0 workers
         step_rates=step_rates,
-        until=budget.deadline,
-        clock=budget.clock,
+        budget=budget,
+        progress=progress,
     )
     passes = fed_records(own.trials, dataloader=False)
     moved = own.batch_size if own.batch_size != sizes[0] else None
     return WorkersOutcome(
-        None, (), WORKERS_NO_DATASET, passes, moved, own.batch_reason, threads=own.threads
+        None, (), WORKERS_NO_DATASET, passes, moved, own.batch_reason, own.threads, own.warning
     )
 
 
