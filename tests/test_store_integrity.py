@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from tests.test_bench import measured
 from tests.test_store import NOW, snapshot
+from torch_autotune import api, files
 from torch_autotune.api import recommend
 from torch_autotune.cli import cli
 from torch_autotune.detect import RecordedMachine
@@ -430,3 +431,93 @@ def test_a_store_that_is_a_file_is_reported_by_the_write(tmp_path: Path) -> None
     with pytest.raises(StoreError, match=r"cannot write") as caught:
         ProfileStore(store).save(build_profile(snapshot(CPU_ONLY), now=NOW))
     assert not isinstance(caught.value, MeasuredProfileExistsError)
+
+
+# --- a save that cannot complete changes nothing ------------------------------------------------
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def _saved_twice(tmp_path: Path) -> tuple[ProfileStore, Profile, dict[str, Path]]:
+    """A store holding a measured profile in its three files, a second profile to save over
+    it, and the three files' paths by name."""
+    store = ProfileStore(tmp_path)
+    store.save(measured(CPU_ONLY, batch=64))
+    fp = fingerprint(snapshot(CPU_ONLY))
+    paths = {
+        "machine": store.path_for(fp),
+        "workload": store.path_for(fp, "conv"),
+        "mode": store.path_of_mode(fp, "conv", "speed"),
+    }
+    assert all(path.is_file() for path in paths.values())
+    return store, measured(CPU_ONLY, batch=128), paths
+
+
+@pytest.mark.parametrize("where", ["machine", "workload", "mode"])
+def test_a_directory_where_a_profile_goes_fails_the_save_before_anything_is_written(
+    tmp_path: Path, where: str
+) -> None:
+    """The files were written one by one: a directory at the machine's file failed its
+    rename after the workload's two files had been replaced, and the store disagreed with
+    itself."""
+    store, newer, paths = _saved_twice(tmp_path)
+    paths[where].unlink()
+    paths[where].mkdir()
+    before = _files(tmp_path)
+    with pytest.raises(StoreError) as caught:
+        store.save(newer)
+    assert f"cannot write {paths[where]}: it is a directory, not a file; delete it" in str(
+        caught.value
+    )
+    assert _files(tmp_path) == before
+
+
+def test_a_write_that_fails_midway_puts_back_what_the_save_had_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, newer, _paths = _saved_twice(tmp_path)
+    before = _files(tmp_path)
+    real = files.write_atomically
+    calls: list[Path] = []
+
+    def disk_full_at_the_second(path: Path, data: str | bytes, **kwargs: bool) -> None:
+        calls.append(path)
+        if len(calls) == 2:
+            raise StoreError(f"cannot write {path}: No space left on device")
+        real(path, data, **kwargs)
+
+    monkeypatch.setattr(files, "write_atomically", disk_full_at_the_second)
+    with pytest.raises(StoreError, match="No space left on device"):
+        store.save(newer)
+    assert len(calls) == 3  # the first, the second that failed, the first put back
+    assert _files(tmp_path) == before
+
+
+def test_autotune_refuses_a_directory_in_place_of_its_profile_before_measuring(
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """'autotune show' told the user to run autotune, which replaces it: autotune measured,
+    then could not write over the directory, and the measurement was lost."""
+
+    def never(*_args: object, **_kwargs: object) -> Profile:
+        raise AssertionError("measured before the store was checked")
+
+    detected_as(CPU_ONLY)
+    monkeypatch.setattr(api, "tune", never)
+    path = ProfileStore(tmp_path).path_for(fingerprint(snapshot(CPU_ONLY)), "conv")
+    path.mkdir(parents=True)
+    shown = run("show", "-m", "conv", "--store", str(tmp_path))
+    assert shown.exit_code == EXIT_STORE, shown.output
+    assert "cannot be used or replaced: delete it, then" in shown.stderr
+    assert "which replaces it" not in shown.stderr
+    result = run("--budget", "30", "--store", str(tmp_path))
+    assert result.exit_code == EXIT_STORE, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"autotune: error: cannot write {path}: it is a directory")
+    assert path.is_dir()

@@ -136,6 +136,52 @@ def write_atomically(
         raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def refuse_non_files(paths: list[Path]) -> None:
+    """StoreError where one of ``paths``, where a file is to be written by a rename, holds
+    what a rename cannot replace: a directory, or what is not a regular file (a link is
+    followed; nothing there, or a dangling link, is fine)."""
+    for path in paths:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise StoreError(f"cannot write {path}: it is {kind}, not a file; delete it")
+
+
+def write_all_atomically(writes: list[tuple[Path, str]], *, make_parents: bool = False) -> None:
+    """``write_atomically`` each of ``writes`` (path, text) as one: every path is looked at
+    first, so a directory where a file belongs fails before anything is written, and where a
+    write fails all the same (a full disk), those before it get their old bytes back (or are
+    removed, where there were none). The store's files: a read-only one is replaced."""
+    refuse_non_files([target for target, _ in writes])
+    before = {target: _bytes_or_none(target) for target, _ in writes}
+    done: list[Path] = []
+    try:
+        for target, data in writes:
+            write_atomically(target, data, make_parents=make_parents, replace_read_only=True)
+            done.append(target)
+    except StoreError:
+        for target in reversed(done):
+            old = before[target]
+            try:
+                if old is None:
+                    target.unlink(missing_ok=True)
+                else:
+                    write_atomically(target, old, replace_read_only=True)
+            except (OSError, StoreError):
+                pass  # the first failure is the one to report
+        raise
+
+
+def _bytes_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
 def check_writable(path: Path, *, make_parents: bool = True) -> None:
     """StoreError now, before anything is measured, when ``path`` cannot be written: a file
     there this user may not write, a path that cannot be looked at (a directory on the way

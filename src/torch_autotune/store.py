@@ -58,7 +58,7 @@ from torch_autotune.errors import (
     StoredProfileError,
     StoreError,
 )
-from torch_autotune.files import check_writable, write_atomically
+from torch_autotune.files import check_writable, refuse_non_files, write_all_atomically
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Profile, fingerprint
 from torch_autotune.remeasure import changes_since, from_objects, measure_again
@@ -174,11 +174,10 @@ class ProfileStore:
             last = self.path_for(fp, workload, world)
             mode = self.path_of_mode(fp, workload, profile.mode.value, world)
             writes[:0] = [*self._kept_beside(last, fp, workload), (last, text), (mode, text)]
-        for target, data in writes:
-            try:
-                write_atomically(target, data, make_parents=True, replace_read_only=True)
-            except StoreError as exc:
-                raise StoreError(f"{exc}; {_ELSEWHERE}") from None
+        try:
+            write_all_atomically(writes, make_parents=True)
+        except StoreError as exc:
+            raise StoreError(f"{exc}; {_ELSEWHERE}") from None
         return last if workload is not None else machine
 
     def _kept_beside(self, last: Path, fp: str, workload: str) -> list[tuple[Path, str]]:
@@ -193,11 +192,14 @@ class ProfileStore:
         keep = self.path_of_mode(fp, workload, previous.mode.value, world)
         return [] if os.path.lexists(keep) else [(keep, last.read_text(encoding="utf-8"))]
 
-    def check_writable(self) -> None:
-        """StoreError now when the store cannot be written (``files.check_writable`` on the
-        directory of its profiles, made where it is missing): before a probe, not after it."""
+    def check_writable(self, fingerprint_hex: str | None = None) -> None:
+        """StoreError now, before a probe, when the store cannot be written (its profiles'
+        directory: ``files.check_writable``) or a file of ``fingerprint_hex``'s is a directory."""
         try:
             check_writable(self.profiles_dir)
+            if fingerprint_hex is not None:
+                folder = self.profiles_dir / fingerprint_hex
+                refuse_non_files([self.path_for(fingerprint_hex), *sorted(folder.rglob("*.json"))])
         except StoreError as exc:
             raise StoreError(f"{exc}; {_ELSEWHERE}") from None
 
@@ -405,7 +407,8 @@ def _read_stored_text(path: Path, workload: str | None) -> str | None:
         status = os.fstat(descriptor)
         if not stat.S_ISREG(status.st_mode):
             kind = "a directory" if stat.S_ISDIR(status.st_mode) else "not a regular file"
-            raise StoredProfileError(f"{path} is {kind}, not a profile; {_fix(workload)}")
+            fix = f"it cannot be used or replaced: delete it, then {measure_again(workload)}"
+            raise StoredProfileError(f"{path} is {kind}, not a profile; {fix}")
         data = b""
         while status.st_size <= MAX_INPUT_BYTES and len(data) <= MAX_INPUT_BYTES:
             chunk = os.read(descriptor, MAX_INPUT_BYTES + 1 - len(data))

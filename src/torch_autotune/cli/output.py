@@ -17,11 +17,14 @@ def console() -> Any:
 
 
 def check_can_save(store: Path | None) -> None:
-    """StoreError (exit 4) now when the profile store cannot be written: before a probe or a
-    bench that would measure for minutes and then fail to save."""
+    """StoreError (exit 4) now when the profile store cannot be written, or a directory stands
+    where one of this machine's profiles goes: before a probe or a bench that would measure
+    for minutes and then fail to save."""
+    from torch_autotune import api
+    from torch_autotune.profile import fingerprint
     from torch_autotune.store import ProfileStore
 
-    ProfileStore(store).check_writable()
+    ProfileStore(store).check_writable(fingerprint(api.detect()))
 
 
 def write_profile(profile: Any, output: Path) -> None:
