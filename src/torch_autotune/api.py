@@ -252,6 +252,8 @@ def tune(
     started = clock()
     report("detect", "this machine")
     machine = snapshot or detect()
+    if trials is None:  # the steps run in this process, at its threads (torch's pool or not)
+        machine = _with_process_threads(machine)
     host = machine_id()
     options = {"name": name, "min_batch_size": min_batch_size, "blocks": blocks}
     chosen = _workload(workload, machine, host, objects, **options)
@@ -300,6 +302,14 @@ def tune(
         trials=trials,
         threads_for=threads_for,
     )
+
+
+def _with_process_threads(machine: HardwareSnapshot) -> HardwareSnapshot:
+    """``machine`` with this process's torch.get_num_threads() (not in the fingerprint)."""
+    from torch_autotune.detect.torch_env import threads_here
+
+    software = machine.software.model_copy(update={"torch_num_threads": threads_here()})
+    return machine.model_copy(update={"software": software})
 
 
 def _workload(

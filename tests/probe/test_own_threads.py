@@ -16,6 +16,7 @@ from tests.probe.fake_trials import recorded, tiny_mlp_on_two_busy_cores, tune_o
 from tests.probe.test_fed import FakeFed, RatesTable
 from tests.rules.helpers import two_cpus, with_host
 from tests.test_claims import _with_reason, disagreements, summary
+from torch_autotune import together
 from torch_autotune.api import tune
 from torch_autotune.plot.data import throughput_series
 from torch_autotune.probe import fed_passes, workers_phase
@@ -31,7 +32,7 @@ from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workers_phase import kept_seconds
 from torch_autotune.probe.workloads import Workload, resolve_workload
-from torch_autotune.profile import Source
+from torch_autotune.profile import Profile, Source
 from torch_autotune.render.results import render_run
 from torch_autotune.rules.engine import build_profile
 
@@ -314,6 +315,55 @@ def test_on_real_torch_objects_in_hand_have_their_threads_measured_on_their_own_
     assert threads is not None
     assert threads.source is Source.MEASURED
     assert OWN_BATCHES in threads.reason
+
+
+class _Probed(Exception):
+    """What stands in for the probe where a test wants only what tune() gave it."""
+
+
+def test_threads_set_before_tune_are_the_ones_the_passes_say_they_ran_at(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A script's torch.set_num_threads(1) before tune(): the passes at torch's pool ran at 1
+    thread, and the profile said they ran at torch's default (2 threads), then 1 thread."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    objects = {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "example_batch": (torch.randn(32, 8), torch.randint(0, 4, (32,))),
+        "loss_fn": torch.nn.functional.cross_entropy,
+    }
+    read: list[int | None] = []
+
+    def probed(_ranks: object, _workload: object, rules_only: Profile, **_: object) -> None:
+        read.append(rules_only.provenance.snapshot.software.torch_num_threads)
+        raise _Probed
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with monkeypatch.context() as patch:  # what tune() reads of this process
+            patch.setattr(together, "probe", probed)
+            with pytest.raises(_Probed):
+                tune(**objects, snapshot=two_cpus(), budget_s=20)  # type: ignore[arg-type]
+        software = two_cpus().software.model_copy(update={"torch_num_threads": read[0]})
+        snapshot = two_cpus().model_copy(update={"software": software})
+        profile = tune_ticking(**objects, snapshot=snapshot, budget_s=20)
+    finally:
+        torch.set_num_threads(before)
+    assert read == [1]
+    assert profile.provenance.snapshot.software.torch_num_threads == 1
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.fed == ()  # one thread: none fewer to try
+    threads = profile.decision("cpu_threads")
+    assert threads is not None
+    assert threads.source is not Source.MEASURED
+    assert "torch.get_num_threads() was 1 in the process that read the machine" in threads.reason
+    said = profile.model_dump_json() + summary(profile)
+    assert "(2 threads)" not in said
 
 
 def test_at_the_threads_chosen_a_smaller_batch_that_trains_faster_is_recommended(

@@ -361,3 +361,32 @@ def test_windows_keeps_zero_workers_unless_the_user_sets_a_count() -> None:
     assert values(_findings("rtx-3060-windows"))["dataloader.num_workers"] == 0
     chosen = _findings("rtx-3060-windows", num_workers=2)["dataloader.num_workers"]
     assert (chosen.value, chosen.source) == (2, Source.USER)
+
+
+def _threads_read(machine: HardwareSnapshot, threads: int | None) -> HardwareSnapshot:
+    software = machine.software.model_copy(update={"torch_num_threads": threads})
+    return machine.model_copy(update={"software": software})
+
+
+@pytest.mark.parametrize("machine", ["cpu-laptop-linux", "h100-80gb-hbm3"])
+def test_threads_left_to_torch_say_the_count_the_process_had_where_it_was_not_the_default(
+    machine: str,
+) -> None:
+    """A script's torch.set_num_threads(1) before tune(): the reason said torch's default
+    pool of the host's cores, the count every pass was said to run at, where they ran at 1."""
+    snap = SNAPSHOTS[machine]
+    default = snap.host.cpu_cores_physical
+    assert default is not None
+    assert default > 1
+    for threads in (None, default):
+        found = _findings(_threads_read(snap, threads))["cpu_threads"]
+        assert (found.value, found.rule) == (None, "G1")
+        assert "torch.get_num_threads()" not in found.reason
+    found = _findings(_threads_read(snap, 1))["cpu_threads"]
+    assert (found.value, found.rule) == (None, "G1")
+    assert found.reason.startswith("left to torch: torch's default pool is sized for the host's")
+    assert found.reason.endswith(
+        "; torch.get_num_threads() was 1 in the process that read the machine (OMP_NUM_THREADS, "
+        "torch.set_num_threads or the CPUs it may run on change it): a script that leaves the "
+        "threads to torch trains at its own count"
+    )

@@ -62,6 +62,15 @@ def import_torch() -> Any:
     return torch
 
 
+def threads_here() -> int | None:
+    """torch.get_num_threads() in this process, torch already imported (None: it cannot say)."""
+    import torch
+
+    with contextlib.suppress(AttributeError, RuntimeError):
+        return int(torch.get_num_threads())
+    return None
+
+
 def cudnn_version_text(number: int) -> str:
     """torch.backends.cudnn.version() -> 'major.minor.patch' (8902 -> 8.9.2, 91002 -> 9.10.2)."""
     if number >= 90000:

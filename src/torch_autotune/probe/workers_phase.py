@@ -402,15 +402,19 @@ def _own_batches(
 
 
 def _default_threads(profile: Profile) -> int | None:
-    """On a CPU, the threads of torch's default pool, where the passes fed by the DataLoader
-    try fewer (``probe.fed_threads``): one per physical core (G1), no more than this process
-    may run on; None elsewhere (the accelerator computes) and where there is one."""
+    """On a CPU, the threads of torch's pool, where the passes fed by the DataLoader try fewer
+    (``probe.fed_threads``): the process's own where ``tune`` read it (the snapshot's
+    ``torch_num_threads``: OMP_NUM_THREADS or torch.set_num_threads may have changed it),
+    else one per physical core (G1), no more than this process may run on; None elsewhere
+    (the accelerator computes) and where there is one."""
     if profile.device != "cpu":
         return None
-    host = profile.provenance.snapshot.host
-    threads = host.cpu_cores_physical or host.cpu_cores_logical or 1
-    here = _process_cpus()
-    threads = min(threads, here) if here is not None else threads
+    snapshot = profile.provenance.snapshot
+    threads = snapshot.software.torch_num_threads
+    if threads is None:
+        host, here = snapshot.host, _process_cpus()
+        threads = host.cpu_cores_physical or host.cpu_cores_logical or 1
+        threads = min(threads, here) if here is not None else threads
     return threads if threads > 1 else None
 
 

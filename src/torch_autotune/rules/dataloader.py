@@ -266,6 +266,21 @@ def _default_text(host: Host) -> str:
     return f"torch's default pool is sized for the host's {default} {kind} cores"
 
 
+def _threads_here(ctx: Context) -> str:
+    """What G1's 'left to torch' adds where the process that read the machine (``tune``'s
+    own, whose training steps ran at it) had another count than torch's default: the summary
+    said 2 threads where a script's torch.set_num_threads(1) had made it 1, and every pass
+    ran at 1."""
+    host, here = ctx.snapshot.host, ctx.snapshot.software.torch_num_threads
+    if here is None or here == _torch_default_threads(host):
+        return ""
+    return (
+        f"; torch.get_num_threads() was {here} in the process that read the machine "
+        "(OMP_NUM_THREADS, torch.set_num_threads or the CPUs it may run on change it): a "
+        "script that leaves the threads to torch trains at its own count"
+    )
+
+
 def _cpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
     """G6 (and G2/G3): compute threads on the CPUs the DataLoader workers leave free."""
     host = ctx.snapshot.host
@@ -281,7 +296,11 @@ def _cpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
             "compute, the fewest"
         )
     if default is not None and want >= default:
-        return None, "G1", f"left to torch: {_default_text(host)}, which fits in {budget}"
+        return (
+            None,
+            "G1",
+            f"left to torch: {_default_text(host)}, which fits in {budget}{_threads_here(ctx)}",
+        )
     if topology.processes_per_node > 1:
         rule = "G3"
     elif default is None or host.cpus_usable < default:
@@ -300,7 +319,12 @@ def _gpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
     ranks = topology.processes_per_node > 1
     if default is not None and want >= default:
         note = "; torchrun sets OMP_NUM_THREADS=1 per rank when it is unset (G3)" if ranks else ""
-        return None, "G1", f"left to torch: {_default_text(host)}, within {cpu_budget(ctx)}{note}"
+        return (
+            None,
+            "G1",
+            f"left to torch: {_default_text(host)}, within {cpu_budget(ctx)}{note}"
+            + _threads_here(ctx),
+        )
     return (
         want,
         "G3" if ranks else "G2",
