@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from tests.probe.fake_trials import cpu_machine, recorded, tune_on
+from tests.probe.fake_trials import cpu_machine, recorded, tiny_mlp_on_two_busy_cores, tune_on
 from tests.rules.helpers import two_cpus
 from torch_autotune.api import tune
 from torch_autotune.evidence import BatchChoice
@@ -90,6 +90,7 @@ def disagreements(profile: Profile) -> list[str]:
     found = _batch_claims(profile, evidence, text)
     found += _compile_claims(evidence, text)
     found += _fed_batch_claims(profile, evidence)
+    found += _fed_why_claims(profile, evidence, text)
     found += _accumulation_claims(profile, text)
     found += _worker_claims(profile, evidence, text)
     found += _time_claims(evidence)
@@ -281,6 +282,8 @@ def _fed_batch_claims(profile: Profile, evidence: Evidence) -> list[str]:
     steps = [rate for size, rate in _step_rates(evidence) if size == int(at)]
     if step is not None and not any(_same_rate(step, r) for r in steps):
         found.append(f"the fed batch reason's step {step} at {at}: no step ran at that rate")
+    if step is not None and float(best.replace(",", "")) >= float(step.replace(",", "")):
+        found.append(f"the fed batch reason's best {best} is not below the step's {step}")
     if int(workers) != profile.settings.dataloader.num_workers:
         found.append(f"the fed batch reason's {workers} worker(s) are not the profile's")
     for size, rate in re.findall(r"(\d+): (\d{1,3}(?:,\d{3})*(?:\.\d+)?|failed)", trace):
@@ -289,6 +292,53 @@ def _fed_batch_claims(profile: Profile, evidence: Evidence) -> list[str]:
         ]
         if not any(rate == "failed" or _same_rate(rate, f.samples_per_s) for f in passes):
             found.append(f"the fed batch reason's pass at {size}: none ran at {rate}")
+    return found
+
+
+_BELOW = "ran below the step alone"
+_FEWER = "fewer CPU threads than the step's points"
+_UNTIMED = "the step alone was not timed"
+
+
+def _fed_step_rate(evidence: Evidence) -> float | None:
+    """The most the training step ran at alone at the batch the passes were fed against: the
+    step's fastest, or the size its confirmation ran (None: the step was not timed there)."""
+    sizes = {evidence.fastest_batch_size} | {
+        t.batch_size for t in evidence.search if t.step.startswith("confirm") and t.fits
+    }
+    return max((rate for size, rate in _step_rates(evidence) if size in sizes), default=None)
+
+
+def _fed_why_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
+    """Where the passes fed by the DataLoader chose the batch, why the summary says they did,
+    against what they measured: training fed ran below the step alone only where the best
+    pass (less those set aside) fed slower than the step ran alone at its batch; fewer CPU
+    threads only where the profile sets fewer than the batch reason says the step's points
+    ran at; the step not timed only where no step ran alone at its batch."""
+    choice = evidence.batch_choice
+    fed = [f for f in evidence.fed if f.dataloader and f.samples_per_s is not None]
+    if choice is None or not choice.fed or not fed:
+        return []
+    said = _row(text, "recommended") or ""
+    aside = _set_aside(profile, evidence)
+    best = max(f.samples_per_s or 0.0 for f in fed if (f.num_workers, f.cpu_threads) not in aside)
+    step = _fed_step_rate(evidence)
+    found = []
+    if _BELOW in said and (step is None or best >= step):
+        alone = "not timed" if step is None else f"{step:,.0f}"
+        found.append(f"the summary says training fed {_BELOW}: it fed {best:,.0f}, step {alone}")
+    if _UNTIMED in said and step is not None:
+        found.append(f"the summary says {_UNTIMED}: it ran at {step:,.0f} samples/s")
+    if _FEWER in said:
+        points = re.search(
+            r"the step's throughput points ran at (?:torch's default \()?(\d+) threads?",
+            _reason(profile, "batch.batch_size"),
+        )
+        threads = profile.settings.cpu_threads
+        if points is None or threads is None or threads >= int(points.group(1)):
+            found.append(f"the summary says {_FEWER}: the profile sets {threads}")
+    if sum(words in said for words in (_BELOW, _FEWER, _UNTIMED)) != 1:
+        found.append(f"the summary does not say why the fed passes chose the batch: '{said}'")
     return found
 
 
@@ -890,6 +940,58 @@ def test_the_checker_finds_a_wrong_fed_batch_claim(
 ) -> None:
     wrong = disagreements(_rate_changed(data_bound, "batch.batch_size", old, new))
     assert any(found in d for d in wrong), wrong
+
+
+@pytest.fixture(scope="module")
+def fewer_threads() -> Profile:
+    """A tiny MLP fed by a DataLoader on 2 busy cores (``probe/test_workers_phase.py``): the
+    points, at torch's 2 threads, chose batch 512 at 115,732 samples/s; 0 workers at 1 thread
+    fed 132,231 there, above the step alone, and the batch was fed again at 1 thread."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(workers_phase, "_process_cpus", lambda: 2)
+        machine = tiny_mlp_on_two_busy_cores(load_s=2e-6, receive_s=4e-6)
+        return tune_on(machine, "mlp", TWO_CPUS, budget_s=60)
+
+
+def test_a_batch_fed_again_at_fewer_threads_is_not_said_to_have_fed_below_the_step(
+    fewer_threads: Profile,
+) -> None:
+    """The summary said "training fed by the DataLoader ran below the step alone" wherever the
+    fed passes chose the batch, here too, where they fed faster than the step alone and chose
+    it as the batch fed again at the fewer threads the profile sets."""
+    evidence = fewer_threads.evidence
+    assert evidence is not None
+    assert evidence.batch_choice is not None
+    best = max(f.samples_per_s or 0.0 for f in evidence.fed)
+    step = _fed_step_rate(evidence)
+    assert step is not None
+    assert best > step  # fed faster than the step alone
+    assert fewer_threads.settings.cpu_threads == 1
+    assert evidence.batch_choice.fed_why == "fewer threads"
+    recommended = _row(summary(fewer_threads), "recommended") or ""
+    assert _BELOW not in recommended
+    assert "at fewer CPU threads than the step's points ran at" in recommended
+    assert disagreements(fewer_threads) == []
+
+
+def test_the_checker_finds_a_wrong_why_the_fed_passes_chose_the_batch(
+    fewer_threads: Profile, data_bound: Profile
+) -> None:
+    assert data_bound.evidence is not None
+    assert data_bound.evidence.batch_choice is not None
+    assert data_bound.evidence.batch_choice.fed_why == "below the step"
+    assert _BELOW in (_row(summary(data_bound), "recommended") or "")
+    wrong = disagreements(_with_choice(fewer_threads, fed_why="below the step"))
+    assert any(f"the summary says training fed {_BELOW}" in d for d in wrong), wrong
+    wrong = disagreements(_with_choice(data_bound, fed_why="fewer threads"))
+    assert any(f"the summary says {_FEWER}" in d for d in wrong), wrong
+    wrong = disagreements(_with_choice(data_bound, fed_why="step not timed"))
+    assert any(f"the summary says {_UNTIMED}" in d for d in wrong), wrong
+    wrong = disagreements(_with_choice(data_bound, fed_why=None))
+    assert any("does not say why the fed passes chose" in d for d in wrong), wrong
+    above = _rate_changed(data_bound, "batch.batch_size", "at best 443", "at best 4,000")
+    wrong = disagreements(above)
+    assert any("the fed batch reason's best 4,000 is not below the step's" in d for d in wrong)
 
 
 @pytest.mark.parametrize(

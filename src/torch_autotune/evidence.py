@@ -195,6 +195,7 @@ class LoaderRecord(StrictModel):
 
 ChosenBy = Literal["fastest point", "fastest unsteady point", "largest point", "top candidate"]
 Confirmed = Literal["its point", "ran again", "stepped down", "not run again", "its fed pass"]
+FedWhy = Literal["below the step", "fewer threads", "step not timed"]
 
 
 class BatchChoice(StrictModel):
@@ -204,17 +205,15 @@ class BatchChoice(StrictModel):
     ``chosen_by``: ``fastest point``, the smallest steady point within 3% of the best steady
     rate; ``fastest unsteady point``, none was steady, so the size whose point ran fastest
     (smaller within 3%); ``largest point`` (earlier releases, and where a variant's settings
-    are kept), none was steady, so the largest size a point measured; ``top
-    candidate``, no point ran. ``fed``: training fed by the DataLoader ran below the step alone
-    beyond 2% (loading limits it, or takes its CPU time), and the batch is the smallest
-    within 2% of the best rate fed by the DataLoader (``Evidence.fed_reason``). The top
-    candidate is the largest batch that trained (in the search of the chosen point's
-    ``variant``), less ``margin`` where memory limited it (K2: of its samples, or of the
-    memory where ``memory_room`` names a size whose peak left it free), rounded down to
-    ``multiple`` (K4). ``confirmed``: ``its point``, its steady point ran after the search
+    are kept), none was steady, so the largest size a point measured; ``top candidate``, no
+    point ran. The top candidate is the largest batch that trained (in the search of the
+    chosen point's ``variant``), less ``margin`` where memory limited it (K2: of its samples,
+    or of the memory where ``memory_room`` names a size whose peak left it free), rounded down
+    to ``multiple`` (K4). ``confirmed``: ``its point``, its steady point ran after the search
     with the final settings; ``ran again``; ``stepped down``, a smaller size ran instead;
     ``not run again``, it would not fit in the time budget left (it ran once, with these
-    settings); ``its fed pass``.
+    settings); ``its fed pass``: the passes chose it (``fed``, ``fed_why``), the smallest
+    within 2% of their best rate (``Evidence.fed_reason``).
     """
 
     chosen_by: ChosenBy
@@ -242,10 +241,12 @@ class BatchChoice(StrictModel):
     )
     best_batch_size: BatchSize | None = None
     confirmed: Confirmed
-    fed: bool = Field(
-        default=False,
-        description="The passes chose the batch: fed by the DataLoader, below the step alone,"
-        " or on its own batches at fewer threads (probe.own_threads).",
+    fed: bool = Field(default=False, description="The passes chose the batch (fed_why).")
+    fed_why: FedWhy | None = Field(
+        default=None,
+        description="Why the passes chose it: fed by the DataLoader below the step alone beyond"
+        " 2%; at fewer threads than the step's points ran at (probe.fed, probe.own_threads),"
+        " where the batch ran again; no step alone timed there (None: not fed, or unrecorded).",
     )
 
     @property

@@ -189,6 +189,7 @@ def test_at_fewer_threads_than_the_points_ran_at_the_smaller_batches_are_fed_aga
         "128; training fed by the DataLoader trains at 1 thread (cpu_threads), where the batch "
         "was fed again, so the batch is the smallest within 2% of the best rate"
     )
+    assert choice.batch_why == "fewer threads"  # not below the step alone: 138 against 62
 
 
 def test_a_pass_at_fewer_threads_is_predicted_as_slow_as_the_threads_are_fewer() -> None:
@@ -420,7 +421,24 @@ def test_a_smaller_batch_as_fast_is_chosen_where_loading_limits_training() -> No
     assert [c[:2] for c in fake.calls] == [(256, 2), (256, 1), (128, 2), (64, 2)]
     assert choice.batch_reason is not None
     assert choice.batch_reason.startswith("128: training fed by the DataLoader runs below")
+    assert choice.batch_why == "below the step"  # what the summary says of it
     assert "256: 400, 128: 396, 64: 300" in choice.batch_reason
+
+
+def test_where_the_step_alone_was_not_timed_the_batch_is_not_said_to_be_fed_below_it() -> None:
+    fake = FakeFed({(256, 2): 400.0, (128, 2): 396.0, (64, 2): 300.0})
+    choice = choose_fed(
+        fake,
+        sizes=(256, 128, 64),
+        counts=[2],
+        loader_rates={2: 480.0},
+        step_rates={},
+        threads_for=_threads,
+    )
+    assert choice.batch_size == 128
+    assert choice.batch_reason is not None
+    assert choice.batch_reason.startswith("128: the step alone was not timed at batch 256")
+    assert choice.batch_why == "step not timed"
 
 
 def test_a_smaller_batch_whose_step_alone_is_slower_is_not_fed() -> None:

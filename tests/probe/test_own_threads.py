@@ -407,6 +407,8 @@ def test_at_the_threads_chosen_a_smaller_batch_that_trains_faster_is_recommended
         f"{batch}: the step's throughput points ran at torch's default (2 threads) and chose "
         f"batch {points}; training on {OWN_BATCHES} trains at 1 thread (cpu_threads)"
     )
+    assert evidence.batch_choice is not None
+    assert evidence.batch_choice.fed_why == "fewer threads"
     assert disagreements(profile) == []
     assert "on its own batches at the CPU threads that trained them fastest" in summary(profile)
     # the checker reads these reasons: a pass that did not run at that rate is found

@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from torch_autotune.evidence import FedWhy
 from torch_autotune.probe.fed_passes import (
     FED_WITHIN,
     PASS_S,
@@ -104,6 +105,7 @@ class FedChoice:
     workers_reason: str
     batch_reason: str | None  # None: the batch the step chose stays
     threads: MeasuredThreads | None = None  # where fewer threads than the rules' were fed
+    batch_why: FedWhy | None = None  # what ``batch_reason`` gives as why (``BatchChoice``)
 
 
 def fed_order(max_workers: int, loader_rates: Mapping[int, float]) -> list[int]:
@@ -165,13 +167,15 @@ def choose_fed(
         return FedChoice(workers, sizes[0], trials, reason, None, threads)
     _feed_sizes(run, at, sizes, workers, step_rates if retimed is None else {})
     chosen = _pick_batch(run, at, workers)
+    why, batch_reason = _batch_reason(run, chosen, sizes[0], retimed if step_limits else None)
     return FedChoice(
         chosen.num_workers,
         chosen.batch_size,
         tuple(run.trials),
         _workers_reason(run, chosen, at, loader_rates, second),
-        _batch_reason(run, chosen, sizes[0], retimed if step_limits else None),
+        batch_reason,
         threads,
+        why,
     )
 
 
@@ -356,21 +360,30 @@ def _pair(trial: FedTrial) -> tuple[int, int | None]:
     return trial.num_workers, trial.threads
 
 
-def _batch_reason(run: Passes, chosen: FedTrial, batch_size: int, retimed: int | None) -> str:
+def _batch_reason(
+    run: Passes, chosen: FedTrial, batch_size: int, retimed: int | None
+) -> tuple[FedWhy, str]:
+    """Why the passes chose ``chosen``'s batch (``BatchChoice.fed_why``), and the reason that
+    says so with the passes: ``retimed``, the threads the step's points ran at where the pass
+    chosen trains at fewer and the step limits (None: it does not, or they are the same)."""
+    why: FedWhy
     trace = ", ".join(
         f"{t.batch_size}: {fmt_rate(t.samples_per_s) if t.ok else 'failed'}{round_text(t)}"
         for t in run.trials
         if _pair(t) == _pair(chosen)
     )
     if retimed is not None:
+        why = "fewer threads"
         below = (
             f"the step's throughput points ran at {threads_text(None, retimed)} and chose batch "
             f"{batch_size}; training fed by the DataLoader trains at "
             f"{threads_text(chosen.threads)} (cpu_threads), where the batch was fed again"
         )
     elif run.step_rate is None:
+        why = "step not timed"
         below = f"the step alone was not timed at batch {batch_size}, the batch chosen for it"
     else:
+        why = "below the step"
         below = (
             f"training fed by the DataLoader runs below the step alone (at best "
             f"{fmt_rate(run.best)} samples/s; the step alone ran at {fmt_rate(run.step_rate)} "
@@ -386,7 +399,7 @@ def _batch_reason(run: Passes, chosen: FedTrial, batch_size: int, retimed: int |
         text += f"; batch {batch_size} itself was not fed: its passes would not fit in the time"
     if run.stop is not None:
         text += f"; {run.stop}"
-    return text
+    return why, text
 
 
 def _why_below(run: Passes, chosen: FedTrial) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from torch_autotune.evidence import BatchChoice, ChosenBy, Confirmed
+from torch_autotune.evidence import BatchChoice, ChosenBy, Confirmed, FedWhy
 from torch_autotune.probe.budget import Budget, Skip
 from torch_autotune.probe.guard import rounded_seconds
 from torch_autotune.probe.seam import Progress, Trials
@@ -149,10 +149,10 @@ def batch_choice(
     )
 
 
-def fed_choice(choice: BatchChoice) -> BatchChoice:
-    """``choice`` where loading turned out to limit training and the passes of training fed by
-    the DataLoader chose the batch (``probe.fed``): it ran in its pass, with these settings."""
-    return choice.model_copy(update={"fed": True, "confirmed": "its fed pass"})
+def fed_choice(choice: BatchChoice, why: FedWhy | None) -> BatchChoice:
+    """``choice`` where the passes chose the batch (``probe.fed``, ``probe.own_threads``), for
+    ``why``, what their batch reason gives: it ran in its pass, with these settings."""
+    return choice.model_copy(update={"fed": True, "confirmed": "its fed pass", "fed_why": why})
 
 
 def point_record(point: PointOutcome, *, variant: str = EAGER) -> ThroughputRecord | None:

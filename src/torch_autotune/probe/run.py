@@ -437,8 +437,8 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
     at = confirmed[-1].batch_size if confirmed else candidate
     workers = run.workers(final, variant, at, step, confirmed)
     batch = workers.batch_size or candidate  # the step's, or the fed passes' where data-bound
-    if workers.batch_reason is not None:  # loading limits training: the fed passes chose
-        choice = fed_choice(choice)
+    if workers.batch_reason is not None:  # the passes chose, for ``workers.batch_why``
+        choice = fed_choice(choice, workers.batch_why)
     run.search += confirmed
     evidence = run_evidence(run, found, batch=batch, fastest=candidate, choice=choice)
     loader = {"loader": workers.loader, "workers_reason": workers.reason, "fed": workers.fed}

@@ -36,6 +36,7 @@ from torch_autotune.evidence import (
     WORKERS_NO_DATASET,
     WORKERS_OUT_OF_TIME,
     FedRecord,
+    FedWhy,
     SearchTrialRecord,
     ThroughputRecord,
 )
@@ -147,6 +148,7 @@ class WorkersOutcome:
     batch_reason: str | None = None
     threads: MeasuredThreads | None = None  # where fewer CPU threads than the rules' were fed
     warning: str | None = None  # what the phase was to measure and could not, for time
+    batch_why: FedWhy | None = None  # why the passes chose the batch (``BatchChoice.fed_why``)
 
 
 def step_rates(
@@ -396,9 +398,9 @@ def _own_batches(
     )
     passes = fed_records(own.trials, dataloader=False)
     moved = own.batch_size if own.batch_size != sizes[0] else None
-    return WorkersOutcome(
-        None, (), WORKERS_NO_DATASET, passes, moved, own.batch_reason, own.threads, own.warning
-    )
+    why: FedWhy | None = "fewer threads" if own.batch_reason is not None else None
+    outcome = WorkersOutcome(None, (), WORKERS_NO_DATASET, passes, moved, own.batch_reason)
+    return replace(outcome, threads=own.threads, warning=own.warning, batch_why=why)
 
 
 def _default_threads(profile: Profile) -> int | None:
@@ -439,4 +441,4 @@ def _outcome(
     reason = f"{fed.workers_reason}. The DataLoader alone, measured first: {alone}"
     batch = fed.batch_size if fed.batch_size != batch_size else None
     outcome = WorkersOutcome(fed.num_workers, records, reason, passes, batch, fed.batch_reason)
-    return replace(outcome, threads=fed.threads)
+    return replace(outcome, threads=fed.threads, batch_why=fed.batch_why)

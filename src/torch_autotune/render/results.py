@@ -163,8 +163,15 @@ _CONFIRMED = {
     "stepped down": "the candidate did not run again; this smaller size did",
     "not run again": "not run a second time: it would not fit in the time budget left; it ran"
     " once, with these settings",
-    "its fed pass": "training fed by the DataLoader ran below the step alone: the smallest batch"
-    " as fast fed by the DataLoader, which it trained in with these settings",
+    "its fed pass": "the smallest batch as fast fed by the DataLoader, which it trained in with"
+    " these settings",
+}
+
+_FED_WHY = {  # ``BatchChoice.fed_why``: what the passes measured that made them choose
+    "below the step": "training fed by the DataLoader ran below the step alone",
+    "fewer threads": "training fed by the DataLoader trains at fewer CPU threads than the step's"
+    " points ran at, where the batch was fed again",
+    "step not timed": "the step alone was not timed at its batch",
 }
 
 
@@ -208,6 +215,8 @@ def _recommended(profile: Profile, evidence: Evidence) -> str:
         confirmed = _CONFIRMED[choice.confirmed]
         if choice.fed and not any(f.dataloader for f in evidence.fed):  # ``probe.own_threads``
             confirmed = _OWN_PASS
+        elif choice.fed and choice.fed_why is not None:
+            confirmed = f"{_FED_WHY[choice.fed_why]}: {confirmed}"
         if choice.compiled != profile.settings.compile.enabled:
             confirmed = confirmed.replace("with these settings", except_compile(choice.compiled))
         text += f" ({confirmed})"
