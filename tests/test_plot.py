@@ -33,6 +33,7 @@ from torch_autotune.bench import (
     tuned_config,
 )
 from torch_autotune.errors import EXIT_USAGE, PlotUnavailableError, ProfileFileError, StoreError
+from torch_autotune.evidence import BatchChoice
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.plot import build_figure, data, png, render_charts, save_png
 from torch_autotune.plot.text import text_bar
@@ -364,7 +365,7 @@ def test_the_chart_data_is_what_both_renderings_draw() -> None:
         (128, "timed", ()),
         (256, "timed", ()),
         (512, "timed", ("recommended",)),
-        (768, "timed", ("largest that ran",)),
+        (768, "timed", ("fastest", "largest that ran")),  # 2,310 samples/s; 512 ran at 2,300
         (832, "out of memory", ()),
     ]
     assert data.first_misfit(evidence) == (832, "out of memory")
@@ -406,7 +407,7 @@ def test_the_text_charts_show_sizes_workers_and_effects(full: Profile) -> None:
     assert "█" in row
     assert "2,300.0/s" in row
     assert "◀ recommended" in row
-    assert "◀ largest that ran" in next(line for line in lines if "batch 768" in line)
+    assert "◀ fastest, largest that ran" in next(line for line in lines if "batch 768" in line)
     assert "batch 832  ✗ out of memory" in text
     assert "896" not in text  # only the first size that did not fit
     assert "peak memory 74.5 GiB (batch 768) of 79.1 GiB the trials could use" in text
@@ -494,6 +495,54 @@ def test_the_charts_mark_the_batch_the_bench_left_in_the_profile() -> None:
     assert line.get_label() == "recommended: 32 (the bench changed it from 512)"
 
 
+def test_the_fastest_mark_sits_on_the_fastest_bar_and_its_choice_says_within_3_percent() -> None:
+    """As `autotune report` drew a run on a 2-core CPU: the step chose batch 100 (3,548
+    samples/s), the smallest within 3% of the best, 200 (3,603); the report marked 100
+    "fastest" and drew 200 just below it unmarked. The recommended batch is another's (a
+    bench moved it to 50)."""
+    rates = {50: 3_120.0, 100: 3_548.0, 200: 3_603.0}
+    choice = BatchChoice(
+        chosen_by="fastest point",
+        largest=200,
+        top=200,
+        limited_by="cap",
+        samples_per_s=rates[100],
+        best_samples_per_s=rates[200],
+        best_batch_size=200,
+        confirmed="its point",
+    )
+    evidence = h100_evidence(loader=False).model_copy(
+        update={
+            "device": "cpu",
+            "max_batch_size": 200,
+            "fastest_batch_size": 100,
+            "batch_size": 100,
+            "limited_by": "cap",
+            "search": tuple(trial(size, True, 1.0, "start") for size in rates),
+            "throughput": tuple(
+                ThroughputRecord(batch_size=size, samples_per_s=rate, relative_spread=0.01)
+                for size, rate in rates.items()
+            ),
+            "batch_choice": choice,
+        }
+    )
+    mark = data.Chosen(50, marks=("recommended", "the bench changed it from 100"))
+    marked = {r.batch_size: r.marks for r in data.batch_rows(evidence, mark) if r.marks}
+    assert marked == {
+        50: ("recommended", "the bench changed it from 100"),
+        100: ("within 3% of the fastest",),
+        200: ("fastest", "largest that ran"),
+    }
+    # the fastest is the fastest bar drawn, and the choice is within 3% of it, as said
+    assert rates[200] == max(rates.values())
+    assert rates[100] >= rates[200] * 0.97
+    # without the best recorded (a file of an earlier release), the bars themselves say which
+    older = evidence.model_copy(update={"batch_choice": None})
+    marked = {r.batch_size: r.marks for r in data.batch_rows(older, mark) if r.marks}
+    assert marked[100] == ("within 3% of the fastest",)
+    assert marked[200] == ("fastest", "largest that ran")
+
+
 def test_the_charts_mark_a_batch_set_by_hand_as_such() -> None:
     from torch_autotune.hand_edits import with_hand_edits
 
@@ -506,6 +555,6 @@ def test_the_charts_mark_a_batch_set_by_hand_as_such() -> None:
     )
     rows = data.batch_rows(h100_evidence(), data.chosen(edited))
     assert [(r.batch_size, r.marks) for r in rows if r.marks] == [
-        (512, ("fastest",)),
+        (512, ("within 3% of the fastest",)),  # 768 ran at 2,310, 512 at 2,300
         (768, ("set by hand", "the probe chose 512", "largest that ran")),
     ]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from torch_autotune.errors import ProfileFileError
+from torch_autotune.probe.points import FASTEST_WITHIN
 from torch_autotune.probe.workers import format_share, keeps_ahead, serial_share
 from torch_autotune.profile import (
     Evidence,
@@ -36,7 +37,7 @@ class BatchRow:
     samples_per_s: float | None
     relative_spread: float | None
     status: str  # "timed", "ran (not timed)", "out of memory", "not run (...)"
-    marks: tuple[str, ...]  # "recommended", "fastest", "largest that ran"
+    marks: tuple[str, ...]  # "recommended", "fastest" (``fastest_marks``), "largest that ran"
     series: str | None = None  # the series of its point ("eager", ...); None: not timed
 
 
@@ -241,6 +242,29 @@ def fastest_measured(evidence: Evidence) -> int | None:
     return evidence.fastest_batch_size if choice.chosen_by == "fastest point" else None
 
 
+def fastest_marks(evidence: Evidence) -> dict[int, str]:
+    """The step's sizes marked, of the kind the batch was chosen from (``_chosen_kind``): the
+    fastest steady point's, 'fastest'; where the step chose a smaller size within
+    ``FASTEST_WITHIN`` of it (``fastest_measured``), that one's, 'within 3% of the fastest'
+    (a size further below it, of an earlier release, is left unmarked). Empty where no
+    steady point measured the fastest."""
+    at = fastest_measured(evidence)
+    kind = _chosen_kind(evidence)
+    steady = [
+        p for s in throughput_series(evidence) if s.kind == kind for p in s.points if p.steady
+    ]
+    if at is None or not steady:
+        return {}
+    best = max(steady, key=lambda p: (p.samples_per_s, -p.batch_size))
+    mine = max((p.samples_per_s for p in steady if p.batch_size == at), default=0.0)
+    if best.batch_size == at or mine >= best.samples_per_s:
+        return {at: "fastest"}
+    marks = {best.batch_size: "fastest"}
+    if mine >= best.samples_per_s * (1 - FASTEST_WITHIN):
+        marks[at] = f"within {FASTEST_WITHIN:.0%} of the fastest"
+    return marks
+
+
 def batch_rows(evidence: Evidence, mark: Chosen | None = None) -> list[BatchRow]:
     """A row per point of each series (``throughput_series``), and one for the profile's
     batch, the largest size and the first size that did not fit where no point stands for
@@ -250,7 +274,7 @@ def batch_rows(evidence: Evidence, mark: Chosen | None = None) -> list[BatchRow]
     mark = mark or Chosen(evidence.batch_size)
     misfit = first_misfit(evidence)
     picked = recommended_series(evidence, mark)
-    fastest = fastest_measured(evidence)  # a point of the step, compiled if the choice was
+    fastest = fastest_marks(evidence)  # points of the step, compiled if the choice was
     kind = _chosen_kind(evidence)
     rows: list[tuple[int, int, BatchRow]] = []
     for order, series in enumerate(throughput_series(evidence)):
@@ -258,8 +282,8 @@ def batch_rows(evidence: Evidence, mark: Chosen | None = None) -> list[BatchRow]
             marks: tuple[str, ...] = ()
             if p.batch_size == mark.batch_size and series.name == picked:
                 marks = mark.marks
-            elif p.batch_size == fastest and series.kind == kind:
-                marks = ("fastest",)
+            elif p.batch_size in fastest and series.kind == kind:
+                marks = (fastest[p.batch_size],)
             row = BatchRow(p.batch_size, p.samples_per_s, p.relative_spread, "timed", marks)
             rows.append((p.batch_size, order, replace(row, series=series.name)))
     timed = {size for size, _, _ in rows}
