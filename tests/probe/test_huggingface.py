@@ -418,9 +418,7 @@ def test_a_trainer_s_optimizer_is_built_over_each_copy_with_its_weight_decay_gro
     assert trainer.optimizer is None
     assert workload.optimizer == "adamw"
     (note,) = [n for n in workload.details().notes if n.startswith("optimizer:")]  # type: ignore[misc]
-    # what trained is the Trainer's optim: a fused one is the profile's kernel too
-    assert f"optim '{trainer.args.optim.value}'" in note
-    assert "a fused optim trains fused whatever the rules say" in note
+    assert f"optim '{trainer.args.optim.value}'" in note  # what trained is the Trainer's optim
 
 
 def test_a_trainer_s_fused_optim_is_the_profile_s_kernel_and_its_export_s(tmp_path: Path) -> None:
@@ -446,6 +444,28 @@ def test_a_trainer_s_fused_optim_is_the_profile_s_kernel_and_its_export_s(tmp_pa
     plain = profile_of("adamw_torch")  # foreach trained: the rules' kernel, the Trainer's too
     assert not plain.settings.optimizer.fused
     assert "optim" not in hf_training_arguments(plain)
+
+
+def test_a_trainer_s_optimizer_note_says_what_its_optim_builds(tmp_path: Path) -> None:
+    """optim='adamw_torch' was noted as 'a fused optim trains fused whatever the rules say, so
+    the profile's optimizer.fused is on', beside a profile with it off (rule I3). The note now
+    says what the Trainer's own optim builds, and agrees with the profile's kernel."""
+    from torch_autotune import compose
+    from torch_autotune.profile import Mode
+    from torch_autotune.rules.engine import build_profile
+
+    for optim in ("adamw_torch", "adamw_torch_fused"):
+        workload = resolve_workload(trainer_for(tmp_path, bert(), Reviews(), optim=optim))
+        (note,) = [n for n in workload.details().notes if n.startswith("optimizer:")]  # type: ignore[misc]
+        preferences = compose.preferences(workload, Mode.SPEED, True, None, None)
+        fused = build_profile(LAPTOP, preferences=preferences).settings.optimizer.fused
+        assert fused is (optim == "adamw_torch_fused")
+        assert f"optim '{optim}'" in note
+        assert ("trains fused whatever the rules say" in note) is fused
+        assert ("so the profile's optimizer.fused is on" in note) is fused
+        assert ("it is not built fused, so the profile's optimizer.fused decides" in note) is (
+            not fused
+        )
 
 
 def test_a_trainer_s_own_optimizer_is_rebuilt_over_each_copy(tmp_path: Path) -> None:

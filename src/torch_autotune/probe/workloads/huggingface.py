@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch_autotune.errors import WorkloadError, user_code_failed
 from torch_autotune.probe.workloads.messages import _exception, _listed
-from torch_autotune.probe.workloads.optimizers import ModelOptimizer
+from torch_autotune.probe.workloads.optimizers import ModelOptimizer, fused_by
 from torch_autotune.probe.workloads.steps import LABEL_KEYS
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def adapt(
         )
     step = fields.get("train_step")
     if isinstance(step, TrainerStep):
-        return dict(fields), step.adapted(name, source)
+        return dict(fields), step.adapted(name, source, fused_by(fields.get("optimizer")))
     model = fields.get("model")
     transformers_model = is_pretrained_model(model)
     if not transformers_model and not is_arrow_dataset(dataset):
@@ -330,8 +330,10 @@ class TrainerStep:
             ) from None
         return loss
 
-    def adapted(self, name: str, source: str) -> Adapted:
-        """What the probe took from the Trainer, for the evidence."""
+    def adapted(self, name: str, source: str, fused: str | None = None) -> Adapted:
+        """What the probe took from the Trainer, for the evidence; ``fused``: what builds its
+        optimizer fused whatever the profile says (``optimizers.fused_by``), None where the
+        profile decides the kernel."""
         trainer = self.trainer
         collator = type(trainer.data_collator).__name__
         if inspect.isfunction(trainer.data_collator):
@@ -340,14 +342,7 @@ class TrainerStep:
             "the Trainer's model, training DataLoader (its dataset as get_train_dataloader()"
             f" gives it, its data collator {collator}), optimizer and compute_loss; the"
             " DataLoader's batch size is each trial's",
-            "optimizer: the one given to the Trainer, rebuilt over each copy of the model"
-            if trainer.optimizer is not None
-            else "optimizer: trainer.create_optimizer(model) over each copy of the model, as"
-            f" its TrainingArguments say (optim '{_optim(trainer.args)}', learning rate"
-            f" {trainer.args.learning_rate}, weight decay {trainer.args.weight_decay}); a fused"
-            " optim trains fused whatever the rules say, so the profile's optimizer.fused is"
-            " on, with why (the Hugging Face export writes optim where the profile decides"
-            " the kernel, and says why where it does not)",
+            _optimizer_note(trainer, fused),
         ]
         if _checkpointing(trainer.args):
             notes.append(
@@ -372,6 +367,33 @@ class TrainerStep:
             call=f"trainer.compute_loss(model, batch) ({owner})",
             loss=f"{owner}" + ("" if self.overridden else " (the model's own loss)"),
         )
+
+
+def _optimizer_note(trainer: Any, fused: str | None) -> str:
+    """Where the optimizer the probe trains comes from, and whether its kernel is the profile's
+    (``optimizer.fused``) or the Trainer's fused one, which the rules keep on (rule I6)."""
+    if trainer.optimizer is not None:
+        return "optimizer: the one given to the Trainer, rebuilt over each copy of the model"
+    args = trainer.args
+    made = (
+        "optimizer: trainer.create_optimizer(model) over each copy of the model, as its"
+        f" TrainingArguments say (optim '{_optim(args)}', learning rate {args.learning_rate},"
+        f" weight decay {args.weight_decay})"
+    )
+    export = (
+        " (the Hugging Face export writes optim where the profile decides the kernel, and says"
+        " why where it does not)"
+    )
+    if fused is not None:
+        return (
+            f"{made}: it builds the fused kernel, which trains fused whatever the rules say, so"
+            f" the profile's optimizer.fused is on, with why{export}"
+        )
+    return (
+        f"{made}: it is not built fused, so the profile's optimizer.fused decides the kernel"
+        " the probe trains (fused=True where it is on, torch's default where it is off), with"
+        f" why{export}"
+    )
 
 
 def _optim(arguments: Any) -> str:
