@@ -272,6 +272,9 @@ def tune(
         ),
     )
     rules_only = build_profile(machine, preferences=preferences, host_id=host)
+    kept = compose.workload_target(preferences, chosen, rules_only.topology.world_size)
+    if kept is not preferences:  # the global batch a Trainer accumulates to is the target
+        preferences, rules_only = kept, build_profile(machine, preferences=kept, host_id=host)
     chosen = chosen.per_rank(rules_only.topology.world_size)
     total = budget_s if budget_s is not None else default_budget_s(rules_only)
     report("budget", f"{total:g} s")
@@ -292,7 +295,7 @@ def tune(
         started=started,
         max_batch_size=compose.largest_asked(
             max_batch_size,
-            target_global_batch,
+            preferences.target_global_batch,
             rules_only.topology.world_size,
             chosen.min_batch_size,
             rules_only.topology.batch_multiple,

@@ -122,6 +122,25 @@ def preferences(
     )
 
 
+def workload_target(preferences: Preferences, workload: Workload, processes: int) -> Preferences:
+    """``preferences`` with the global batch ``workload`` trains as the target of accumulation
+    (rule L1), where the user asked for none and the workload fixes its samples per optimizer
+    step (``Workload.update_samples``: a Trainer's per_device_train_batch_size x
+    gradient_accumulation_steps), over each of the job's ``processes``, as the Trainer's
+    arguments are per device; what set it in words (``target_global_batch_from``)."""
+    update = workload.update_samples
+    if preferences.target_global_batch is not None or update is None:
+        return preferences
+    samples, words = update
+    target = samples * processes
+    if target > MAX_GLOBAL_BATCH:
+        return preferences
+    spread = f" x {processes} processes" if processes > 1 else ""
+    return preferences.model_copy(
+        update={"target_global_batch": target, "target_global_batch_from": f"{words}{spread}"}
+    )
+
+
 def largest_asked(
     max_batch_size: int | None, target: int | None, processes: int, smallest: int, multiple: int
 ) -> int | None:

@@ -9,6 +9,7 @@ told to stay offline, and nothing here asks it). A real ``tune()`` is slow (10-2
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -468,6 +469,54 @@ def test_a_trainer_s_optimizer_note_says_what_its_optim_builds(tmp_path: Path) -
         )
 
 
+def test_a_trainer_s_accumulated_global_batch_is_kept_as_the_target(tmp_path: Path) -> None:
+    """per_device_train_batch_size=16 and gradient_accumulation_steps=4: the profile and the
+    Hugging Face export gave the measured batch and accumulation 1, and the global batch went
+    from 64 to whatever fitted, without a word. The Trainer's 64 samples per optimizer step are
+    now the target of accumulation (rule L1): kept with the measured batch, and said where they
+    came from; a target the user gives still wins, and a Trainer that does not accumulate has
+    its batch tuned as before."""
+    from tests.probe.fake_trials import cpu_machine, tune_on
+    from tests.test_claims import disagreements
+    from torch_autotune import compose
+    from torch_autotune.profile import Mode
+
+    args = {"per_device_train_batch_size": 16, "gradient_accumulation_steps": 4}
+    trainer = trainer_for(tmp_path, bert(), Reviews(size=512), **args)
+    workload = resolve_workload(trainer)
+    (note,) = [n for n in workload.details().notes if "samples per process" in n]  # type: ignore[misc]
+    assert note.startswith(
+        "your Trainer's per_device_train_batch_size 16 x gradient_accumulation_steps 4 = 64"
+        " samples per process per optimizer step: the profile keeps that global batch"
+    )
+    simulated = dataclasses.replace(workload, dataset=None)  # no real DataLoader measured
+    machine = cpu_machine(fixed_s=0.05, per_sample_s=0.002, first_s=0.3, autotune_s=0.0)
+    for options, target in (
+        ({}, 64),
+        ({"max_batch_size": 16}, 64),  # as where memory fits 16: 16 x 4 steps
+        ({"processes_per_node": 2}, 128),  # the Trainer's arguments are per device
+        ({"target_global_batch": 32}, 32),  # the user's own target
+    ):
+        profile = tune_on(machine, simulated, LAPTOP, budget_s=60, **options)
+        exported = hf_training_arguments(profile)
+        steps = exported["gradient_accumulation_steps"]
+        made = exported["per_device_train_batch_size"] * steps * profile.topology.world_size
+        assert (made, profile.provenance.preferences.target_global_batch) == (target, target)
+        assert steps == (4 if options.get("max_batch_size") else 1)
+        decision = profile.decision("batch.grad_accum_steps")
+        assert decision is not None
+        trainer_s = "; the target is your Trainer's per_device_train_batch_size 16 x"
+        assert (trainer_s in decision.reason) is ("target_global_batch" not in options)
+        assert disagreements(profile) == []
+    plain = resolve_workload(
+        trainer_for(tmp_path, bert(), Reviews(), per_device_train_batch_size=16)
+    )
+    assert plain.update_samples is None
+    assert not any("samples per process" in n for n in plain.details().notes)  # type: ignore[misc]
+    preferences = compose.preferences(plain, Mode.SPEED, True, None, None)
+    assert compose.workload_target(preferences, plain, 1).target_global_batch is None
+
+
 def test_a_trainer_s_own_optimizer_is_rebuilt_over_each_copy(tmp_path: Path) -> None:
     model = bert()
     given = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -691,6 +740,35 @@ def test_tune_a_trainer_as_it_is_then_train_it_with_the_export(
     save(profile)
     assert recommend(workload="GPT2LMHeadModel").measured  # as the evidence's note says
     trains_at_the_tuned_batch(profile, tmp_path, seen_batches, model, rows, collator=collator)
+
+
+@pytest.mark.slow  # a real tune(): 10 s of budget, then one Trainer step
+def test_tune_an_accumulating_trainer_then_train_its_global_batch_with_the_export(
+    tmp_path: Path,
+    seen_batches: Callable[[Any], list[int]],
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    """A Trainer of 8 x 4 samples per optimizer step: the export's Trainer steps on 32 samples
+    too, in micro-batches of the tuned size (it stepped on the tuned batch alone)."""
+    detected_as("cpu-laptop-linux")
+    rows = token_rows(size=256)
+    args = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4}
+    profile = tune(trainer_for(tmp_path, gpt2(), rows, **args), budget_s=10)
+    measured_on(profile, "GPT2LMHeadModel", "transformers Trainer")
+    exported = json.loads(json.dumps(hf_training_arguments(profile)))  # as the file holds it
+    batch, steps = exported["per_device_train_batch_size"], exported["gradient_accumulation_steps"]
+    assert batch * steps == 32
+    trained = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "trained"),
+        max_steps=1,
+        report_to=[],
+        save_strategy="no",
+        **exported,
+    )
+    model = gpt2()
+    sizes = seen_batches(model)
+    transformers.Trainer(model=model, args=trained, train_dataset=rows).train()
+    assert sizes == [batch] * steps  # one optimizer step on the Trainer's global batch
 
 
 # --- the GPU benchmark's script -------------------------------------------------------------------

@@ -216,9 +216,11 @@ def _accumulation(ctx: Context) -> Finding:
     batch. Under DDP the first steps of each update run in ``model.no_sync()``."""
     target = ctx.preferences.target_global_batch
     batch = ctx.measurements.batch_size if ctx.measurements is not None else None
+    given = ctx.preferences.target_global_batch_from
+    whose = f"; the target is {given}, the global batch it trains, kept" if given else ""
     if target is not None and batch is not None:
         steps, why = accumulation(batch, target, ctx.topology.world_size)
-        return Finding("batch.grad_accum_steps", steps, "L1", why, Source.MEASURED)
+        return Finding("batch.grad_accum_steps", steps, "L1", why + whose, Source.MEASURED)
     if target is not None:
         return Finding(
             "batch.grad_accum_steps",
@@ -226,7 +228,7 @@ def _accumulation(ctx: Context) -> Finding:
             "L1",
             f"1: the target global batch {target} is made up from the batch size, which is "
             "only ever measured: run autotune to probe it; until then every step updates the "
-            "weights",
+            f"weights{whose}",
         )
     return Finding(
         "batch.grad_accum_steps",

@@ -103,12 +103,15 @@ class Adapted:
     """What was made of Hugging Face objects, for ``WorkloadDetails``: the framework
     (``transformers``, ``transformers Trainer``, or None for a ``datasets.Dataset`` under
     another model), what was adapted in words, and how the step calls the model and where its
-    loss comes from, where a step of ours does not say it itself."""
+    loss comes from, where a step of ours does not say it itself. ``update_samples``: the
+    samples each process trains per optimizer step where a Trainer accumulates, and what says
+    so (``Workload.update_samples``)."""
 
     framework: str | None
     notes: tuple[str, ...] = ()
     call: str | None = None
     loss: str | None = None
+    update_samples: tuple[int, str] | None = None
 
 
 # --- a PreTrainedModel and a datasets.Dataset -------------------------------------------------
@@ -344,6 +347,15 @@ class TrainerStep:
             " DataLoader's batch size is each trial's",
             _optimizer_note(trainer, fused),
         ]
+        update = _update_samples(trainer.args)
+        if update is not None:
+            notes.append(
+                f"{update[1]} = {update[0]} samples per process per optimizer step: the"
+                " profile keeps that global batch (times its processes) as the target of its"
+                " accumulation, unless tune() is given another (target_global_batch,"
+                " --target-batch): the batch size measured, batch.grad_accum_steps the steps"
+                " that make up the rest (rule L1), and the Hugging Face export writes both"
+            )
         if _checkpointing(trainer.args):
             notes.append(
                 "the Trainer's arguments turn on activation checkpointing, which it applies when"
@@ -366,6 +378,7 @@ class TrainerStep:
             tuple(notes),
             call=f"trainer.compute_loss(model, batch) ({owner})",
             loss=f"{owner}" + ("" if self.overridden else " (the model's own loss)"),
+            update_samples=update,
         )
 
 
@@ -393,6 +406,19 @@ def _optimizer_note(trainer: Any, fused: str | None) -> str:
         f"{made}: it is not built fused, so the profile's optimizer.fused decides the kernel"
         " the probe trains (fused=True where it is on, torch's default where it is off), with"
         f" why{export}"
+    )
+
+
+def _update_samples(arguments: Any) -> tuple[int, str] | None:
+    """The samples each process trains per optimizer step, as the Trainer's arguments set them,
+    with what sets them in words; None where it does not accumulate: its batch size alone is
+    then the tuned one (accumulation is only there to make up a global batch that was chosen)."""
+    steps = getattr(arguments, "gradient_accumulation_steps", 1)
+    batch = getattr(arguments, "per_device_train_batch_size", None)
+    if not isinstance(steps, int) or not isinstance(batch, int) or steps <= 1 or batch < 1:
+        return None
+    return batch * steps, (
+        f"your Trainer's per_device_train_batch_size {batch} x gradient_accumulation_steps {steps}"
     )
 
 

@@ -194,6 +194,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
         min_batch_size=smallest,
         optimizer=probe_kind(builder, template),  # type: ignore[arg-type]
         fused_by=fused_by(builder),
+        update_samples=adapted.update_samples if adapted is not None else None,
         variable_shapes=isinstance(batches, DatasetBatches) and batches.variable,
         details=details,
         blocks=blocks,

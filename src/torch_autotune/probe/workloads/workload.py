@@ -56,7 +56,10 @@ class Workload:
     with BatchNorm in training mode cannot train on one sample). ``optimizer`` names the kind of
     optimizer for the rules (``adamw``, ``adam``, ``sgd``, ``other``), and ``fused_by`` what
     builds it with the fused kernel whatever the profile says, in words (``optimizers.fused_by``:
-    the rules then keep it on, as it trains); ``details`` says what the
+    the rules then keep it on, as it trains); ``update_samples``: the samples each process
+    trains per optimizer step where the workload fixes them, with what fixes them in words (a
+    Trainer's ``per_device_train_batch_size x gradient_accumulation_steps``, where it
+    accumulates): the global batch is kept (``compose.workload_target``); ``details`` says what the
     probe made of the user's objects (how a batch is fed to the model, what was adapted), for
     the evidence. ``rebuild`` is how another process builds it again (a built-in's name,
     ``module:factory``); None for objects in hand, which a fresh process cannot have.
@@ -83,6 +86,7 @@ class Workload:
     min_batch_size: int = 1
     optimizer: OptimizerKind = "adamw"
     fused_by: str | None = None
+    update_samples: tuple[int, str] | None = None
     variable_shapes: bool = False
     details: Callable[[], WorkloadDetails] | None = None
     rebuild: str | None = None
