@@ -263,13 +263,14 @@ def _fed_batch_claims(profile: Profile, evidence: Evidence) -> list[str]:
     its fastest batch, and the trace of the chosen worker count, each as the passes ran."""
     reason = _reason(profile, "batch.batch_size")
     said = re.search(
-        rf"at best {_RATE}; the step alone ran at (?:{_RATE}|unknown) at batch (\d+).*"
+        rf"at best {_RATE} fed at batch (\d+); the step alone ran at "
+        rf"(?:{_RATE}|unknown) at batch (\d+).*"
         rf"training fed by (\d+) worker\(s\): (.*?) samples/s",
         reason,
     )
     if said is None:
         return _own_batch_claims(profile, evidence, reason)
-    best, step, at, workers, trace = said.groups()
+    best, fed_at, step, at, workers, trace = said.groups()
     aside = _set_aside(profile, evidence)
     fed = [
         f
@@ -277,8 +278,9 @@ def _fed_batch_claims(profile: Profile, evidence: Evidence) -> list[str]:
         if f.samples_per_s is not None and (f.num_workers, f.cpu_threads) not in aside
     ]
     found = []
-    if not _same_rate(best, max((f.samples_per_s or 0.0 for f in fed), default=None)):
-        found.append(f"the fed batch reason's best {best} is not the best pass")
+    there = [f.samples_per_s or 0.0 for f in fed if f.batch_size == int(fed_at)]
+    if not _same_rate(best, max(there, default=None)):
+        found.append(f"the fed batch reason's best {best} is not the best pass at {fed_at}")
     steps = [rate for size, rate in _step_rates(evidence) if size == int(at)]
     if step is not None and not any(_same_rate(step, r) for r in steps):
         found.append(f"the fed batch reason's step {step} at {at}: no step ran at that rate")
@@ -312,7 +314,8 @@ def _fed_step_rate(evidence: Evidence) -> float | None:
 def _fed_why_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
     """Where the passes fed by the DataLoader chose the batch, why the summary says they did,
     against what they measured: training fed ran below the step alone only where the best
-    pass (less those set aside) fed slower than the step ran alone at its batch; fewer CPU
+    pass (less those set aside) at the batch fed first (the batch reason's: a smaller batch
+    fed later may beat the step) fed slower than the step ran alone at its batch; fewer CPU
     threads only where the profile sets fewer than the batch reason says the step's points
     ran at; the step not timed only where no step ran alone at its batch."""
     choice = evidence.batch_choice
@@ -321,7 +324,10 @@ def _fed_why_claims(profile: Profile, evidence: Evidence, text: str) -> list[str
         return []
     said = _row(text, "recommended") or ""
     aside = _set_aside(profile, evidence)
-    best = max(f.samples_per_s or 0.0 for f in fed if (f.num_workers, f.cpu_threads) not in aside)
+    first = re.search(r"fed at batch (\d+); the step alone", _reason(profile, "batch.batch_size"))
+    kept = [f for f in fed if (f.num_workers, f.cpu_threads) not in aside]
+    there = [f for f in kept if first is None or f.batch_size == int(first.group(1))]
+    best = max(f.samples_per_s or 0.0 for f in there or kept)
     step = _fed_step_rate(evidence)
     found = []
     if _BELOW in said and (step is None or best >= step):

@@ -165,9 +165,12 @@ def choose_fed(
         reason = _workers_reason(run, picked, at, loader_rates, second) + _unfed(sizes[0], at)
         trials = tuple(run.trials)
         return FedChoice(workers, sizes[0], trials, reason, None, threads)
+    decided = (at, run.best)  # the passes at ``at`` that found the step does not limit
     _feed_sizes(run, at, sizes, workers, step_rates if retimed is None else {})
     chosen = _pick_batch(run, at, workers)
-    why, batch_reason = _batch_reason(run, chosen, sizes[0], retimed if step_limits else None)
+    why, batch_reason = _batch_reason(
+        run, chosen, sizes[0], retimed if step_limits else None, decided=decided
+    )
     return FedChoice(
         chosen.num_workers,
         chosen.batch_size,
@@ -361,11 +364,18 @@ def _pair(trial: FedTrial) -> tuple[int, int | None]:
 
 
 def _batch_reason(
-    run: Passes, chosen: FedTrial, batch_size: int, retimed: int | None
+    run: Passes,
+    chosen: FedTrial,
+    batch_size: int,
+    retimed: int | None,
+    *,
+    decided: tuple[int, float],
 ) -> tuple[FedWhy, str]:
     """Why the passes chose ``chosen``'s batch (``BatchChoice.fed_why``), and the reason that
     says so with the passes: ``retimed``, the threads the step's points ran at where the pass
-    chosen trains at fewer and the step limits (None: it does not, or they are the same)."""
+    chosen trains at fewer and the step limits (None: it does not, or they are the same);
+    ``decided``: the batch fed first and its best rate, which found the step does not limit
+    (a smaller batch fed later may beat the step alone: its best is not what decided)."""
     why: FedWhy
     trace = ", ".join(
         f"{t.batch_size}: {fmt_rate(t.samples_per_s) if t.ok else 'failed'}{round_text(t)}"
@@ -386,8 +396,9 @@ def _batch_reason(
         why = "below the step"
         below = (
             f"training fed by the DataLoader runs below the step alone (at best "
-            f"{fmt_rate(run.best)} samples/s; the step alone ran at {fmt_rate(run.step_rate)} "
-            f"samples/s at batch {batch_size}, the batch chosen for it): {_why_below(run, chosen)}"
+            f"{fmt_rate(decided[1])} samples/s fed at batch {decided[0]}; the step alone ran at "
+            f"{fmt_rate(run.step_rate)} samples/s at batch {batch_size}, the batch chosen for "
+            f"it): {_why_below(run, chosen)}"
         )
     text = (
         f"{chosen.batch_size}: {below}, so the batch is the smallest within {FED_WITHIN:.0%} of "
