@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.batchnorm import with_batch_one_raising
+from torch_autotune import apply
 from torch_autotune.apply import apply_environment, apply_flags, global_flags, restore_flags
 from torch_autotune.errors import LateEnvironmentWarning, ProfileUseWarning
 from torch_autotune.hardware import HardwareSnapshot
@@ -59,8 +60,12 @@ def torch_state() -> Iterator[None]:
     os.environ.update(saved[8])
 
 
-def test_cpu_profile_trains_a_real_model(torch_state: None) -> None:
+def test_cpu_profile_trains_a_real_model(
+    torch_state: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     profile = profile_for("cpu-container-quota-4")
+    usable = profile.provenance.snapshot.host.cpus_usable  # its threads fit the container's
+    monkeypatch.setattr(apply, "process_cpus", lambda: usable)
     profile.apply()
     assert torch.get_num_threads() == profile.settings.cpu_threads
     data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
@@ -77,6 +82,32 @@ def test_cpu_profile_trains_a_real_model(torch_state: None) -> None:
         scaler.update()
         optimizer.zero_grad()
     assert not torch.equal(before, model.weight)
+
+
+def test_a_profile_made_for_more_cpus_is_not_applied_here(
+    torch_state: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """apply() set 64 threads on 2 CPUs, where a bench baseline asking for as many is refused;
+    a profile made for a larger machine is sound there, and refused here before it sets
+    anything."""
+    profile = profile_for("cpu-container-quota-4")
+    threads = profile.settings.cpu_threads
+    assert threads is not None
+    monkeypatch.setattr(apply, "process_cpus", lambda: threads - 1)
+    torch.set_num_threads(1)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with pytest.raises(ValueError, match="more than this machine can run") as refused:
+        profile.apply()
+    bound = f"at most {threads - 1} CPU threads (1 a CPU, more would take turns on them, slower)"
+    assert str(refused.value) == (
+        f"profile: cpu_threads {threads} is more than this machine can run: {threads - 1} usable "
+        f"CPUs, {bound}; ask for {threads - 1} or fewer"
+    )
+    assert torch.get_num_threads() == 1
+    assert "OMP_NUM_THREADS" not in os.environ  # nothing was set
+    monkeypatch.setattr(apply, "process_cpus", lambda: threads)
+    profile.apply()
+    assert torch.get_num_threads() == threads
 
 
 def test_reproducible_profile_sets_determinism_and_seeds(torch_state: None) -> None:

@@ -276,6 +276,99 @@ def test_bench_holds_a_baseline_to_the_bounds_its_file_has(
     assert benched.evidence.bench is not None
 
 
+def _with_counts(profile: Profile, num_workers: int, cpu_threads: int | None) -> Profile:
+    """``profile`` hand-edited to ``num_workers`` DataLoader workers and ``cpu_threads`` threads
+    (not validated here: the file it is written to is)."""
+    loader = profile.settings.dataloader.model_copy(update={"num_workers": num_workers})
+    settings = profile.settings.model_copy(
+        update={"dataloader": loader, "cpu_threads": cpu_threads}
+    )
+    return profile.model_copy(update={"settings": settings})
+
+
+@pytest.mark.parametrize(
+    ("key", "count", "valid"),
+    [
+        ("num_workers", 33, False),
+        ("num_workers", 32, True),
+        ("cpu_threads", 9, False),
+        ("cpu_threads", 8, True),
+    ],
+)
+def test_a_profile_asking_more_than_its_machine_can_run_is_not_valid(
+    tmp_path: Path, key: str, count: int, *, valid: bool
+) -> None:
+    """num_workers: 16 hand-edited into a profile of a 2-CPU machine was a 'valid profile', where
+    a baseline asking for as many was exit 3; its bench ran 135 s past an 8 s estimate. A file
+    is held to the machine it was made for (the laptop's 8 CPUs here), whatever reads it."""
+    rules = build_profile(snapshot("cpu-laptop-linux"))
+    workers, threads = (count, None) if key == "num_workers" else (2, count)
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(dump_profile(_with_counts(rules, workers, threads)))
+    result = run("validate", str(edited))
+    if valid:
+        assert result.exit_code == 0, result.output
+        return
+    path = "settings.dataloader.num_workers" if key == "num_workers" else "settings.cpu_threads"
+    bound = "at most 32 DataLoader workers (4 a CPU, for a loader that waits on storage)"
+    if key == "cpu_threads":
+        bound = "at most 8 CPU threads (1 a CPU, more would take turns on them, slower)"
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert result.stderr.splitlines() == [
+        f"autotune: error: {edited}: {path}: {count} is more than the machine it was made for "
+        f"can run: 8 usable CPUs, {bound}; ask for {bound.split()[2]} or fewer"
+    ]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("settings.dataloader.num_workers 16", 16, None, WORKERS_BOUND),
+        ("settings.cpu_threads 3", 1, 3, THREADS_BOUND),
+    ],
+    ids=["workers", "threads"],
+)
+def test_a_profile_made_for_a_larger_machine_is_not_benched_here(
+    tmp_path: Path,
+    measured_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[str, int, int | None, str],
+) -> None:
+    """A profile made for the laptop (8 CPUs) may ask for 16 workers there, and validates; the
+    bench trains it here, on 2 CPUs, and is refused as a baseline asking for as many is."""
+    asked, workers, threads, bound = case
+    started: list[object] = []
+    monkeypatch.setattr(host, "cpus_usable_here", lambda: 2)
+    monkeypatch.setattr(api, "bench", lambda *args, **_kwargs: started.append(args))
+    edited = tmp_path / "larger.yaml"
+    edited.write_text(dump_profile(_with_counts(load_profile(measured_file), workers, threads)))
+    assert run("validate", str(edited)).exit_code == 0
+    result = run("bench", "--profile", str(edited), *QUICK)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert result.stderr.splitlines() == [
+        f"autotune: error: {edited}: {asked} is more than this machine can run: 2 usable CPUs, "
+        f"{bound}; ask for {bound.split()[2]} or fewer"
+    ]
+    assert not started
+
+
+def test_bench_holds_a_profile_to_the_bounds_of_this_machine(
+    measured_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench(profile) from Python, as 'autotune bench --profile' on the command line."""
+    monkeypatch.setattr(host, "cpus_usable_here", lambda: 2)
+    sound = load_profile(measured_file)
+    larger = _with_counts(sound, num_workers=1, cpu_threads=3)
+    with pytest.raises(ValueError, match="more than this machine can run") as refused:
+        api.bench(larger, rounds=1, seconds=0.01)
+    assert str(refused.value) == (
+        f"profile: cpu_threads 3 is more than this machine can run: 2 usable CPUs, "
+        f"{THREADS_BOUND}; ask for 2 or fewer"
+    )
+    benched = api.bench(_with_counts(sound, num_workers=1, cpu_threads=2), rounds=1, seconds=0.01)
+    assert benched.evidence is not None
+
+
 def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:
     rules_only = tmp_path / "rules.yaml"
     rules_only.write_text(dump_profile(build_profile(snapshot("cpu-laptop-linux"))))

@@ -11,7 +11,7 @@ import tracemalloc
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from click.testing import CliRunner, Result
@@ -48,7 +48,7 @@ def valid_text() -> str:
     return dump_profile(build_profile(snapshot(CPU_ONLY), now=NOW), "json")
 
 
-def edited(change: Callable[[dict[str, object]], None]) -> bytes:
+def edited(change: Callable[[dict[str, Any]], None]) -> bytes:
     data = json.loads(valid_text())
     change(data)
     return json.dumps(data).encode()
@@ -74,6 +74,15 @@ def _no_settings(data: dict[str, object]) -> None:
     del data["settings"]
 
 
+def _workers_beyond_the_machine(data: dict[str, Any]) -> None:
+    data["settings"]["dataloader"]["num_workers"] = 33  # the laptop's 8 CPUs run 32 at most
+
+
+def _threads_beyond_the_machine(data: dict[str, Any]) -> None:
+    data["settings"]["cpu_threads"] = 9  # one a CPU of the laptop's 8: cpu_threads 64 on 2
+    # CPUs loaded as 'set by hand', and apply() set 64 threads
+
+
 BAD = {
     "not-utf8": lambda: b'{"schema_version": 1, "mode": "sp\xffeed"}',
     "binary": lambda: bytes(range(256)),
@@ -84,6 +93,8 @@ BAD = {
     "unknown-key": lambda: edited(_unknown_key),
     "missing-settings": lambda: edited(_no_settings),
     "newer-schema": lambda: edited(_newer_schema),
+    "workers-beyond-its-machine": lambda: edited(_workers_beyond_the_machine),
+    "threads-beyond-its-machine": lambda: edited(_threads_beyond_the_machine),
     "another-machine": v100_profile,
     "another-machine-claiming-this-one": lambda: v100_profile(claim_this_machine=True),
     # A valid profile padded with 2 MiB of spaces: never read, refused from its size.
@@ -154,6 +165,17 @@ def test_an_edited_fingerprint_does_not_pass_for_this_machine(tmp_path: Path) ->
     laptop_store(tmp_path, v100_profile(claim_this_machine=True))
     with pytest.raises(StoredProfileError, match=r"records another machine .*Tesla V100"):
         ProfileStore(tmp_path).load(fingerprint(snapshot(CPU_ONLY)))
+
+
+def test_a_stored_count_beyond_its_machine_says_so_and_the_bound(tmp_path: Path) -> None:
+    path = laptop_store(tmp_path, edited(_workers_beyond_the_machine))
+    with pytest.raises(StoredProfileError) as caught:
+        ProfileStore(tmp_path).load(fingerprint(snapshot(CPU_ONLY)))
+    assert str(caught.value).startswith(
+        f"{path}: settings.dataloader.num_workers: 33 is more than the machine it was made for "
+        "can run: 8 usable CPUs, at most 32 DataLoader workers (4 a CPU, for a loader that "
+        "waits on storage); ask for 32 or fewer"
+    )
 
 
 def test_a_sound_profile_is_still_returned_without_a_warning(tmp_path: Path) -> None:

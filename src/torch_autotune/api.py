@@ -33,6 +33,7 @@ from torch_autotune.errors import (
     UnusableGpuWarning,
 )
 from torch_autotune.hardware import HardwareSnapshot
+from torch_autotune.invariants import check_cpu_counts
 from torch_autotune.launch import ranks_from_environment
 from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS, Measure
 from torch_autotune.probe.interrupts import import_torch
@@ -230,7 +231,7 @@ def tune(
         processes_per_node=processes_per_node,
         memory_limit_gib=memory_limit_gib,
     )
-    compose.check_cpu_counts({"num_workers": num_workers}, detect_host.cpus_usable_here)
+    check_cpu_counts({"num_workers": num_workers}, detect_host.cpus_usable_here)
     if trials is None:
         import_torch()
     from torch_autotune.probe.budget import default_budget_s
@@ -350,13 +351,14 @@ def bench(
     ``budget_s`` seconds (None: ``tune()``'s default budget).
     ``workload``: default the one the profile was measured on; any form ``tune()`` takes (a
     profile measured on objects needs them again: a dict of them). ``baseline``: default fp32,
-    batch 32, no workers, no pinning, eager, torch's default backends. Every arm runs once per
-    round, ``rounds`` rounds, each measurement at least ``seconds`` long after its warm-up.
-    ``measure`` replaces the real training loop: (config, seconds) -> samples/s.
+    batch 32, no workers, no pinning, eager, torch's default backends; it and the profile are
+    held to this machine's CPUs (a ValueError, the line ``autotune bench`` prints). Every arm
+    runs once per round, ``rounds`` rounds, each measurement at least ``seconds`` long after
+    its warm-up. ``measure`` replaces the real training loop: (config, seconds) -> samples/s.
     """
     from torch_autotune.bench import apply_bench
 
-    compose.check_bench_arguments(rounds, seconds, baseline, detect_host.cpus_usable_here)
+    compose.check_bench_arguments(rounds, seconds, baseline, detect_host.cpus_usable_here, profile)
     if measure is None:
         import_torch()
     started = clock()

@@ -64,8 +64,11 @@ def apply_torch_settings(settings: Settings) -> None:
     """Apply the global torch settings: TF32, cuDNN, determinism, threads, seed, environment.
 
     Warns (``LateEnvironmentWarning``) when CUDA has already started, so that the allocator
-    and cuBLAS variables can no longer take effect.
+    and cuBLAS variables can no longer take effect. ValueError, before anything is set, where
+    the settings ask for more CPU threads or DataLoader workers than this machine can run
+    (``invariants.too_many``): a profile made for a larger machine is sound there, not here.
     """
+    check_counts_here(settings)
     import torch
 
     applied = apply_environment(settings)
@@ -85,6 +88,23 @@ def apply_torch_settings(settings: Settings) -> None:
     if settings.seed is not None:
         random.seed(settings.seed)
         torch.manual_seed(settings.seed)
+
+
+def check_counts_here(settings: Settings) -> None:
+    """ValueError with ``invariants.too_many``'s line where ``settings`` ask for more CPU
+    threads or DataLoader workers than the CPUs this process may run on can run: the bounds of
+    a bench baseline. 64 threads on 2 CPUs take turns on them, slower than torch's default."""
+    from torch_autotune.invariants import check_cpu_counts, cpu_counts
+
+    check_cpu_counts(cpu_counts(settings), process_cpus, lambda name: f"profile: {name}")
+
+
+def process_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask, the host's CPUs where the OS keeps
+    none. A container's CPU quota is detection's to read (``detect/``, a floor above): the
+    probe holds its worker counts to the same mask (``probe.workers_phase``)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
 def apply_flags(

@@ -27,9 +27,9 @@ from torch_autotune.bounds import (
     MAX_SECONDS,
     MAX_WORKERS,
 )
+from torch_autotune.invariants import check_cpu_counts, cpu_counts
 from torch_autotune.profile import Mode, Preferences, Profile
 from torch_autotune.settings import RECORD_BY_NAME, memory_settings, torch_defaults
-from torch_autotune.thresholds import BASELINE_THREADS_PER_CPU, BASELINE_WORKERS_PER_CPU
 
 if TYPE_CHECKING:
     from torch_autotune.probe.ablation import ArmResults
@@ -162,10 +162,12 @@ def check_bench_arguments(
     seconds: float,
     baseline: TrainConfig | None = None,
     cpus: Callable[[], int] | None = None,
+    profile: Profile | None = None,
 ) -> None:
     """ValueError for rounds outside [1, MAX_ROUNDS] or seconds outside (0, MAX_SECONDS], or a
-    ``baseline`` asking for more workers or threads than ``cpus()`` usable CPUs can run
-    (``check_cpu_counts``: the bounds of a baseline file)."""
+    ``baseline`` or ``profile`` asking for more workers or threads than ``cpus()`` usable CPUs
+    can run (``check_cpu_counts``: the bounds of a baseline file). The bench trains both here,
+    so a profile made for a larger machine is held to this one's."""
     if not 1 <= rounds <= MAX_ROUNDS or not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
         raise ValueError(
             f"rounds must be in [1, {MAX_ROUNDS}] and seconds > 0 and at most {MAX_SECONDS:g}, "
@@ -174,51 +176,8 @@ def check_bench_arguments(
     if baseline is not None and cpus is not None:
         counts = {"num_workers": baseline.num_workers, "cpu_threads": baseline.cpu_threads}
         check_cpu_counts(counts, cpus, lambda name: f"baseline: {name}")
-
-
-def check_cpu_counts(
-    counts: Mapping[str, int | None],
-    cpus: Callable[[], int],
-    named: Callable[[str], str] = str,
-) -> None:
-    """ValueError with ``too_many``'s line for the first of ``counts`` ('num_workers',
-    'cpu_threads': the count asked, None for none) that this machine cannot run, ``named`` as
-    the input names it. ``cpus()``, the CPUs usable here, is read only where a count is asked:
-    the command line's ``--workers`` and baseline file, ``tune(num_workers=...)`` and
-    ``bench(baseline=...)`` all hold these bounds, with the same line."""
-    for name, asked in counts.items():
-        if asked is None:
-            continue
-        problem = too_many(name, asked, named(name), cpus())
-        if problem is not None:
-            raise ValueError(problem)
-
-
-def too_many(name: str, asked: int, named: str, cpus: int) -> str | None:
-    """The one line that refuses ``asked`` DataLoader workers (``name`` 'num_workers') or CPU
-    threads ('cpu_threads'), ``named`` as the input names it, where ``cpus`` usable CPUs cannot
-    run so many: ``thresholds.BASELINE_WORKERS_PER_CPU`` workers, or
-    ``BASELINE_THREADS_PER_CPU`` threads, a usable CPU. None where they can."""
-    if name == "num_workers":
-        per_cpu, what, why = (
-            BASELINE_WORKERS_PER_CPU,
-            "DataLoader workers",
-            "for a loader that waits on storage",
-        )
-    else:
-        per_cpu, what, why = (
-            BASELINE_THREADS_PER_CPU,
-            "CPU threads",
-            "more would take turns on them, slower",
-        )
-    most = per_cpu * cpus
-    if asked <= most:
-        return None
-    return (
-        f"{named} {asked} is more than this machine can run: {cpus} usable CPU"
-        f"{'s' if cpus > 1 else ''}, at most {most} {what} ({per_cpu} a CPU, {why}); ask for "
-        f"{most} or fewer"
-    )
+    if profile is not None and cpus is not None:
+        check_cpu_counts(cpu_counts(profile.settings), cpus, lambda name: f"profile: {name}")
 
 
 def measurements(result: ProbeResult) -> Measurements:

@@ -13,12 +13,15 @@ it loads. Only what cannot run, or contradicts itself, is refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from torch_autotune.evidence import MEMORY_DEFAULTS, Evidence
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
 from torch_autotune.settings import Settings, memory_settings
 from torch_autotune.thresholds import (
+    BASELINE_THREADS_PER_CPU,
+    BASELINE_WORKERS_PER_CPU,
     BF16_MIN_CC,
     COMPILE_MIN_TORCH,
     FP32_PRECISION_API_MIN_TORCH,
@@ -197,7 +200,85 @@ def settings_problems(
         )
     for check in (_dataloader_problems, _precision_problems, _matmul_problems, _compile_problems):
         problems += check(scope)
-    return problems
+    return problems + count_problems(settings, snapshot.host.cpus_usable)
+
+
+COUNT_PATHS = {
+    "num_workers": "settings.dataloader.num_workers",
+    "cpu_threads": "settings.cpu_threads",
+}
+"""Where a profile holds each count ``too_many`` bounds, by its name."""
+
+
+def cpu_counts(settings: Settings) -> dict[str, int | None]:
+    """The counts of ``settings`` that ``too_many`` bounds ('num_workers', 'cpu_threads'; None:
+    torch's default), as ``check_cpu_counts`` takes them."""
+    return {"num_workers": settings.dataloader.num_workers, "cpu_threads": settings.cpu_threads}
+
+
+def count_problems(settings: Settings, cpus: int) -> list[str]:
+    """The DataLoader workers or CPU threads of ``settings`` that the machine the profile was
+    made for, with ``cpus`` usable CPUs, cannot run (``too_many``): a hand-edited
+    ``num_workers: 100`` on 2 CPUs validated, and its bench made no progress in 200 s.
+
+    The machine is the one the profile records, not the one that reads it: a profile made
+    for a 64-CPU box (``autotune recommend --snapshot``) with 16 workers is sound, and is
+    refused only where it is used on fewer CPUs (``autotune bench --profile``, ``apply()``)."""
+    found = (
+        too_many(name, asked, f"{COUNT_PATHS[name]}:", cpus, machine="the machine it was made for")
+        for name, asked in cpu_counts(settings).items()
+        if asked is not None
+    )
+    return [problem for problem in found if problem is not None]
+
+
+def check_cpu_counts(
+    counts: Mapping[str, int | None],
+    cpus: Callable[[], int],
+    named: Callable[[str], str] = str,
+) -> None:
+    """ValueError with ``too_many``'s line for the first of ``counts`` ('num_workers',
+    'cpu_threads': the count asked, None for none) that this machine cannot run, ``named`` as
+    the input names it. ``cpus()``, the CPUs usable here, is read only where a count is asked:
+    the command line's ``--workers``, baseline file and ``bench --profile``,
+    ``tune(num_workers=...)``, ``bench(profile, baseline=...)`` and ``Profile.apply()`` all
+    hold these bounds, with the same line (a profile file, against the machine it was made
+    for: ``count_problems``)."""
+    for name, asked in counts.items():
+        if asked is None:
+            continue
+        problem = too_many(name, asked, named(name), cpus())
+        if problem is not None:
+            raise ValueError(problem)
+
+
+def too_many(
+    name: str, asked: int, named: str, cpus: int, *, machine: str = "this machine"
+) -> str | None:
+    """The one line that refuses ``asked`` DataLoader workers (``name`` 'num_workers') or CPU
+    threads ('cpu_threads'), ``named`` as the input names it, where ``cpus`` usable CPUs of
+    ``machine`` cannot run so many: ``thresholds.BASELINE_WORKERS_PER_CPU`` workers, or
+    ``BASELINE_THREADS_PER_CPU`` threads, a usable CPU. None where they can."""
+    if name == "num_workers":
+        per_cpu, what, why = (
+            BASELINE_WORKERS_PER_CPU,
+            "DataLoader workers",
+            "for a loader that waits on storage",
+        )
+    else:
+        per_cpu, what, why = (
+            BASELINE_THREADS_PER_CPU,
+            "CPU threads",
+            "more would take turns on them, slower",
+        )
+    most = per_cpu * cpus
+    if asked <= most:
+        return None
+    return (
+        f"{named} {asked} is more than {machine} can run: {cpus} usable CPU"
+        f"{'s' if cpus > 1 else ''}, at most {most} {what} ({per_cpu} a CPU, {why}); ask for "
+        f"{most} or fewer"
+    )
 
 
 def batch_problems(settings: Settings, evidence: Evidence | None) -> list[str]:

@@ -240,7 +240,9 @@ class Profile(StrictModel):
         return self.settings.batch.grad_accum_steps
 
     def apply(self) -> None:
-        """Apply the global torch settings (TF32, cuDNN, determinism, threads, seed, env)."""
+        """Apply the global torch settings (TF32, cuDNN, determinism, threads, seed, env).
+        ValueError where its CPU threads or DataLoader workers are more than this machine can
+        run (a profile made for a larger one)."""
         from torch_autotune.apply import apply_torch_settings
 
         apply_torch_settings(self.settings)

@@ -85,23 +85,41 @@ def load_baseline(path: Path | None) -> Any:
 
 def _check_workers(baseline: Any, source: str) -> None:
     """ProfileFileError where the baseline asks for more DataLoader workers or CPU threads than
-    this machine can run (``compose.too_many``): 8000 workers on 2 CPUs hung the bench while it
-    started them, and 64 threads on 2 CPUs slowed the baseline the profile is held against."""
-    from torch_autotune.compose import check_cpu_counts
-    from torch_autotune.detect.host import cpus_usable_here
-
+    this machine can run (``invariants.too_many``): 8000 workers on 2 CPUs hung the bench while
+    it started them, and 64 threads on 2 CPUs slowed the baseline the profile is held against."""
     counts = {"num_workers": baseline.num_workers, "cpu_threads": baseline.cpu_threads}
+    _check_counts(counts, lambda name: f"{source}: {name}")
+
+
+def check_profile_counts(profile: Any, path: Path) -> None:
+    """ProfileFileError where the profile in ``path``, to be trained here (``bench
+    --profile``), asks for more DataLoader workers or CPU threads than this machine can run:
+    the bound of a baseline's, and of a profile file on the machine it was made for, which may
+    be larger (a profile for a 64-CPU box validates with 16 workers; its bench on 2 CPUs ran
+    past its estimate by minutes)."""
+    from torch_autotune.invariants import COUNT_PATHS, cpu_counts
+
+    source = "standard input" if is_stdin(path) else str(path)
+    _check_counts(cpu_counts(profile.settings), lambda name: f"{source}: {COUNT_PATHS[name]}")
+
+
+def _check_counts(counts: dict[str, int | None], named: Any) -> None:
+    """ProfileFileError with ``invariants.too_many``'s line for the first of ``counts`` this
+    machine cannot run, ``named`` as the file names it."""
+    from torch_autotune.detect.host import cpus_usable_here
+    from torch_autotune.invariants import check_cpu_counts
+
     try:
-        check_cpu_counts(counts, cpus_usable_here, lambda name: f"{source}: {name}")
+        check_cpu_counts(counts, cpus_usable_here, named)
     except ValueError as problem:
         raise ProfileFileError(str(problem)) from None
 
 
 def check_workers_option(workers: int | None) -> None:
     """A usage error (exit 2) where ``--workers`` asks for more DataLoader workers than this
-    machine can run, the bound a baseline's ``num_workers`` has (``compose.too_many``)."""
-    from torch_autotune.compose import check_cpu_counts
+    machine can run, the bound a baseline's ``num_workers`` has (``invariants.too_many``)."""
     from torch_autotune.detect.host import cpus_usable_here
+    from torch_autotune.invariants import check_cpu_counts
 
     try:
         check_cpu_counts({"num_workers": workers}, cpus_usable_here, lambda _name: "--workers")

@@ -119,6 +119,7 @@ def _profile_to_bench(profile_file: Path | None, store: Path | None, workload: s
                 f"{profile_file} was not measured (rules only): the bench needs the batch size "
                 "the probe ran; run 'autotune' and bench the profile it saves"
             )
+        inputs.check_profile_counts(profile, profile_file)
         return profile
     stored = api.stored_measured(store, workload)
     if stored is not None:
