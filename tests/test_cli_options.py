@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 import torch_autotune.cli
-from torch_autotune import api
+from torch_autotune import api, together
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_USAGE
+from torch_autotune.errors import EXIT_PROBE, EXIT_USAGE, ProbeError
 from torch_autotune.hardware import HardwareSnapshot
 
 CLI_PACKAGE = Path(torch_autotune.cli.__file__).parent
@@ -121,3 +121,84 @@ def test_the_store_from_the_environment_is_no_option_given_before_a_command(
     detected_as("cpu-laptop-linux")
     monkeypatch.setenv("TORCH_AUTOTUNE_HOME", str(tmp_path))
     assert _run("show").exit_code == 0
+
+
+def _past_the_check(*_args: object, **_kwargs: object) -> None:
+    raise ProbeError("stopped by the test past the memory limit's check")
+
+
+_NO_LIMIT_ABOVE = "and no limit above what it has can hold"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (
+            "cpu-laptop-linux",
+            "100000",
+            "this machine's host RAM, 15.39 GiB: the probe trains on the CPU",
+            "15.39",
+        ),
+        (
+            "cpu-container-quota-4",
+            "17",
+            "the host RAM this container may use (its memory limit), 16 GiB: the probe trains "
+            "on the CPU",
+            "16",
+        ),
+        (
+            "h100-80gb-hbm3",
+            "80",
+            "the NVIDIA H100 80GB HBM3's memory, 79.18 GiB: the probe trains on the GPU",
+            "79.18",
+        ),
+        (  # every rank is held to it: the smaller GPU bounds it
+            "rtx-4090-plus-rtx-3060",
+            "20",
+            "the NVIDIA GeForce RTX 3060's memory, 11.76 GiB: the probe trains on the GPU",
+            "11.76",
+        ),
+    ],
+    ids=["host-ram", "container", "gpu", "two-gpus"],
+)
+def test_a_memory_limit_above_what_the_device_has_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+    case: tuple[str, str, str, str],
+) -> None:
+    """--memory-limit 100000 on a 23.5 GiB host tuned, exit 0, and the summary said '100000 GiB
+    of host RAM, as asked' where 15.8 GiB held; the preferences recorded 1.07e14 bytes. No cap
+    above the device's memory binds (on a GPU, the allocator's fraction stops at all of it):
+    refused before anything trains, with the most that can hold, which is accepted."""
+    machine, asked, what, most = case
+    detected_as(machine)
+    monkeypatch.setattr(together, "probe", _past_the_check)
+    store = ("--budget", "30", "--no-save", "--store", str(tmp_path))
+    refused = _run("--memory-limit", asked, *store)
+    assert refused.exit_code == EXIT_USAGE, refused.output
+    errors = [line for line in refused.stderr.splitlines() if "error" in line]
+    assert errors == [
+        f"autotune: error: --memory-limit {asked} is more than {what}, {_NO_LIMIT_ABOVE}; ask "
+        f"for {most} or less"
+    ]
+    accepted = _run("--memory-limit", most, *store)
+    assert accepted.exit_code == EXIT_PROBE, accepted.output
+    assert "past the memory limit's check" in accepted.stderr
+
+
+def test_a_memory_limit_on_mps_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
+) -> None:
+    """On MPS neither the allocator's fraction nor the CPU's cap is set: the summary said
+    '8 GiB of host RAM, as asked' where nothing held it."""
+    detected_as("apple-m2-pro-mps")
+    monkeypatch.setattr(together, "probe", _past_the_check)
+    refused = _run("--memory-limit", "8", "--budget", "30", "--no-save", "--store", str(tmp_path))
+    assert refused.exit_code == EXIT_USAGE, refused.output
+    assert [line for line in refused.stderr.splitlines() if "error" in line] == [
+        "autotune: error: --memory-limit 8: the probe trains on MPS, where it holds no limit "
+        "(only a CUDA GPU's allocator, or host RAM on the CPU); leave it out"
+    ]

@@ -26,7 +26,9 @@ from torch_autotune.bench import TrainConfig
 from torch_autotune.detect import Machine
 from torch_autotune.detect import detect as detect_machine
 from torch_autotune.detect import host as detect_host
+from torch_autotune.detect.torch_env import with_threads_here
 from torch_autotune.errors import (
+    MemoryLimitError,
     StaleProfileWarning,
     StoredProfileWarning,
     StoreError,
@@ -215,7 +217,8 @@ def tune(
     on the CPU): they share the CPUs, the workers are measured per process and the global
     batch is spread over them (``Profile.topology``). ``memory_limit_gib``: the device memory
     the probe may use, as on a smaller or shared GPU (the allocator's per-process fraction; on
-    the CPU, the host RAM it may fill), recorded in the profile. The user's model, optimizer
+    the CPU, the host RAM it may fill), recorded in the profile; more than the device has, or
+    any on MPS, raises ``MemoryLimitError`` (a ValueError). The user's model, optimizer
     state, RNG and torch's global flags are as before when this returns or raises.
     ``trials`` replaces the real training steps and ``clock`` the timer (tests drive the
     orchestration with recorded timings through them).
@@ -238,23 +241,15 @@ def tune(
     from torch_autotune.rules.context import Measurements
     from torch_autotune.rules.engine import build_profile
 
-    objects = {
-        "model": model,
-        "optimizer": optimizer,
-        "dataset": dataset,
-        "loader": loader,
-        "example_batch": example_batch,
-        "collate_fn": collate_fn,
-        "loss_fn": loss_fn,
-        "train_step": train_step,
-        "datamodule": datamodule,
-    }
+    objects = {"model": model, "optimizer": optimizer, "dataset": dataset, "loader": loader}
+    objects |= {"example_batch": example_batch, "collate_fn": collate_fn, "loss_fn": loss_fn}
+    objects |= {"train_step": train_step, "datamodule": datamodule}
     report = progress or (lambda _phase, _what: None)
     started = clock()
     report("detect", "this machine")
     machine = snapshot or detect()
     if trials is None:  # the steps run in this process, at its threads (torch's pool or not)
-        machine = _with_process_threads(machine)
+        machine = with_threads_here(machine)
     host = machine_id()
     options = {"name": name, "min_batch_size": min_batch_size, "blocks": blocks}
     chosen = _workload(workload, machine, host, objects, **options)
@@ -273,6 +268,9 @@ def tune(
         ),
     )
     rules_only = build_profile(machine, preferences=preferences, host_id=host)
+    too_much = compose.memory_limit_problem(rules_only)
+    if too_much is not None:
+        raise MemoryLimitError(too_much)
     kept = compose.workload_target(preferences, chosen, rules_only.topology.world_size)
     if kept is not preferences:  # the global batch a Trainer accumulates to is the target
         preferences, rules_only = kept, build_profile(machine, preferences=kept, host_id=host)
@@ -306,14 +304,6 @@ def tune(
         trials=trials,
         threads_for=threads_for,
     )
-
-
-def _with_process_threads(machine: HardwareSnapshot) -> HardwareSnapshot:
-    """``machine`` with this process's torch.get_num_threads() (not in the fingerprint)."""
-    from torch_autotune.detect.torch_env import threads_here
-
-    software = machine.software.model_copy(update={"torch_num_threads": threads_here()})
-    return machine.model_copy(update={"software": software})
 
 
 def _workload(

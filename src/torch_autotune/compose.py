@@ -27,7 +27,7 @@ from torch_autotune.bounds import (
     MAX_SECONDS,
     MAX_WORKERS,
 )
-from torch_autotune.invariants import check_cpu_counts, cpu_counts
+from torch_autotune.invariants import check_cpu_counts, cpu_counts, device_accelerators
 from torch_autotune.profile import Mode, Preferences, Profile
 from torch_autotune.settings import RECORD_BY_NAME, memory_settings, torch_defaults
 
@@ -155,6 +155,43 @@ def largest_asked(
         share = -(-share // multiple) * multiple
     asked = [size for size in (max_batch_size, share) if size is not None]
     return min(asked) if asked else None
+
+
+def memory_limit_problem(rules_only: Profile) -> str | None:
+    """The one line that refuses the ``--memory-limit`` of ``rules_only``'s preferences where it
+    is more than the device it trains on has (host RAM on the CPU, within a container's limit;
+    the smallest of the GPUs on a GPU, where every rank is held to it), or on MPS, where
+    nothing holds it; None where it is not, or where the snapshot does not say (a Jetson's GPU
+    shares the host's RAM)."""
+    asked = rules_only.provenance.preferences.memory_limit_bytes
+    snapshot, device = rules_only.provenance.snapshot, rules_only.settings.device
+    if asked is None:
+        return None
+    if device == "cuda":
+        gpus = [a for a in device_accelerators(device, snapshot) if a.memory_total_bytes]
+        if not gpus:
+            return None
+        smallest = min(gpus, key=lambda a: a.memory_total_bytes or 0)
+        has, what = smallest.memory_total_bytes or 0, f"the {smallest.name}'s memory"
+    elif device == "cpu":
+        host = snapshot.host
+        has = min(v for v in (host.memory_total_bytes, host.memory_limit_bytes, MAX_BYTES) if v)
+        what = "this machine's host RAM"
+        if host.memory_limit_bytes is not None and has == host.memory_limit_bytes:
+            what = "the host RAM this container may use (its memory limit)"
+    else:  # MPS: neither the allocator's fraction nor the CPU's trial cap is set there
+        return (
+            f"--memory-limit {asked / 2**30:g}: the probe trains on MPS, where it holds no "
+            "limit (only a CUDA GPU's allocator, or host RAM on the CPU); leave it out"
+        )
+    most = math.floor(has / 2**30 * 100) / 100
+    if asked <= has:
+        return None
+    return (
+        f"--memory-limit {asked / 2**30:g} is more than {what}, {most:g} GiB:"
+        f" the probe trains on the {'GPU' if device == 'cuda' else 'CPU'}, and no limit above "
+        f"what it has can hold; ask for {most:g} or less"
+    )
 
 
 def check_bench_arguments(

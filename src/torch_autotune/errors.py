@@ -212,6 +212,17 @@ class RankFailedError(ProbeError):
         self.hung = hung  # a rank did not answer in time: alive, so no launcher says it
 
 
+class MemoryLimitError(AutotuneError, ValueError):
+    """``--memory-limit`` (``tune(memory_limit_gib=...)``) asks for more memory than the device
+    the probe trains on has: host RAM on the CPU, the GPU's own on a GPU. No cap above the
+    device binds, so the run would say a limit held that never did.
+
+    Exit code 2, a usage error; from Python a ``ValueError``, as the other arguments' are.
+    """
+
+    exit_code = EXIT_USAGE
+
+
 class PlotUnavailableError(AutotuneError):
     """matplotlib, which drawing a PNG needs, is not installed (or is too old).
 

@@ -82,6 +82,43 @@ def test_on_the_cpu_the_limit_caps_the_host_ram_the_search_may_fill() -> None:
     assert "not memory-bound" not in decision.reason
 
 
+def _summary(profile: object) -> str:
+    out = io.StringIO()
+    render_run(profile, Console(file=out, width=300, color_system=None), saved=None)  # type: ignore[arg-type]
+    (line,) = [line for line in out.getvalue().splitlines() if line.startswith("memory limit")]
+    return " ".join(line.split())
+
+
+def test_a_gpu_with_less_free_than_the_limit_says_the_limit_in_effect() -> None:
+    """A shared GPU with 20 GiB free under --memory-limit 24: the trials could use 20, and the
+    summary said '24 GiB of the GPU, as asked'."""
+    machine = preset("h100-gpt2", load_s=None, memory_bytes=20 * GIB)
+    capped = _gpt2(machine, memory_limit_gib=24)
+    assert capped.evidence is not None
+    assert capped.evidence.memory_limit_bytes == 20 * GIB
+    assert _summary(capped) == (
+        "memory limit 24 GiB of the GPU asked; 20.0 GiB in effect, what the GPU had free (other"
+        " processes' memory and the CUDA context left out)"
+    )
+
+
+def test_on_the_cpu_a_limit_above_the_ram_the_probe_may_fill_says_the_limit_in_effect() -> None:
+    """--memory-limit 100000 on a 23.5 GiB host said '100000 GiB of host RAM, as asked', where
+    the search held a trial's peak to 15.8 GiB, the 70% of the RAM available it may fill. The
+    laptop's snapshot has 8.9 GiB available: 6.3 GiB may be filled."""
+    machine = SimulatedMachine(
+        limit=100_000, memory_bytes=None, fixed_bytes=200 << 20, per_sample_bytes=4 << 20, leaves=1
+    )
+    above = tune_on(machine, "mlp", LAPTOP, budget_s=30, memory_limit_gib=10)
+    assert above.provenance.preferences.memory_limit_bytes == 10 * GIB  # what was asked
+    assert _summary(above) == (
+        "memory limit 10 GiB of host RAM asked; 6.3 GiB in effect, the host RAM the probe may "
+        "fill (70% of what was available), less what the process already held"
+    )
+    within = tune_on(machine, "mlp", LAPTOP, budget_s=30, memory_limit_gib=0.5)
+    assert _summary(within) == "memory limit 0.5 GiB of host RAM, as asked"
+
+
 class _Superlinear:
     """A CPU step whose peak grows faster than the batch, (base + b²/8) MiB: the readings the
     search predicts from say less than a larger size then takes. As the runner does, a trial

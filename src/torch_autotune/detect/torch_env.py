@@ -24,6 +24,7 @@ from torch_autotune.hardware import (
     Architecture,
     Backend,
     DetectionWarning,
+    HardwareSnapshot,
     Vendor,
     amd_architecture,
     nvidia_architecture,
@@ -62,13 +63,16 @@ def import_torch() -> Any:
     return torch
 
 
-def threads_here() -> int | None:
-    """torch.get_num_threads() in this process, torch already imported (None: it cannot say)."""
+def with_threads_here(machine: HardwareSnapshot) -> HardwareSnapshot:
+    """``machine`` with this process's torch.get_num_threads() (not in the fingerprint), torch
+    already imported; as it was where torch cannot say."""
     import torch
 
     with contextlib.suppress(AttributeError, RuntimeError):
-        return int(torch.get_num_threads())
-    return None
+        threads = int(torch.get_num_threads())
+        software = machine.software.model_copy(update={"torch_num_threads": threads})
+        return machine.model_copy(update={"software": software})
+    return machine
 
 
 def cudnn_version_text(number: int) -> str:

@@ -14,7 +14,7 @@ from torch_autotune.bench import BenchEvidence, Effect
 from torch_autotune.bench_record import BASELINE_ITSELF
 from torch_autotune.profile import CompileRecord, Evidence, Profile, RanksRecord, Source
 from torch_autotune.records import SettingRecord
-from torch_autotune.render.machine import facts_table
+from torch_autotune.render.machine import facts_table, gib
 from torch_autotune.rules.optimizer import except_compile, optimizer_memory_text
 from torch_autotune.settings import RECORD_BY_NAME, RECORDS, Settings
 
@@ -68,8 +68,7 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
             facts.append(("ranks", _ranks_text(profile, evidence.ranks)))
         asked = profile.provenance.preferences.memory_limit_bytes
         if asked is not None:
-            where = "the GPU" if profile.settings.device == "cuda" else "host RAM"
-            facts.append(("memory limit", f"{asked / 2**30:g} GiB of {where}, as asked"))
+            facts.append(("memory limit", _memory_limit(profile, evidence, asked)))
         facts += _memory_facts(evidence)
     facts += [
         (record.label, _shown(profile, record))
@@ -77,6 +76,34 @@ def _run_facts(profile: Profile) -> list[tuple[str, str]]:
         if record.summary and not _inert(profile, record)
     ]
     return facts
+
+
+def _memory_limit(profile: Profile, evidence: Evidence, asked: int) -> str:
+    """``--memory-limit`` as it held: as asked, or the lower limit in effect where the device
+    had less to give. On a GPU, what was free there (``evidence.memory_limit_bytes``: free
+    plus what torch held, within the cap); on the CPU, the host RAM the probe may fill
+    (``ram_budget``), within which a trial's growth stays whatever the cap: 100000 GiB on a
+    23.5 GiB host read 'as asked' where 15.8 GiB held."""
+    from torch_autotune.probe.plan import ram_budget
+
+    shown = f"{asked / 2**30:g} GiB"
+    if profile.settings.device == "cuda":
+        free = evidence.memory_limit_bytes
+        if free is None or free >= asked:
+            return f"{shown} of the GPU, as asked"
+        return (
+            f"{shown} of the GPU asked; {gib(free)} in effect, what the GPU had free (other "
+            "processes' memory and the CUDA context left out)"
+        )
+    ram = ram_budget(profile.provenance.snapshot)
+    # a trial's peak was held to what the process held plus the cap, within ``ram``
+    # (``evidence.memory_limit_bytes``, the lower of the two): ``ram`` where it bound
+    if ram is None or (ram >= asked and evidence.memory_limit_bytes != ram):
+        return f"{shown} of host RAM, as asked"
+    return (
+        f"{shown} of host RAM asked; {gib(ram)} in effect, the host RAM the probe may fill"
+        " (70% of what was available), less what the process already held"
+    )
 
 
 def _memory_facts(evidence: Evidence) -> list[tuple[str, str]]:
