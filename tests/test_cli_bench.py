@@ -355,18 +355,21 @@ def test_a_profile_made_for_a_larger_machine_is_not_benched_here(
 def test_bench_holds_a_profile_to_the_bounds_of_this_machine(
     measured_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """bench(profile) from Python, as 'autotune bench --profile' on the command line."""
+    """bench(profile) from Python, as 'autotune bench --profile' on the command line, where
+    the real loop trains it (``measure=None``: refused before anything trains); arms measured
+    by a ``measure`` of the caller's train nothing here, and are not held to this machine."""
     monkeypatch.setattr(host, "cpus_usable_here", lambda: 2)
     sound = load_profile(measured_file)
     larger = _with_counts(sound, num_workers=1, cpu_threads=3)
     with pytest.raises(ValueError, match="more than this machine can run") as refused:
-        api.bench(larger, rounds=1, seconds=0.01)
+        api.bench(larger, rounds=1, seconds=0.01, measure=None)
     assert str(refused.value) == (
         f"profile: cpu_threads 3 is more than this machine can run: 2 usable CPUs, "
         f"{THREADS_BOUND}; ask for 2 or fewer"
     )
     benched = api.bench(_with_counts(sound, num_workers=1, cpu_threads=2), rounds=1, seconds=0.01)
     assert benched.evidence is not None
+    assert api.bench(larger, rounds=1, seconds=0.01).evidence is not None  # simulated arms
 
 
 def test_a_rules_only_profile_is_refused_with_the_fix(tmp_path: Path) -> None:

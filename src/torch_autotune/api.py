@@ -341,14 +341,16 @@ def bench(
     ``budget_s`` seconds (None: ``tune()``'s default budget).
     ``workload``: default the one the profile was measured on; any form ``tune()`` takes (a
     profile measured on objects needs them again: a dict of them). ``baseline``: default fp32,
-    batch 32, no workers, no pinning, eager, torch's default backends; it and the profile are
-    held to this machine's CPUs (a ValueError, the line ``autotune bench`` prints). Every arm
-    runs once per round, ``rounds`` rounds, each measurement at least ``seconds`` long after
-    its warm-up. ``measure`` replaces the real training loop: (config, seconds) -> samples/s.
+    batch 32, no workers, no pinning, eager, torch's default backends; it is held to this
+    machine's CPUs, and so is the profile where the real loop trains it (a ValueError, the
+    line ``autotune bench`` prints). Every arm runs once per round, ``rounds`` rounds, each
+    measurement at least ``seconds`` long after its warm-up. ``measure`` replaces the real
+    training loop: (config, seconds) -> samples/s.
     """
     from torch_autotune.bench import apply_bench
 
-    compose.check_bench_arguments(rounds, seconds, baseline, detect_host.cpus_usable_here, profile)
+    here = profile if measure is None else None  # it trains here: held to this machine's CPUs
+    compose.check_bench_arguments(rounds, seconds, baseline, detect_host.cpus_usable_here, here)
     if measure is None:
         import_torch()
     started = clock()
