@@ -272,6 +272,7 @@ def test_a_bug_in_the_users_model_shows_their_traceback_and_exits_5(
     assert frames  # their traceback, from the first frame that is not ours: torch's, theirs
     ours = str(Path(torch_autotune.__file__).resolve().parent)
     assert not any(str(Path(frame).resolve()).startswith(ours) for frame in frames), frames
+    assert "torch-autotune: the probe's training step" not in result.stderr  # its own line says it
 
 
 # --- progress and output without a terminal -------------------------------------------------------

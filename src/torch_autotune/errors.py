@@ -48,6 +48,8 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`
 
 _USER_CODE = "_torch_autotune_user_code"
+USER_CODE_NOTE = "torch-autotune: "
+"""How a note of ours on the user's error starts (``their_traceback`` leaves it out)."""
 
 
 class AutotuneError(Exception):
@@ -269,6 +271,10 @@ def their_traceback(error: BaseException) -> str:
         while frames and Path(frames[0].filename).resolve().is_relative_to(ours):
             frames.pop(0)
         shown.stack = traceback.StackSummary.from_list(frames or list(shown.stack))
+        notes = getattr(shown, "__notes__", None)  # the command says it in its own line
+        if notes:
+            kept = [n for n in notes if not str(n).startswith(USER_CODE_NOTE)] or None
+            setattr(shown, "__notes__", kept)  # noqa: B010 (typeshed has no __notes__ here)
         grouped = getattr(shown, "exceptions", None) or []  # an ExceptionGroup's own
         for chained in (shown.__cause__, shown.__context__, *grouped):
             if chained is not None:

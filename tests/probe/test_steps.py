@@ -5,6 +5,7 @@ how the model was called."""
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import Any, NamedTuple
 
@@ -185,6 +186,72 @@ def test_a_label_a_forward_needs_as_labels_goes_to_it_renamed_and_to_loss_fn() -
     structured(NeedsLabels(), {"x": X, "label": Y})
     assert calls[0] is Y
     assert structured.call == "model(**batch) with x, labels ('labels' is loss_fn's targets too)"
+
+
+def test_a_tensors_targets_go_to_a_forward_that_needs_them_positionally() -> None:
+    """``(inputs, targets)`` and ``forward(self, x, targets)``: the model was called
+    ``model(inputs)`` and raised 'missing 1 required positional argument', blamed on the
+    model, where a loop of the user's own calls ``model(x, y)``."""
+    model = TeacherForced()
+    structured = step()
+    loss = structured(model, (X, Y))
+    assert model.seen["targets"] is Y
+    assert structured.call == "model(inputs, targets) from (inputs, targets) (forward's 'targets')"
+    assert structured.loss_source is not None
+    assert "default" in structured.loss_source  # a prediction: the default loss on the targets
+    assert torch.isfinite(loss)
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT's forward: ``targets=None``, and with them ``(logits, loss)``, the loss last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(7, 7)
+        self.own: list[torch.Tensor] = []
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> Any:
+        logits = self.embed(idx)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(-1, 7), targets.view(-1)) * 2.0  # its own, not ours
+        self.own.append(loss)
+        return logits, loss
+
+
+def test_a_forward_with_optional_targets_computes_its_own_loss_from_them() -> None:
+    tokens = torch.randint(0, 7, (4, 5))
+    model, structured = NanoGPT(), step()
+    loss = structured(model, (tokens, tokens))
+    assert model.own
+    assert loss.item() == model.own[-1].item()
+    assert structured.loss_source == "the model's own"
+    assert structured.call == "model(inputs, targets) from (inputs, targets) (forward's 'targets')"
+    # with loss_fn, optional targets go to loss_fn alone, as before
+    seen: list[Any] = []
+    model = NanoGPT()
+    step(lambda outputs, targets: seen.append(targets) or outputs[0].float().mean())(
+        model, (tokens, tokens)
+    )
+    assert seen[0] is tokens
+    assert not model.own
+
+
+def test_a_second_parameter_that_is_not_the_targets_and_optional_is_left_alone() -> None:
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(3, 3)
+            self.masks: list[Any] = []
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+            self.masks.append(mask)
+            return self.linear(x)
+
+    model, structured = Masked(), step()
+    structured(model, (X, Y))
+    assert model.masks == [None]
+    assert structured.call == "model(inputs) from (inputs, targets)"
 
 
 def test_a_loss_the_model_returns_comes_before_loss_fn() -> None:
@@ -447,6 +514,14 @@ def test_an_error_in_the_model_is_the_users_with_how_it_was_called() -> None:
         step()(model, (X, Y))
     assert raised_by_user_code(raised.value)
     assert call_of(raised.value) == "model(inputs) from (inputs, targets)"
+    notes = getattr(raised.value, "__notes__", None)  # Python 3.11+: a caller of tune() reads
+    if sys.version_info >= (3, 11):
+        assert notes == [
+            "torch-autotune: the probe's training step raised this in model(inputs) from "
+            "(inputs, targets) (not out of memory, so not a batch that is too big): fix the model "
+            "or its data, or give tune() train_step(model, batch) -> loss to call the model as "
+            "your training does"
+        ]
 
 
 def test_an_error_in_loss_fn_is_the_users_with_how_it_was_called() -> None:

@@ -11,7 +11,9 @@ a mapping (dict, ``BatchEncoding``)    ``model(**batch)``               none (se
 ``(inputs, targets)``                  ``model(inputs)``;               ``targets``
                                        ``model(*inputs)`` for a tuple
                                        or list, ``model(**inputs)``
-                                       for a mapping
+                                       for a mapping;
+                                       ``model(inputs, targets)`` where
+                                       forward takes them (below)
 ``(a, b, ..., targets)``, 3 or more    ``model(a, b, ...)``             the last item
 a tensor, ``(inputs,)``, other         ``model(batch)``                 none
 =====================================  ===============================  ==================
@@ -24,6 +26,12 @@ takes only ``**kwargs`` gets every key), and ``label`` or ``label_ids`` is passe
 targets and are not passed to the model; without one, such a key that the model's forward
 takes no argument for (``{"x": ..., "label": ...}`` for a ``forward(self, x)``) is the
 targets of the default loss, as the second item of ``(inputs, targets)`` is.
+
+A tensor's targets go to the model as well where its ``forward`` has a second parameter
+without a default (``forward(self, x, y)`` cannot run without them), or, with no
+``loss_fn``, one named as targets are (``labels``, ``label``, ``targets``, ``target``, ``y``:
+nanoGPT's ``forward(idx, targets=None)`` computes its own loss from them, and returns it last,
+``(logits, loss)``, which is then its loss).
 
 The loss, in this order: the model's own where it returns one (a 0-d tensor, ``outputs.loss``
 of a Hugging Face ``ModelOutput``, a ``"loss"`` key, a tuple that starts with a 0-d tensor);
@@ -48,7 +56,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from torch_autotune.errors import WorkloadError, blame_user_code
+from torch_autotune.errors import USER_CODE_NOTE, WorkloadError, blame_user_code
 from torch_autotune.probe.workloads.losses import _default_loss
 from torch_autotune.probe.workloads.messages import _article, _exception, _listed
 
@@ -72,9 +80,19 @@ def call_of(error: BaseException) -> str | None:
 
 
 def _mark(error: BaseException, call: str) -> None:
+    """Mark ``error`` as the user's (``errors.blame_user_code``), with how the model was
+    called, also as a note on it (Python 3.11+) for a caller of ``tune()``, who otherwise got
+    their error with the probe's frames over it and no word of how the probe had called their
+    code (the command line prints its own line, and leaves the note out)."""
     blame_user_code(error)
     with contextlib.suppress(AttributeError, TypeError):  # a type with __slots__
         setattr(error, _CALL, call)
+        if hasattr(error, "add_note") and not getattr(error, "__notes__", None):
+            error.add_note(
+                f"{USER_CODE_NOTE}the probe's training step raised this in {call} (not out of "
+                "memory, so not a batch that is too big): fix the model or its data, or give "
+                "tune() train_step(model, batch) -> loss to call the model as your training does"
+            )
 
 
 def _unwrapped(model: Module) -> Module:
@@ -92,6 +110,13 @@ class _Keywords:
     def __init__(self) -> None:
         self._known: dict[type, tuple[frozenset[str], bool]] = {}
         self._required: dict[type, frozenset[str]] = {}
+        self._second: dict[type, tuple[str, bool] | None] = {}
+
+    def second(self, model: Module) -> tuple[str, bool] | None:
+        """Forward's second positional parameter (its name, and whether it has no default);
+        None where it takes one, or its signature cannot be read."""
+        self.of(model)
+        return self._second.get(type(_unwrapped(model)))
 
     def required(self, model: Module) -> frozenset[str]:
         """The named parameters of forward that have no default."""
@@ -117,6 +142,14 @@ class _Keywords:
                 self._known[kind] = (named, extra)
                 self._required[kind] = frozenset(
                     p.name for p in parameters if p.name in named and p.default is p.empty
+                )
+                positional = [
+                    p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                ]
+                self._second[kind] = (
+                    (positional[1].name, positional[1].default is positional[1].empty)
+                    if len(positional) > 1
+                    else None
                 )
         return self._known[kind]
 
@@ -156,7 +189,8 @@ class StructuredStep:
         except Exception as error:
             _mark(error, call)
             raise
-        loss = self.loss(outputs, targets, batch, call)
+        passed = targets is not None and len(args) == 2 and args[1] is targets
+        loss = self.loss(outputs, targets, batch, call, passed=passed)
         self.last_loss = loss.detach()
         return loss
 
@@ -182,8 +216,21 @@ class StructuredStep:
             if isinstance(first, (tuple, list)) and not isinstance(first, torch.Tensor):
                 call = f"model(*inputs) ({len(first)} inputs from (inputs, targets))"
                 return tuple(first), {}, targets, call
+            taken = self._targets_taken(model)
+            if taken is not None:
+                call = f"model(inputs, targets) from (inputs, targets) (forward's '{taken}')"
+                return (first, targets), {}, targets, call
             return (first,), {}, targets, "model(inputs) from (inputs, targets)"
         return (batch,), {}, None, f"model(batch) ({_article(batch)}, no targets)"
+
+    def _targets_taken(self, model: Module) -> str | None:
+        """Forward's parameter that takes the targets of ``(inputs, targets)`` as well (the
+        module docstring), by name; None where they go to the loss alone."""
+        second = self._keywords.second(model)
+        if second is None:
+            return None
+        name, required = second
+        return name if required or (self.loss_fn is None and name in LABEL_KEYS) else None
 
     def _mapping(
         self, model: Module, batch: Mapping[Any, Any], *, targets_known: bool = False
@@ -229,11 +276,14 @@ class StructuredStep:
 
     # --- the loss ----------------------------------------------------------------------------
 
-    def loss(self, outputs: Any, targets: Any, batch: Any, call: str) -> Tensor:
-        """The step's loss (the module docstring's order)."""
+    def loss(
+        self, outputs: Any, targets: Any, batch: Any, call: str, *, passed: bool = False
+    ) -> Tensor:
+        """The step's loss (the module docstring's order); ``passed``: the targets went to
+        the model too, so a tuple's last 0-d tensor is its loss as well."""
         import torch
 
-        own = model_loss(outputs)
+        own = model_loss(outputs, last=passed)
         if own is not None:
             self.loss_source = "the model's own"
             return _checked_loss(own, self.name, "the model's loss")
@@ -262,10 +312,11 @@ class StructuredStep:
         raise WorkloadError(_no_loss(self.name, outputs, targets, call))
 
 
-def model_loss(outputs: Any) -> Any:
+def model_loss(outputs: Any, *, last: bool = False) -> Any:
     """The loss a model returned itself, or None: a 0-d tensor, ``outputs.loss`` or a
     ``"loss"`` key holding one value, or a tuple or list whose first item is a 0-d tensor (a
-    prediction of shape ``(1,)``, at batch 1, is no loss)."""
+    prediction of shape ``(1,)``, at batch 1, is no loss), or with ``last`` (the model was
+    given the targets) whose last item is one, as nanoGPT's ``(logits, loss)``."""
     import torch
 
     def single(value: Any) -> bool:
@@ -279,8 +330,11 @@ def model_loss(outputs: Any) -> Any:
     value = getattr(outputs, "loss", None)
     if single(value):
         return value
-    first = outputs[0] if isinstance(outputs, (tuple, list)) and outputs else None
-    return first if isinstance(first, torch.Tensor) and first.dim() == 0 else None
+    items = list(outputs) if isinstance(outputs, (tuple, list)) else []
+    for item in items[:1] + items[-1:] * last:
+        if isinstance(item, torch.Tensor) and item.dim() == 0:
+            return item
+    return None
 
 
 def _no_loss(name: str, outputs: Any, targets: Any, call: str) -> str:
