@@ -297,10 +297,9 @@ class WorkloadDetails(StrictModel):
     variable_shapes: bool = Field(default=False, description="Samples differ in shape.")
     notes: tuple[str, ...] = Field(default=(), description="What was adapted, in words.")
     loader_arguments: tuple[str, ...] = Field(
-        default=(),
-        description="Arguments of the user's data module that take the tuned DataLoader "
-        "settings (batch_size, num_workers, ...), for the exports.",
+        default=(), description="The data module's arguments for the tuned DataLoader settings."
     )
+    batch_sampler: str | None = Field(default=None, description="The user's batch_sampler class.")
 
     @property
     def raised_below(self) -> bool:

@@ -259,12 +259,13 @@ class Profile(StrictModel):
         that batch 1 raises (BatchNorm's one value per channel): an epoch's last batch of 1
         would raise too; your ``drop_last=False`` there warns (``ProfileUseWarning``). An
         evaluation loader (``training=False``) leaves it to you: a model in eval mode takes
-        batch 1, and every sample should be scored.
+        batch 1, and every sample should be scored. With your ``batch_sampler``, drop_last is
+        the batch sampler's to say (torch refuses it beside one).
         """
         from torch_autotune.apply import dataloader_kwargs
 
         kwargs = dataloader_kwargs(self.settings)
-        if training and self.drops_last:
+        if training and self.drops_last and "batch_sampler" not in yours:
             kwargs["drop_last"] = True
             if yours.get("drop_last", True) is False:
                 _warn_drop_last(self)

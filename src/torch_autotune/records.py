@@ -182,7 +182,23 @@ def _drop_last(profile: Profile) -> str | None:
     )
 
 
+def _batch_sampler(profile: Profile) -> str | None:
+    """What a loader built with the user's batch_sampler needs for the profile's batch size,
+    where the probe was given one (``WorkloadDetails.batch_sampler``)."""
+    details = None if profile.evidence is None else profile.evidence.details
+    size = profile.settings.batch.batch_size
+    if details is None or details.batch_sampler is None or size is None:
+        return None
+    return (
+        f"your DataLoader's {details.batch_sampler} fixes its batch size, and torch refuses"
+        f" batch_size beside a batch_sampler: build the {details.batch_sampler} with batch size"
+        f" {size}{' and drop_last=True' if profile.drops_last else ''}, and give it to the"
+        " profile's arguments: profile.dataloader_kwargs(batch_sampler=yours)"
+    )
+
+
 DERIVED: tuple[DerivedSetting, ...] = (
     DerivedSetting("drop_last", "drop_last", _drop_last, applied_by="dataloader_kwargs"),
+    DerivedSetting("batch_sampler", "batch_sampler", _batch_sampler, "dataloader_kwargs"),
 )
 """Every setting a profile's helpers apply beyond ``Settings``, derived from its evidence."""

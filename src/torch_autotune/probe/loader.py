@@ -29,7 +29,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -86,11 +86,14 @@ def loader_kwargs(
     persistent_workers: bool,
     prefetch_factor: int | None,
     timeout_s: float,
+    worker_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """DataLoader keyword arguments torch accepts for this worker count (catalog F3).
 
-    With 0 workers torch refuses ``persistent_workers=True``, a ``prefetch_factor`` and a
-    ``timeout`` (the main process cannot time itself out), so they are left out there.
+    With 0 workers torch refuses ``persistent_workers=True``, a ``prefetch_factor``, a
+    ``timeout`` (the main process cannot time itself out) and a ``multiprocessing_context``,
+    so they are left out there, as are the ``worker_options`` (the user's ``worker_init_fn``,
+    which torch runs in workers only).
     """
     kwargs: dict[str, Any] = {
         "batch_size": batch_size,
@@ -102,6 +105,7 @@ def loader_kwargs(
         kwargs["timeout"] = timeout_s
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
+        kwargs.update(worker_options or {})
     return kwargs
 
 
@@ -130,6 +134,7 @@ def measure_loader(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     seconds: float | None = None,
+    worker_options: Mapping[str, Any] | None = None,
 ) -> LoaderTrial:
     """Samples/s a DataLoader over ``dataset`` delivers with ``num_workers`` workers.
 
@@ -169,7 +174,8 @@ def measure_loader(
     plus up to 5 s per hung worker.
 
     Process safety: under spawn or forkserver the dataset and ``collate_fn`` must be
-    picklable (defined at module top level); see the module docstring.
+    picklable (defined at module top level); see the module docstring. ``worker_options``
+    are the user's DataLoader arguments for its workers (``loader_kwargs``).
     """
     _check_arguments(dataset, batch_size=batch_size, batches=batches, timeout_s=timeout_s)
     per_round = max(1, num_workers)
@@ -187,6 +193,7 @@ def measure_loader(
             persistent_workers=persistent_workers,
             prefetch_factor=prefetch_factor,
             timeout_s=timeout_s,
+            worker_options=worker_options,
         ),
     )
     try:

@@ -164,6 +164,7 @@ class TrainingLoop:
             persistent_workers=False,
             prefetch_factor=dl.prefetch_factor,
             timeout_s=LOADER_TIMEOUT_S,
+            worker_options=self.workload.worker_options,
         )
         if self.workload.collate_fn is not None:
             kwargs["collate_fn"] = self.workload.collate_fn
@@ -306,8 +307,8 @@ class FedRunner(TrialRunner):
             pin_memory=self.settings.settings.dataloader.pin_memory,
             batches=batches,
             timeout_s=timeout_s,
-            collate_fn=self.workload.collate_fn,
             clock=self.clock,
+            **self.workload.loading(),
             seconds=seconds,
         )
 

@@ -399,8 +399,8 @@ class SimulatedTrials:
                 num_workers=num_workers,
                 batches=batches,
                 timeout_s=timeout_s,
-                collate_fn=self.workload.collate_fn,
                 seconds=seconds,
+                **self.workload.loading(),
             )
         rate = m.loader_rate(num_workers)
         start = m.worker_start_s * num_workers + max(1, num_workers) * batch_size / rate

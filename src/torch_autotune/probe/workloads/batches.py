@@ -191,7 +191,9 @@ class DatasetBatches:
     made; where they differ in size, up to ``SCAN`` samples spread over the dataset (at most
     ``SCAN_S`` seconds of reading) are read to find the largest, the largest and the smallest
     are collated together once (samples of different sizes need a collate that pads them), and
-    ``variable`` is True. ``note`` says what was read, for the evidence.
+    ``variable`` is True. ``note`` says what was read, for the evidence. ``worker_options``:
+    what the user's DataLoader gives its workers (a ``worker_init_fn``), which does not run in
+    this process, where the samples are read: a sample that raises says so.
     """
 
     DISTINCT = 64
@@ -199,8 +201,15 @@ class DatasetBatches:
     SCAN = 1024
     SCAN_S = 3.0
 
-    def __init__(self, dataset: MapDataset, collate: Collate | None, name: str) -> None:
+    def __init__(
+        self,
+        dataset: MapDataset,
+        collate: Collate | None,
+        name: str,
+        worker_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.dataset = dataset
+        self.worker_options = worker_options or {}
         self.collate = collate
         self.name = name
         self._first: list[Any] | None = None
@@ -281,9 +290,22 @@ class DatasetBatches:
         try:
             return self.dataset[index]
         except Exception as exc:
-            raise user_code_failed(
-                f"'{self.name}': dataset[{index}] raised {_exception(exc)}; fix the dataset", exc
-            ) from exc
+            raise user_code_failed(self._raised(index, exc), exc) from exc
+
+    def _raised(self, index: int, exc: Exception) -> str:
+        """What a sample that raised says: the dataset's, or, where the user's DataLoader gives
+        its workers a ``worker_init_fn``, that this process is no worker of theirs."""
+        raised = f"'{self.name}': dataset[{index}] raised {_exception(exc)}"
+        function = self.worker_options.get("worker_init_fn")
+        if function is None:
+            return f"{raised}; fix the dataset"
+        return (
+            f"{raised} in the main process, where the DataLoader's worker_init_fn"
+            f" ({getattr(function, '__qualname__', 'yours')}) does not run: the probe reads the"
+            " samples of its training steps there, and measures loading without workers too;"
+            " open what the dataset needs on its first use in __getitem__ (once in each"
+            " process) rather than in worker_init_fn"
+        )
 
 
 def collate_samples(samples: list[Any], collate: Collate | None, name: str) -> Any:

@@ -22,7 +22,7 @@ from torch_autotune.probe.workloads.batches import (
     describe_batch,
 )
 from torch_autotune.probe.workloads.copies import model_builder
-from torch_autotune.probe.workloads.given import as_it_is, loader_taken_apart, not_finite
+from torch_autotune.probe.workloads.given import Kept, as_it_is, loader_taken_apart, not_finite
 from torch_autotune.probe.workloads.messages import _article, _exception, _listed, _perhaps
 from torch_autotune.probe.workloads.optimizers import fused_by, optimizer_builder, probe_kind
 from torch_autotune.probe.workloads.steps import StructuredStep, UserStep
@@ -143,7 +143,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
     """Build the ``Workload`` from the protocol's fields, checking each."""
     if "model" not in fields:
         raise WorkloadError(f"'{name}' has no 'model'; {_README}")
-    fields = loader_taken_apart(fields, name)
+    fields, kept = loader_taken_apart(fields, name)
     fields, adapted = huggingface.adapt(fields, name, source)
     if "dataset" not in fields and "example_batch" not in fields:
         raise WorkloadError(
@@ -158,12 +158,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
     builder = optimizer_builder(fields["optimizer"], template, name)
     collate = _checked_callable(fields, "collate_fn", name)
     dataset = _checked_dataset(fields["dataset"], name) if "dataset" in fields else None
-    batches: RepeatedBatch | DatasetBatches
-    if "example_batch" in fields:
-        batches = _checked_example(fields["example_batch"], name)
-    else:
-        assert dataset is not None
-        batches = DatasetBatches(dataset, collate, name)
+    batches = _batches(fields, dataset, collate, name, kept)
     example = batches(2)  # two samples: a dataset's must also batch together
     if dataset is not None and isinstance(batches, RepeatedBatch):
         DatasetBatches(dataset, collate, name)(2)  # the dataset's samples batch too
@@ -178,6 +173,7 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
         example=example,
         smallest=smallest,
         adapted=adapted,
+        kept=kept,
     )
     return Workload(
         name=name,
@@ -198,7 +194,19 @@ def _user_workload(fields: dict[str, Any], name: str, source: Source) -> Workloa
         variable_shapes=isinstance(batches, DatasetBatches) and batches.variable,
         details=details,
         blocks=blocks,
+        worker_options=kept.worker_options,
     )
+
+
+def _batches(
+    fields: Mapping[str, Any], dataset: MapDataset | None, collate: Any, name: str, kept: Kept
+) -> RepeatedBatch | DatasetBatches:
+    """``make_batch``: the example batch's samples where one is given, else the dataset's
+    (read in this process, not in the DataLoader's workers: ``kept.worker_options``)."""
+    if "example_batch" in fields:
+        return _checked_example(fields["example_batch"], name)
+    assert dataset is not None
+    return DatasetBatches(dataset, collate, name, kept.worker_options)
 
 
 def _step(fields: Mapping[str, Any], name: str) -> StructuredStep | UserStep:
@@ -381,6 +389,7 @@ class _Details:
         example: Any,
         smallest: int,
         adapted: huggingface.Adapted | None = None,
+        kept: Kept | None = None,
     ) -> None:
         self.source = source
         self.template = template
@@ -390,6 +399,7 @@ class _Details:
         self.example = example
         self.smallest = smallest
         self.adapted = adapted or huggingface.Adapted(None)
+        self.kept = kept or Kept()
 
     def __call__(self) -> WorkloadDetails:
         from torch_autotune.evidence import WorkloadDetails
@@ -417,5 +427,6 @@ class _Details:
             loss=adapted.loss or (structured.loss_source if structured else "train_step"),
             min_batch_size=self.smallest,
             variable_shapes=isinstance(self.batches, DatasetBatches) and self.batches.variable,
-            notes=(*adapted.notes, *notes),
+            notes=(*adapted.notes, *self.kept.notes, *notes),
+            batch_sampler=self.kept.batch_sampler,
         )

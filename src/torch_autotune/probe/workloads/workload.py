@@ -7,8 +7,9 @@ Importing this module does not import torch.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, get_args
 
 from torch_autotune.errors import WorkloadError
@@ -69,7 +70,9 @@ class Workload:
     ``builds_on_device``: ``make_model()`` called under a ``torch.device`` context builds every
     parameter and buffer on that device (the built-ins: plain torch modules), so the probe
     builds it there directly (``model_on``); False for the user's objects, whose factories may
-    place tensors of their own.
+    place tensors of their own. ``worker_options``: DataLoader arguments of the user's own
+    that every DataLoader of the probe's with workers takes (``worker_init_fn``,
+    ``multiprocessing_context``: ``given.Kept``).
     """
 
     name: str
@@ -93,6 +96,7 @@ class Workload:
     blocks: tuple[str, ...] = ()
     ranks_sharing_data: int = 1  # ``per_rank``: the ranks its dataset's samples are spread over
     builds_on_device: bool = False
+    worker_options: Mapping[str, Any] = dataclass_field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"workload '{self.name}'"
@@ -138,6 +142,11 @@ class Workload:
     def _sized_by_data(self) -> bool:
         """Whether ``max_batch_size`` is the dataset's length (a factory's or tune()'s default)."""
         return self.dataset is not None and len(self.dataset) == self.max_batch_size
+
+    def loading(self) -> dict[str, Any]:
+        """The arguments of ``probe.loader.measure_loader`` that are the workload's own: its
+        collate_fn and its ``worker_options``."""
+        return {"collate_fn": self.collate_fn, "worker_options": self.worker_options}
 
     def optimizer_accepts(self, **kwargs: object) -> bool:
         """Whether ``make_optimizer(model, **kwargs)`` takes these keyword arguments.
