@@ -29,7 +29,7 @@ from torch_autotune.probe.workloads.lightning_step import BATCH_IDX, TrainingSte
 from torch_autotune.profile import Profile
 from torch_autotune.settings import torch_defaults
 
-from .fake_trials import mlp_machine, tune_on
+from .fake_trials import mlp_machine, tune_on, tune_ticking
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -431,6 +431,83 @@ def test_a_step_that_needs_the_trainer_says_so_and_keeps_the_users_traceback() -
 def test_configure_optimizers_that_needs_the_trainer_says_to_give_an_optimizer() -> None:
     with pytest.raises(WorkloadError, match=r"configure_optimizers uses self.trainer.*optimizer="):
         resolve_workload(Classifier(optimizers="trainer"), objects={"datamodule": Data()})
+
+
+class NeedsTheTrainer(Classifier):
+    """Common Lightning code that reads the Trainer: a OneCycleLR over the Trainer's steps in
+    configure_optimizers, the scheduler's rate logged from training_step."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        self.log("lr", self.lr_schedulers().get_last_lr()[0])  # type: ignore[union-attr]
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        total = self.trainer.estimated_stepping_batches
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, 1e-2, total_steps=int(total))
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+
+def _loss_of(module: nn.Module, batch: Any) -> torch.Tensor:
+    """The README's train_step: training_step's loss, without self.lr_schedulers()."""
+    x, y = batch
+    Calls.sizes.append(int(x.shape[0]))
+    return nn.functional.cross_entropy(module(x), y)
+
+
+def test_a_module_that_needs_the_trainer_tunes_as_the_readme_says() -> None:
+    """Neither hook runs without a Trainer, each says so in one line; the README's factory
+    gives the optimizer and the train_step in their place, and the module tunes as it is."""
+    with pytest.raises(WorkloadError, match=r"configure_optimizers uses self\.trainer"):
+        resolve_workload(NeedsTheTrainer(), objects={"datamodule": Data()})
+    optimizer = functools.partial(torch.optim.AdamW, lr=1e-3)
+    alone = resolve_workload(
+        NeedsTheTrainer(), objects={"datamodule": Data(), "optimizer": optimizer}
+    )
+    with pytest.raises(WorkloadError, match=r"training_step uses self\.trainer.*train_step\("):
+        alone.train_step(alone.make_model(), alone.make_batch(4))
+
+    def make_workload() -> dict[str, Any]:
+        return {
+            "model": NeedsTheTrainer(),
+            "datamodule": Data(),
+            "optimizer": optimizer,
+            "train_step": _loss_of,
+        }
+
+    Calls.clear()
+    profile = tune_ticking(
+        make_workload, snapshot=laptop(), budget_s=20, max_batch_size=32, num_workers=0
+    )
+    assert profile.settings.batch.batch_size in _ran(profile)
+    assert profile.settings.batch.batch_size in Calls.sizes  # real steps, through the module
+    assert not Calls.steps  # training_step, which needs the Trainer, never ran
+    assert profile.evidence is not None
+    details = profile.evidence.details
+    assert details is not None
+    assert (details.call, details.optimizer) == ("train_step(model, batch)", "AdamW")
+
+
+def test_self_log_works_without_a_trainer_and_the_step_counters_stay_at_zero() -> None:
+    """What the README says works in training_step with no Trainer attached."""
+    seen: list[tuple[int, int, str]] = []
+
+    class Counts(Classifier):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            loss = super().training_step(batch, batch_idx)
+            self.log_dict({"loss": loss}, prog_bar=True)
+            seen.append((self.global_step, self.current_epoch, self.device.type))
+            return loss
+
+    workload = resolve_workload(Counts(), objects={"datamodule": Data()})
+    model = workload.make_model()
+    for _ in range(2):
+        workload.train_step(model, workload.make_batch(4)).backward()
+    assert seen == [(0, 0, "cpu")] * 2
 
 
 def test_a_module_without_data_is_told_to_give_its_datamodule() -> None:
