@@ -237,3 +237,60 @@ def test_a_bug_in_our_own_step_code_is_not_blamed_on_the_user(
     with pytest.raises(TypeError, match="a bug in") as caught:
         TrialRunner(Tiny(OomAt(), adam), StepSettings())(8)
     assert not raised_by_user_code(caught.value)
+
+
+@dataclass
+class Timed(Tiny):
+    """``Tiny`` on a simulated clock (``now``): each step takes ``step_s``, the first one
+    ``first_s`` (its warm-up and a step)."""
+
+    step_s: float = 1.0
+    first_s: float = 1.5
+    now: float = 0.0
+    steps: int = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def train_step(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        self.now += self.first_s if not self.steps else self.step_s
+        self.steps += 1
+        return super().train_step(model, batch)
+
+
+@pytest.mark.parametrize(
+    ("step_s", "first_s", "until", "ends", "blocks"),
+    [
+        (1.0, 1.5, 3.0, 2.5, 1),  # a step is a block: the sizing step is the one timed block
+        (0.1, 0.6, 0.85, 0.8, 1),  # blocks of 3 steps: the first is cut to the 1 that fits
+        (0.1, 0.6, 10.0, None, 3),  # time enough: steady, as before
+    ],
+)
+def test_a_point_begins_no_block_that_ends_past_its_deadline(
+    step_s: float, first_s: float, until: float, ends: float | None, blocks: int
+) -> None:
+    """The defect: a point ran its warm-up, a step and a whole timed block before it looked
+    at ``until`` (the throughput phase's deadline), so on a busy CPU whose steps ran slower
+    than the search measured, the phase took 14.04 s of its 11.6 s and the workers phase lost
+    the difference. It ends by ``until`` now, unsteady, with the blocks that ran."""
+    workload = Timed(OomAt(), adam, step_s=step_s, first_s=first_s)
+    point = TrialRunner(workload, StepSettings(), clock=workload.clock).point(8, until=until)
+    assert point.fits
+    assert point.blocks == blocks
+    assert point.samples_per_s == pytest.approx(8 / step_s)
+    assert point.steady is (ends is None)
+    assert workload.now <= until
+    if ends is not None:
+        assert workload.now == pytest.approx(ends)
+
+
+def test_a_point_whose_warm_up_ran_past_its_deadline_times_no_step() -> None:
+    """Its first step took it past ``until``: no further step runs, and it has no rate (the
+    throughput phase leaves it out for time, with the seconds it took)."""
+    workload = Timed(OomAt(), adam, first_s=5.0)
+    point = TrialRunner(workload, StepSettings(), clock=workload.clock).point(8, until=2.0)
+    assert point.fits
+    assert point.samples_per_s is None
+    assert point.blocks == 0
+    assert workload.steps == 1
+    assert point.seconds == pytest.approx(5.0)
