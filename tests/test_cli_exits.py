@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from tests.conftest import env_importing_from
+from tests.rules.helpers import with_host
 from tests.test_bench import measured
 from torch_autotune import api
 from torch_autotune.bounds import MAX_SECONDS
@@ -217,6 +218,19 @@ def test_the_library_refuses_the_same_numbers() -> None:
     for seconds in (float("nan"), float("inf"), -1.0, 1e300):
         with pytest.raises(ValueError, match="seconds > 0 and at most"):
             api.bench(profile, seconds=seconds)
+
+
+def test_workers_beyond_the_machine_a_snapshot_describes_are_the_same_one_line() -> None:
+    """tune(snapshot=..., num_workers=5) for a machine of 1 CPU raised pydantic's
+    ValidationError from the profile's own check, after the one for this machine passed."""
+    one = with_host("cpu-laptop-linux", cpus_usable=1, cpu_affinity_count=1)
+    with pytest.raises(ValueError, match="num_workers 5 is more than") as refused:
+        api.tune("mlp", snapshot=one, num_workers=5, budget_s=10)
+    assert type(refused.value) is ValueError
+    assert str(refused.value) == (
+        "num_workers 5 is more than this machine can run: 1 usable CPU, at most 4 DataLoader "
+        "workers (4 a CPU, for a loader that waits on storage); ask for 4 or fewer"
+    )
 
 
 # --- Ctrl-C: 130 and one line ---------------------------------------------------------------------

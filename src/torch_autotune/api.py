@@ -248,6 +248,8 @@ def tune(
     started = clock()
     report("detect", "this machine")
     machine = snapshot or detect()
+    if snapshot is not None:  # the profile is held to the machine it describes as well
+        check_cpu_counts({"num_workers": num_workers}, lambda: snapshot.host.cpus_usable)
     if trials is None:  # the steps run in this process, at its threads (torch's pool or not)
         machine = with_threads_here(machine)
     host = machine_id()

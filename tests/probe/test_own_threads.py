@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from tests.probe.fake_trials import recorded, tiny_mlp_on_two_busy_cores, tune_on, tune_ticking
+from tests.probe.fake_trials import (
+    cpu_machine,
+    recorded,
+    tiny_mlp_on_two_busy_cores,
+    tune_on,
+    tune_ticking,
+)
 from tests.probe.test_fed import FakeFed, RatesTable
 from tests.rules.helpers import two_cpus, with_host
 from tests.test_claims import _with_reason, disagreements, summary
@@ -361,9 +367,32 @@ def test_threads_set_before_tune_are_the_ones_the_passes_say_they_ran_at(
     threads = profile.decision("cpu_threads")
     assert threads is not None
     assert threads.source is not Source.MEASURED
-    assert "torch.get_num_threads() was 1 in the process that read the machine" in threads.reason
+    assert "torch's pool has 1 thread in the process that read the machine" in threads.reason
     said = profile.model_dump_json() + summary(profile)
     assert "(2 threads)" not in said
+
+
+def test_a_process_of_more_threads_than_cpus_tunes_within_them() -> None:
+    """torch.set_num_threads(8) on 2 usable CPUs: the passes halved from the process's 8, the
+    profile took the 4 that won, more than the machine can run, and its validation raised a
+    pydantic error after the whole run."""
+    software = two_cpus().software.model_copy(update={"torch_num_threads": 8})
+    snapshot = two_cpus().model_copy(update={"software": software})
+    machine = cpu_machine(
+        first_s=0.3,
+        shares_cpus=True,
+        host_cpus=2,
+        fixed_s=0.001,
+        per_sample_s=0.002,
+        thread_sync_s=0.0001,
+    )
+    profile = tune_on(machine, "mlp", snapshot, budget_s=60)
+    assert profile.settings.cpu_threads == 2
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.fed
+    assert all(r.cpu_threads is not None and r.cpu_threads <= 2 for r in evidence.fed)
+    assert disagreements(profile) == []
 
 
 def test_at_the_threads_chosen_a_smaller_batch_that_trains_faster_is_recommended(

@@ -543,6 +543,22 @@ def test_an_error_in_the_users_step_is_theirs() -> None:
     assert raised_by_user_code(raised.value)
     assert call_of(raised.value) == "train_step(model, batch)"
     assert call_of(ValueError("raised elsewhere")) is None
+    if sys.version_info >= (3, 11):  # not 'give train_step' to a user who gave one
+        (note,) = raised.value.__notes__
+        assert note.endswith(
+            "not a batch that is too big): fix your train_step, the model or its data"
+        )
+
+
+def test_out_of_memory_in_the_model_gets_no_note_that_says_it_is_not() -> None:
+    class Huge(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    with pytest.raises(torch.OutOfMemoryError) as raised:
+        step()(Huge(), (X, Y))
+    assert raised_by_user_code(raised.value)
+    assert not getattr(raised.value, "__notes__", None)
 
 
 def test_the_users_step_returns_the_loss_it_computed() -> None:

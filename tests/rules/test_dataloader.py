@@ -384,9 +384,20 @@ def test_threads_left_to_torch_say_the_count_the_process_had_where_it_was_not_th
         assert "torch.get_num_threads()" not in found.reason
     found = _findings(_threads_read(snap, 1))["cpu_threads"]
     assert (found.value, found.rule) == (None, "G1")
-    assert found.reason.startswith("left to torch: torch's default pool is sized for the host's")
-    assert found.reason.endswith(
-        "; torch.get_num_threads() was 1 in the process that read the machine (OMP_NUM_THREADS, "
-        "torch.set_num_threads or the CPUs it may run on change it): a script that leaves the "
-        "threads to torch trains at its own count"
+    assert found.reason.startswith(
+        "left to torch: torch's pool has 1 thread in the process that read the machine "
+        f"(torch.get_num_threads(), against a default of {default}: OMP_NUM_THREADS, "
+        "torch.set_num_threads or the CPUs it may run on change it), the count a script that "
+        "sets none trains at, "
     )
+
+
+@pytest.mark.parametrize("machine", ["cpu-laptop-linux", "h100-80gb-hbm3"])
+def test_a_process_pool_larger_than_the_cpus_is_capped_to_them(machine: str) -> None:
+    """torch.set_num_threads(8) on 2 usable CPUs: the threads were left to torch (its default
+    of the cores fits), the passes halved from the process's 8 and the profile took 4, more
+    than the machine can run, and its validation failed after the whole run."""
+    snap = with_host(machine, cpus_usable=2, cpu_affinity_count=2)
+    found = _findings(_threads_read(snap, 8))["cpu_threads"]
+    assert found.value == 2
+    assert "torch's pool has 8 threads in the process that read the machine" in found.reason

@@ -266,25 +266,27 @@ def _default_text(host: Host) -> str:
     return f"torch's default pool is sized for the host's {default} {kind} cores"
 
 
-def _threads_here(ctx: Context) -> str:
-    """What G1's 'left to torch' adds where the process that read the machine (``tune``'s
-    own, whose training steps ran at it) had another count than torch's default: the summary
-    said 2 threads where a script's torch.set_num_threads(1) had made it 1, and every pass
-    ran at 1."""
+def _pool(ctx: Context) -> tuple[int | None, str]:
+    """torch's intra-op pool, and the words for it: the count the process that read the
+    machine had where it was not torch's default (``tune`` reads its own: a script's
+    torch.set_num_threads(8) on 2 CPUs trains at 8, not at the default the cores give), else
+    the default (G1, S21)."""
     host, here = ctx.snapshot.host, ctx.snapshot.software.torch_num_threads
-    if here is None or here == _torch_default_threads(host):
-        return ""
-    return (
-        f"; torch.get_num_threads() was {here} in the process that read the machine "
-        "(OMP_NUM_THREADS, torch.set_num_threads or the CPUs it may run on change it): a "
-        "script that leaves the threads to torch trains at its own count"
+    default = _torch_default_threads(host)
+    if here is None or here == default:
+        return default, _default_text(host)
+    return here, (
+        f"torch's pool has {here} thread{'s' * (here != 1)} in the process that read the "
+        f"machine (torch.get_num_threads(), against a default of {default or 'unknown'}: "
+        "OMP_NUM_THREADS, torch.set_num_threads or the CPUs it may run on change it), the "
+        "count a script that sets none trains at"
     )
 
 
 def _cpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
     """G6 (and G2/G3): compute threads on the CPUs the DataLoader workers leave free."""
     host = ctx.snapshot.host
-    default = _torch_default_threads(host)
+    default, pool = _pool(ctx)
     workers = int(ctx.get("dataloader.num_workers"))
     topology = ctx.topology
     left = topology.cpus_per_process - workers
@@ -299,7 +301,7 @@ def _cpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
         return (
             None,
             "G1",
-            f"left to torch: {_default_text(host)}, which fits in {budget}{_threads_here(ctx)}",
+            f"left to torch: {pool}, which fits in {budget}",
         )
     if topology.processes_per_node > 1:
         rule = "G3"
@@ -307,13 +309,12 @@ def _cpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
         rule = "G2"  # a quota or affinity mask, not the workers, is what makes it too many
     else:
         rule = "G6"
-    return want, rule, f"{budget}; {_default_text(host)} and would oversubscribe the CPUs"
+    return want, rule, f"{budget}; {pool} and would oversubscribe the CPUs"
 
 
 def _gpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
     """G2/G3: the GPU computes; threads are only capped where the CPUs per process are fewer."""
-    host = ctx.snapshot.host
-    default = _torch_default_threads(host)
+    default, pool = _pool(ctx)
     topology = ctx.topology
     want = topology.cpus_per_process
     ranks = topology.processes_per_node > 1
@@ -322,14 +323,13 @@ def _gpu_training_threads(ctx: Context) -> tuple[int | None, str, str]:
         return (
             None,
             "G1",
-            f"left to torch: {_default_text(host)}, within {cpu_budget(ctx)}{note}"
-            + _threads_here(ctx),
+            f"left to torch: {pool}, within {cpu_budget(ctx)}{note}",
         )
     return (
         want,
         "G3" if ranks else "G2",
-        f"{cpu_budget(ctx)}: {want} thread(s) per process; {_default_text(host)}, more than this "
-        "process may use, which oversubscribes the CPUs and gets throttled",
+        f"{cpu_budget(ctx)}: {want} thread(s) per process; {pool}, more than this process may "
+        "use, which oversubscribes the CPUs and gets throttled",
     )
 
 

@@ -84,14 +84,23 @@ def _mark(error: BaseException, call: str) -> None:
     called, also as a note on it (Python 3.11+) for a caller of ``tune()``, who otherwise got
     their error with the probe's frames over it and no word of how the probe had called their
     code (the command line prints its own line, and leaves the note out)."""
+    from torch_autotune.probe.oom import is_out_of_memory
+
     blame_user_code(error)
     with contextlib.suppress(AttributeError, TypeError):  # a type with __slots__
         setattr(error, _CALL, call)
-        if hasattr(error, "add_note") and not getattr(error, "__notes__", None):
+        if is_out_of_memory(error) or not hasattr(error, "add_note"):
+            return  # the probe's to handle: a batch that is too big
+        if not getattr(error, "__notes__", None):
+            fix = (
+                "fix your train_step, the model or its data"
+                if call.startswith("train_step")
+                else "fix the model or its data, or give tune() train_step(model, batch) -> "
+                "loss to call the model as your training does"
+            )
             error.add_note(
                 f"{USER_CODE_NOTE}the probe's training step raised this in {call} (not out of "
-                "memory, so not a batch that is too big): fix the model or its data, or give "
-                "tune() train_step(model, batch) -> loss to call the model as your training does"
+                f"memory, so not a batch that is too big): {fix}"
             )
 
 
