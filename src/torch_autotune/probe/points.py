@@ -183,10 +183,7 @@ def measure_points(
 ) -> list[ThroughputRecord | int]:
     """A point per size, largest first, sharing the phase's time evenly; an int: that size
     did not fit in memory. A size whose shortest point (warm-up and three steps, predicted)
-    does not fit in what is left of the phase is skipped; a smaller one may still fit. A
-    point begins no block past the phase's deadline (``Trials.point``): where its steps run
-    slower than predicted it ends unsteady, and where its warm-up alone ran to the deadline,
-    with no rate, it is left out for time with the seconds that warm-up took.
+    does not fit in what is left of the phase is skipped; a smaller one may still fit.
     ``variant``: the variant ``runner`` trains, which the records name."""
     results: list[ThroughputRecord | int] = []
     costs = [point_cost(model, size) for size in sizes]
@@ -201,10 +198,6 @@ def measure_points(
         progress(phase, f"batch {size}")
         point = runner.point(size, until=budget.now() + max(share, need))
         record = point_record(point, variant=variant)
-        if record is None and point.fits:  # its warm-up ran to the deadline: no step timed
-            cut = "taken by a first step that ran past the phase's end"
-            budget.skip(f"the {phase} point at batch {size}", point.seconds, basis=cut)
-            continue
         results.append(size if record is None else record)
     return results
 

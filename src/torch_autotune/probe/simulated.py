@@ -352,38 +352,36 @@ class SimulatedTrials:
     def point(self, batch_size: int, *, until: float) -> PointOutcome:
         m = self.machine
         m.log.append(f"point {batch_size}{' compiled' if self.is_compiled else ''}")
-        began, warmup = m.now, self._warmup(batch_size)
+        began = m.now
+        warmup = self._warmup(batch_size)
         if not self._fits(batch_size):
             m.advance(warmup)
             return PointOutcome(batch_size, False, seconds=m.now - began)
-        step, peak = m.step_s(batch_size, **self._how), self._peak(batch_size)
-        m.advance(warmup + step)
-        if m.now >= until:  # the warm-up ran to the deadline: no step is timed (as a real one)
-            return PointOutcome(batch_size, True, peak_memory_bytes=peak, seconds=m.now - began)
-        m.advance(step)
+        step = m.step_s(batch_size, **self._how)
+        m.advance(warmup + 2 * step)
         per_block = max(1, math.ceil(0.25 / step))
         amplitude = m.noise.get(batch_size, 0.0)
         rates: list[float] = [batch_size / step * (1 - amplitude)] if per_block == 1 else []
-        while True:  # no block begun that ends past ``until``; the first cut to what ends by it
-            recent = rates[-MIN_BLOCKS:]
-            steady = len(recent) == MIN_BLOCKS and spread(recent) <= 0.05
-            if recent and (steady or m.now + per_block * step > until):
-                break
-            count = per_block if rates else max(1, min(per_block, int((until - m.now) / step)))
-            m.advance(count * step)
+        while True:
+            m.advance(per_block * step)
             sign = 1 if len(rates) % 2 else -1
             rates.append(batch_size / step * (1 + sign * amplitude))
+            recent = rates[-MIN_BLOCKS:]
+            if len(recent) == MIN_BLOCKS and spread(recent) <= 0.05:
+                break
+            if m.now + per_block * step > until:
+                break
         recent = rates[-MIN_BLOCKS:]
         return PointOutcome(
             batch_size,
             True,
             samples_per_s=sorted(recent)[len(recent) // 2],
             relative_spread=spread(recent) if len(recent) > 1 else None,
-            steady=steady,
+            steady=len(recent) == MIN_BLOCKS and spread(recent) <= 0.05,
             warmup_s=warmup,
             step_s=step,
             blocks=len(rates),
-            peak_memory_bytes=peak,
+            peak_memory_bytes=self._peak(batch_size),
             seconds=m.now - began,
         )
 
@@ -427,7 +425,8 @@ class SimulatedTrials:
     # --- the simulated costs ---
 
     def _warmup(self, batch_size: int) -> float:
-        m, warmup = self.machine, 0.0
+        m = self.machine
+        warmup = 0.0
         if not m.started:
             m.started = True
             warmup += m.first_s

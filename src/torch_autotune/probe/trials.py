@@ -326,15 +326,10 @@ class TrialRunner:
         max_spread: float = MAX_SPREAD,
     ) -> PointOutcome:
         """Train at ``batch_size`` until ``MIN_BLOCKS`` timed blocks in a row agree within
-        ``max_spread``, or until the next block would end past ``until`` (then the point is
-        not steady).
+        ``max_spread``, or until the clock reaches ``until`` (then the point is not steady).
 
-        Two steps come first: the first, untimed, pays the new shape's warm-up (compile, the
-        cuDNN autotuner), the second measures a steady step to size the blocks (where a step
-        is as long as a block, it is the first block). No block is begun that would end past
-        ``until`` (the caller's deadline: a phase's, whose later phases keep their time): the
-        first is cut to the steps that end by then, one at least, and where the warm-up alone
-        ran to ``until``, no step is timed and the point has no rate (``samples_per_s`` None).
+        Two untimed steps come first: the first pays the new shape's warm-up (compile, the
+        cuDNN autotuner), the second measures a steady step to size the blocks.
         """
         import torch
 
@@ -374,28 +369,19 @@ class TrialRunner:
         max_spread: float,
     ) -> PointOutcome:
         step, first = warm
-        if self.agreed(int(self.clock() >= until), largest=True):  # no timed step ends by then
-            return PointOutcome(batch_size, True, warmup_s=None, blocks=0)
         one = max(self.timer.seconds(step), 1e-9)
         per_block = self.agreed(max(1, math.ceil(block_s / one)), largest=True)
         # A step as long as a block is a block: on a slow device it is the first one.
         rates: list[float] = [batch_size / one] if per_block == 1 else []
-        blocks, count, elapsed = len(rates), per_block, per_block * one  # the next block's
         while True:  # every process runs the same blocks: they stop together
+            elapsed = self.timer.seconds(step, per_block)
+            if elapsed > 0:
+                rates.append(per_block * batch_size / elapsed)
             recent = rates[-MIN_BLOCKS:]
             steady = len(recent) == MIN_BLOCKS and spread(recent) <= max_spread
-            late = self.clock() + max(elapsed * per_block / count, one) > until or blocks >= 1000
-            if blocks and self.agreed(2 * late + (not steady), largest=True) != 1:
-                break  # all steady, or one out of time: no block is begun that ends past it
-            if not blocks:  # the first: as many of its steps as end by ``until``, one at least
-                fit = min(per_block, int((until - self.clock()) / one))
-                count = self.agreed(max(1, fit), largest=False)
-            else:
-                count = per_block
-            elapsed = self.timer.seconds(step, count)
-            blocks += 1
-            if elapsed > 0:
-                rates.append(count * batch_size / elapsed)
+            late = self.clock() + max(elapsed, one) > until or len(rates) >= 1000
+            if self.agreed(2 * late + (not steady), largest=True) != 1:
+                break  # all steady, or one out of time
         recent = rates[-MIN_BLOCKS:]
         return PointOutcome(
             batch_size,
