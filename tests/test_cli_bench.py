@@ -320,6 +320,29 @@ def test_a_profile_asking_more_than_its_machine_can_run_is_not_valid(
     ]
 
 
+def test_a_profile_of_several_processes_is_held_to_each_ones_share(tmp_path: Path) -> None:
+    """8 processes of 32 CPUs each on a 256-CPU node: cpu_threads 256 validated (2,048
+    threads on 256 CPUs), as did 1,024 workers in each process."""
+    rules = build_profile(snapshot("a100-sxm4-80gb-8x"))
+    assert (rules.topology.processes_per_node, rules.topology.cpus_per_process) == (8, 32)
+    assert run("validate", _written(tmp_path / "as-made.yaml", rules)).exit_code == 0
+    at_most = _with_counts(rules, rules.settings.dataloader.num_workers, 32)
+    assert run("validate", _written(tmp_path / "at-most.yaml", at_most)).exit_code == 0
+    edited = _written(tmp_path / "edited.yaml", _with_counts(rules, 1, 256))
+    result = run("validate", edited)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert result.stderr.splitlines() == [
+        f"autotune: error: {edited}: settings.cpu_threads: 256 is more than each of the 8 "
+        "processes of the machine it was made for can run: 32 usable CPUs, at most 32 CPU "
+        "threads (1 a CPU, more would take turns on them, slower); ask for 32 or fewer"
+    ]
+
+
+def _written(path: Path, profile: Profile) -> str:
+    path.write_text(dump_profile(profile))
+    return str(path)
+
+
 @pytest.mark.parametrize(
     "case",
     [

@@ -182,10 +182,14 @@ def _compile_problems(scope: _Scope) -> list[str]:
 
 
 def settings_problems(
-    settings: Settings, snapshot: HardwareSnapshot, torch_version: str | None
+    settings: Settings,
+    snapshot: HardwareSnapshot,
+    torch_version: str | None,
+    share: tuple[int, int] | None = None,
 ) -> list[str]:
     """What in ``settings`` cannot run on the machine of ``snapshot`` with this torch, as
-    'where: what is wrong (how to fix)'."""
+    'where: what is wrong (how to fix)'; ``share``: (the CPUs of each training process, the
+    processes), where the profile's topology gives them (default: the machine's, one)."""
     targets = target_accelerators(settings, snapshot)
     scope = _Scope(
         settings=settings,
@@ -200,7 +204,8 @@ def settings_problems(
         )
     for check in (_dataloader_problems, _precision_problems, _matmul_problems, _compile_problems):
         problems += check(scope)
-    return problems + count_problems(settings, snapshot.host.cpus_usable)
+    cpus, processes = share or (snapshot.host.cpus_usable, 1)
+    return problems + count_problems(settings, cpus, processes)
 
 
 COUNT_PATHS = {
@@ -216,16 +221,20 @@ def cpu_counts(settings: Settings) -> dict[str, int | None]:
     return {"num_workers": settings.dataloader.num_workers, "cpu_threads": settings.cpu_threads}
 
 
-def count_problems(settings: Settings, cpus: int) -> list[str]:
+def count_problems(settings: Settings, cpus: int, processes: int = 1) -> list[str]:
     """The DataLoader workers or CPU threads of ``settings`` that the machine the profile was
-    made for, with ``cpus`` usable CPUs, cannot run (``too_many``): a hand-edited
-    ``num_workers: 100`` on 2 CPUs validated, and its bench made no progress in 200 s.
+    made for, with ``cpus`` usable CPUs for each of its ``processes`` (``Topology``), cannot
+    run (``too_many``): a hand-edited ``num_workers: 100`` on 2 CPUs validated, and its bench
+    made no progress in 200 s; 256 threads in each of 8 processes on 256 CPUs did too.
 
     The machine is the one the profile records, not the one that reads it: a profile made
     for a 64-CPU box (``autotune recommend --snapshot``) with 16 workers is sound, and is
     refused only where it is used on fewer CPUs (``autotune bench --profile``, ``apply()``)."""
+    machine = "the machine it was made for"
+    if processes > 1:
+        machine = f"each of the {processes} processes of {machine}"
     found = (
-        too_many(name, asked, f"{COUNT_PATHS[name]}:", cpus, machine="the machine it was made for")
+        too_many(name, asked, f"{COUNT_PATHS[name]}:", cpus, machine=machine)
         for name, asked in cpu_counts(settings).items()
         if asked is not None
     )

@@ -348,8 +348,12 @@ def profile_problems(profile: Profile) -> list[str]:
     problems: list[str] = []
     if profile.mode is not profile.provenance.preferences.mode:
         problems.append("mode: differs from provenance.preferences.mode")
+    topology = profile.topology
     problems += settings_problems(
-        settings, profile.provenance.snapshot, profile.provenance.torch_version
+        settings,
+        profile.provenance.snapshot,
+        profile.provenance.torch_version,
+        (topology.cpus_per_process, topology.processes_per_node),
     )
     problems += topology_problems(profile.topology, settings.device, profile.provenance.snapshot)
     problems += batch_problems(settings, profile.evidence)
