@@ -125,3 +125,30 @@ def test_a_rocm_build_in_a_box_with_an_nvidia_gpu_too_trains_on_the_amd_gpu_alon
     assert profile.settings.precision == amd_alone.settings.precision
     assert profile.settings.matmul.tf32 == amd_alone.settings.matmul.tf32
     assert profile.topology.processes_per_node == 1
+
+
+@pytest.mark.parametrize(
+    ("cc", "advice"),
+    [
+        ((3, 7), "No CUDA build of current torch runs it: the cu126 wheels start at Maxwell"),
+        ((6, 1), "Install the cu126 build of torch"),
+    ],
+)
+def test_a_gpu_the_wheel_has_no_kernels_for_gets_a_build_that_has_them(
+    cc: tuple[int, int], advice: str
+) -> None:
+    """A Tesla K80 (sm_37) under a cu128 wheel was told to install the cu126 build, which
+    starts at sm_50 and cannot run it either."""
+    t4 = with_software(
+        "tesla-t4",
+        torch_version="2.8.0+cu128",
+        torch_cuda_version="12.8",
+        torch_cuda_arch_list=("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"),
+    )
+    gpu = t4.accelerators[0].model_copy(update={"compute_capability": cc})
+    profile = _profile(t4.model_copy(update={"accelerators": (gpu,)}))
+    decision = profile.decision("device")
+    assert decision is not None
+    assert profile.settings.device == "cpu"
+    assert f"is sm_{cc[0]}{cc[1]}, but torch 2.8.0+cu128 ships kernels for" in decision.reason
+    assert advice in decision.reason

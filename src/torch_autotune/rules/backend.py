@@ -58,6 +58,13 @@ def _wheel_advice(cc: tuple[int, int], torch_version: str | None) -> str:
         return "install torch built for CUDA 13 on aarch64 (the cu130 wheels, or JetPack's)"
     if cc >= (10, 0):
         return "install torch 2.7 or newer built for CUDA 12.8 or newer (the cu128 wheels)"
+    if cc < (5, 0):  # Kepler: CUDA 11.1-11.7 wheels were the last with sm_37 (catalog E4)
+        return (
+            "no CUDA build of current torch runs it: the cu126 wheels start at Maxwell "
+            "(sm_50), and the last wheels with Kepler's sm_37 were built for CUDA 11.7 "
+            "(torch 2.0 and older, cu117); install one of those, build torch from source, or "
+            "train on the CPU"
+        )
     if cc < (7, 0):
         return (
             "install the cu126 build of torch "
