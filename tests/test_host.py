@@ -7,6 +7,7 @@ Calls a platform never makes (libc on Windows, sysctl on Linux) fail the test if
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import fields
@@ -200,6 +201,42 @@ def test_linux_kubernetes_pod_limit_and_cpuset() -> None:
     assert (host.cpu_affinity_count, host.cpu_quota_cores, host.cpus_usable) == (16, 2.0, 2)
     assert host.memory_limit_bytes == 8 * GIB
     assert warnings == []
+
+
+def test_an_affinity_mask_larger_than_the_cpu_count_read_is_no_crash() -> None:
+    """CPUs brought online between the two reads: a Host whose affinity mask exceeds its
+    logical CPUs is refused as inconsistent (a hand-edited snapshot), so detection raises the
+    count it read first to the mask's instead of failing."""
+    host, _ = read_host(linux_system(tree("v2-k8s-nested"), affinity_count=answer(80)))
+    assert (host.cpu_affinity_count, host.cpu_cores_logical, host.cpus_usable) == (80, 80, 2)
+
+
+@pytest.mark.parametrize(
+    ("counts", "said"),
+    [
+        (
+            {"cpus_usable": 4, "cpu_affinity_count": 2},
+            "cpus_usable 4 is more than cpu_affinity_count 2",
+        ),
+        (
+            {"cpus_usable": 8, "cpu_cores_logical": 4, "cpu_affinity_count": None},
+            "cpus_usable 8 is more than cpu_cores_logical 4",
+        ),
+        (
+            {"cpus_usable": 2, "cpu_affinity_count": 8, "cpu_cores_logical": 4},
+            "cpu_affinity_count 8 is more than cpu_cores_logical 4",
+        ),
+    ],
+)
+def test_a_host_whose_cpu_counts_contradict_each_other_is_refused(
+    counts: dict[str, int | None], said: str
+) -> None:
+    """A hand-edited snapshot of 4 usable CPUs in an affinity mask of 2 got reasons that said
+    both ('4 usable CPU(s) (affinity mask of 2 of the host's 4)') and 3 workers."""
+    host, _ = read_host(linux_system(tree("v2-docker-cpus4")))
+    data = {**host.model_dump(), **counts}
+    with pytest.raises(ValueError, match=re.escape(said)):
+        Host.model_validate(data)
 
 
 def test_linux_bare_metal_without_cgroup_fs_uses_affinity() -> None:

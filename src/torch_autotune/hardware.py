@@ -19,7 +19,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from torch_autotune.bounds import (
     MAX_CPUS,
@@ -170,6 +170,26 @@ class Host(_Frozen):
         "has none (Windows, macOS)."
     )
     shm_free_bytes: Bytes | None = None
+
+    @model_validator(mode="after")
+    def _counts_agree(self) -> Host:
+        """The CPU counts as detection relates them: the usable CPUs within the affinity
+        mask, and both within the host's (a hand-edited snapshot of 4 usable CPUs in an
+        affinity mask of 2 got reasons that said both)."""
+        usable = ("cpus_usable", self.cpus_usable)
+        affinity = ("cpu_affinity_count", self.cpu_affinity_count)
+        logical = ("cpu_cores_logical", self.cpu_cores_logical)
+        for (name, count), (limit, within) in (
+            (usable, affinity),
+            (usable, logical),
+            (affinity, logical),
+        ):
+            if count is not None and within is not None and count > within:
+                raise ValueError(
+                    f"{name} {count} is more than {limit} {within}: usable CPUs are at most "
+                    "the affinity mask's, which are at most the host's"
+                )
+        return self
 
 
 class Software(_Frozen):

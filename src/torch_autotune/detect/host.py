@@ -162,6 +162,8 @@ def read_host(system: HostSystem | None = None) -> tuple[Host, list[DetectionWar
     logical = _positive(reader.get("cpu_cores_logical", system.cpu_count))
     physical = _positive(reader.get("cpu_cores_physical", system.physical_cores))
     affinity = _positive(reader.get("cpu_affinity_count", system.affinity_count))
+    if logical is not None and affinity is not None and affinity > logical:
+        logical = affinity  # CPUs brought online since os.cpu_count() read them: never a crash
     quota: float | None = None
     if os_name == "linux":
         quota = reader.get("cpu_quota_cores", lambda: read_cpu_quota(system.root))
