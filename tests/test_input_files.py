@@ -388,6 +388,38 @@ def test_a_yaml_profile_on_standard_input_as_a_snapshot_is_named_a_profile(
     assert "standard input is a profile, not a hardware snapshot; --snapshot takes" in line
 
 
+@pytest.mark.parametrize(
+    "command",
+    [("validate", "{}"), ("show", "--profile", "{}"), ("diff", "{}", "{}")],
+    ids=["validate", "show", "diff"],
+)
+def test_a_snapshot_given_as_a_profile_is_named_a_snapshot(command: tuple[str, ...]) -> None:
+    """Its keys read as a profile's: "unknown key 'tool_version'; did you mean
+    'schema_version'? (and 13 more problems)", which never said the file is a snapshot."""
+    path = SNAPSHOT_DIR / "tesla-t4.json"
+    line = one_error_line(run(*(part.format(path) for part in command)))
+    assert f"{path} is a hardware snapshot, not a profile; make a profile from it" in line
+    assert f"'autotune recommend --snapshot {path} --json > profile.json'" in line
+    assert "unknown key" not in line
+
+
+def test_a_snapshot_given_to_load_profile_is_named_a_snapshot(tmp_path: Path) -> None:
+    path = tmp_path / "machine.json"
+    path.write_text((SNAPSHOT_DIR / "tesla-t4.json").read_text())
+    with pytest.raises(ProfileFileError, match="is a hardware snapshot, not a profile") as info:
+        torch_autotune.load_profile(path)
+    assert str(info.value).startswith(f"{path} is a hardware snapshot")
+    assert "\n" not in str(info.value)
+
+
+def test_a_snapshot_on_standard_input_as_a_profile_is_named_a_snapshot(
+    snapshot_text: str,
+) -> None:
+    line = one_error_line(run("validate", "-", stdin=snapshot_text))
+    assert "standard input is a hardware snapshot, not a profile" in line
+    assert "--snapshot FILE --json" in line
+
+
 def test_broken_yaml_as_a_snapshot_is_still_not_json() -> None:
     with pytest.raises(SnapshotFileError, match=r"^m\.yaml is not valid JSON \(line 1, col"):
         parse_snapshot("settings: [\ndecisions: 1\nprovenance: 2\n", "m.yaml")

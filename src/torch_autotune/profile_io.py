@@ -48,6 +48,9 @@ from torch_autotune.version import __version__
 _REGENERATE = "regenerate it with 'autotune export'"
 _BASELINE_HINT = "write a YAML mapping such as 'batch_size: 64'"
 _UPGRADE = "upgrade with 'pip install -U torch-autotune'"
+# Keys every hardware snapshot has at its top level and no profile has (``HardwareSnapshot``;
+# a profile holds its snapshot under ``provenance``).
+_SNAPSHOT_KEYS = {"accelerators", "host", "software"}
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -150,6 +153,8 @@ def parse_profile(
     raw = parse_data(text, source, ProfileFileError, remedy, fmt)
     if not isinstance(raw, dict):
         raise ProfileFileError(f"{source} is {kind_of(raw)}, not a profile; {remedy}")
+    if raw.keys() >= _SNAPSHOT_KEYS:  # its schema_version is the snapshot's, not a profile's
+        raise ProfileFileError(_a_snapshot(source))
     data = migrate(raw, source, remedy=remedy)
     try:
         return with_hand_edits(validate_exactly(Profile, data, source, ProfileFileError, remedy))
@@ -161,6 +166,14 @@ def parse_profile(
                 f"than this one ({__version__}): {_UPGRADE}"
             ) from None
         raise ProfileFileError(f"{source}: {_explain(exc)}") from None
+
+
+def _a_snapshot(source: str) -> str:
+    file = source if Path(source).is_file() else "FILE"
+    return (
+        f"{source} is a hardware snapshot, not a profile; make a profile from it with "
+        f"'autotune recommend --snapshot {file} --json > profile.json'"
+    )
 
 
 def migrate(
