@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -91,6 +93,99 @@ def test_bad_profile_file_gives_one_line_exit_3_and_changes_nothing(
     assert path.read_text() == content
     with pytest.raises(ProfileFileError):
         load_profile(path)
+
+
+def _with_environment(profile: Profile, environment: dict[str, str], threads: int | None) -> str:
+    """``profile`` as JSON with ``settings.environment`` and ``settings.cpu_threads`` edited."""
+    data: dict[str, Any] = profile.model_dump(mode="json")
+    data["settings"]["environment"] = environment
+    data["settings"]["cpu_threads"] = threads
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(
+    ("environment", "threads", "expected"),
+    [
+        (
+            {"OMP_NUM_THREADS": "abc"},
+            None,
+            "settings.environment.OMP_NUM_THREADS: 'abc' is not a positive whole number",
+        ),
+        (
+            {"MKL_NUM_THREADS": "0"},
+            2,
+            "settings.environment.MKL_NUM_THREADS: '0' is not a positive whole number (set it "
+            "to cpu_threads, '2')",
+        ),
+        (
+            {"OMP_NUM_THREADS": "64", "MKL_NUM_THREADS": "3"},
+            3,
+            "settings.environment.OMP_NUM_THREADS: '64' differs from cpu_threads 3 (set it to "
+            "cpu_threads, '3')",
+        ),
+        (
+            {"CUBLAS_WORKSPACE_CONFIG": "garbage"},
+            None,
+            "settings.environment.CUBLAS_WORKSPACE_CONFIG: 'garbage' is not a workspace torch's "
+            "deterministic mode accepts (set it to ':4096:8', or ':16:8' for less memory)",
+        ),
+        (
+            {"HIPBLAS_WORKSPACE_CONFIG": "4096:8"},
+            None,
+            "settings.environment.HIPBLAS_WORKSPACE_CONFIG: '4096:8' is not a workspace",
+        ),
+        (
+            {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments"},
+            None,
+            "settings.environment.PYTORCH_CUDA_ALLOC_CONF: 'expandable_segments' is not a "
+            "comma-separated list of key:value pairs",
+        ),
+        (
+            {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128,"},
+            None,
+            "is not a comma-separated list of key:value pairs",
+        ),
+    ],
+    ids=["omp-abc", "mkl-zero", "omp-not-cpu-threads", "cublas", "hipblas", "alloc", "alloc-comma"],
+)
+def test_an_environment_value_nothing_can_read_is_refused(
+    tmp_path: Path,
+    profile: Profile,
+    environment: dict[str, str],
+    threads: int | None,
+    expected: str,
+) -> None:
+    """Environment values were never checked: 'OMP_NUM_THREADS: abc' validated, and
+    'autotune export --format env' wrote 'export OMP_NUM_THREADS=abc'."""
+    path = tmp_path / "profile.json"
+    path.write_text(_with_environment(profile, environment, threads))
+    result = validate(path)
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"autotune: error: {path}: ")
+    assert expected in lines[0]
+    out = tmp_path / "env.sh"
+    exported = CliRunner().invoke(
+        cli, ["export", "--profile", str(path), "--format", "env", "-o", str(out)]
+    )
+    assert exported.exit_code == EXIT_BAD_INPUT, exported.output
+    assert not out.exists()
+
+
+def test_environment_values_torch_reads_validate(tmp_path: Path, profile: Profile) -> None:
+    environment = {
+        "OMP_NUM_THREADS": "3",
+        "MKL_NUM_THREADS": "3",
+        "CUBLAS_WORKSPACE_CONFIG": ":16:8",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,"
+        "roundup_power2_divisions:[256:1,512:2,>:1], garbage_collection_threshold:0.8",
+    }
+    path = tmp_path / "profile.json"
+    path.write_text(_with_environment(profile, environment, 3))
+    result = validate(path)
+    assert result.exit_code == 0, result.output
+    assert load_profile(path).settings.environment == environment
 
 
 def test_the_object_tag_is_never_executed(tmp_path: Path) -> None:

@@ -83,6 +83,10 @@ def _threads_beyond_the_machine(data: dict[str, Any]) -> None:
     # CPUs loaded as 'set by hand', and apply() set 64 threads
 
 
+def _threads_variable_not_a_number(data: dict[str, Any]) -> None:
+    data["settings"]["environment"]["OMP_NUM_THREADS"] = "abc"  # exported as it was
+
+
 BAD = {
     "not-utf8": lambda: b'{"schema_version": 1, "mode": "sp\xffeed"}',
     "binary": lambda: bytes(range(256)),
@@ -95,6 +99,7 @@ BAD = {
     "newer-schema": lambda: edited(_newer_schema),
     "workers-beyond-its-machine": lambda: edited(_workers_beyond_the_machine),
     "threads-beyond-its-machine": lambda: edited(_threads_beyond_the_machine),
+    "threads-variable-not-a-number": lambda: edited(_threads_variable_not_a_number),
     "another-machine": v100_profile,
     "another-machine-claiming-this-one": lambda: v100_profile(claim_this_machine=True),
     # A valid profile padded with 2 MiB of spaces: never read, refused from its size.

@@ -204,8 +204,65 @@ def settings_problems(
         )
     for check in (_dataloader_problems, _precision_problems, _matmul_problems, _compile_problems):
         problems += check(scope)
+    problems += environment_problems(settings)
     cpus, processes = share or (snapshot.host.cpus_usable, 1)
     return problems + count_problems(settings, cpus, processes)
+
+
+WORKSPACE_CONFIGS = (":4096:8", ":16:8")
+"""The BLAS workspace settings torch documents for deterministic GEMMs (cuBLAS, and hipBLAS on
+ROCm, read the same form); torch's deterministic mode raises on any other."""
+
+
+def environment_problems(settings: Settings) -> list[str]:
+    """The variables of ``settings.environment`` whose values the program reading them cannot
+    use, as 'where: what is wrong (how to fix)': a thread count that is no positive whole
+    number or differs from ``cpu_threads`` (the rules write them equal), a BLAS workspace
+    other than torch's two, an allocator setting that is no comma-separated 'key:value' list."""
+    problems = []
+    for name, value in sorted(settings.environment.items()):
+        where = f"settings.environment.{name}: {value!r}"
+        if name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            threads = settings.cpu_threads
+            same = f"set it to cpu_threads, '{threads}'" if threads is not None else None
+            if not (value.isascii() and value.isdigit() and int(value) > 0):
+                fix = same or "set it to the CPU threads a process uses, such as '4', or remove it"
+                problems.append(f"{where} is not a positive whole number ({fix})")
+            elif threads is not None and int(value) != threads:
+                problems.append(f"{where} differs from cpu_threads {threads} ({same})")
+        elif name in ("CUBLAS_WORKSPACE_CONFIG", "HIPBLAS_WORKSPACE_CONFIG"):
+            if value not in WORKSPACE_CONFIGS:
+                problems.append(
+                    f"{where} is not a workspace torch's deterministic mode accepts (set it to "
+                    "':4096:8', or ':16:8' for less memory)"
+                )
+        elif not _key_value_list(value):  # the allocator's PYTORCH_CUDA_ALLOC_CONF
+            problems.append(
+                f"{where} is not a comma-separated list of key:value pairs (write it as "
+                "torch's allocator reads it, such as 'expandable_segments:True')"
+            )
+    return problems
+
+
+def _key_value_list(value: str) -> bool:
+    """Whether ``value`` is 'key:value[,key:value...]' as torch's allocator reads it, a value
+    of roundup_power2_divisions a bracketed list ('[256:1,>:2]') with commas of its own."""
+    parts, depth, start = [], 0, 0
+    for at, char in enumerate(value):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0:
+            return False
+        if char == "," and depth == 0:
+            parts.append(value[start:at])
+            start = at + 1
+    parts.append(value[start:])
+    if depth != 0:
+        return False
+    for part in parts:
+        key, colon, setting = part.partition(":")
+        if not (colon and key.strip().isidentifier() and setting.strip()):
+            return False
+    return True
 
 
 COUNT_PATHS = {
