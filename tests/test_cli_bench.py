@@ -328,7 +328,10 @@ def test_a_profile_of_several_processes_is_held_to_each_ones_share(tmp_path: Pat
     assert run("validate", _written(tmp_path / "as-made.yaml", rules)).exit_code == 0
     at_most = _with_counts(rules, rules.settings.dataloader.num_workers, 32)
     assert run("validate", _written(tmp_path / "at-most.yaml", at_most)).exit_code == 0
-    edited = _written(tmp_path / "edited.yaml", _with_counts(rules, 1, 256))
+    threads = {"OMP_NUM_THREADS": "256", "MKL_NUM_THREADS": "256"}  # as the rules write them
+    too_many = _with_counts(rules, 1, 256)
+    settings = too_many.settings.model_copy(update={"environment": threads})
+    edited = _written(tmp_path / "edited.yaml", too_many.model_copy(update={"settings": settings}))
     result = run("validate", edited)
     assert result.exit_code == EXIT_BAD_INPUT, result.output
     assert result.stderr.splitlines() == [

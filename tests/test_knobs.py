@@ -89,7 +89,11 @@ def test_an_arm_trains_with_valid_settings_and_keeps_what_no_knob_covers(
     assert Settings.model_validate(settings.model_dump()) == settings  # nested models intact
     assert settings.device == BASE.device
     assert settings.backends.deterministic_algorithms == BASE.backends.deterministic_algorithms
-    assert settings.environment == BASE.environment
+    threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # the threads' knob holds them too
+    kept = {k: v for k, v in settings.environment.items() if k not in threads}
+    assert kept == {k: v for k, v in BASE.environment.items() if k not in threads}
+    said = {settings.environment.get(name) for name in threads}
+    assert said == {None if settings.cpu_threads is None else str(settings.cpu_threads)}
     assert settings.dataloader.seed_workers == BASE.dataloader.seed_workers
 
 

@@ -19,6 +19,7 @@ from torch_autotune.records import SettingRecord, on_off
 from torch_autotune.settings import (
     RECORD_BY_NAME,
     RECORDS,
+    EnvVar,
     Settings,
     setting_value,
     torch_defaults,
@@ -103,8 +104,17 @@ def _pin(s: Settings, c: TrainConfig) -> Settings:
     return s.model_copy(update={"dataloader": dataloader})
 
 
+_THREAD_VARIABLES: tuple[EnvVar, ...] = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def _threads(s: Settings, c: TrainConfig) -> Settings:
-    return s.model_copy(update={"cpu_threads": c.cpu_threads})
+    """The threads, and the OpenMP/MKL variables with them, as the rules write them (G1-G3:
+    equal to ``cpu_threads``, unset where torch's default is kept): a drop that left them
+    at the old count made a profile its own validation refuses."""
+    environment = {k: v for k, v in s.environment.items() if k not in _THREAD_VARIABLES}
+    if c.cpu_threads is not None:
+        environment |= dict.fromkeys(_THREAD_VARIABLES, str(c.cpu_threads))
+    return s.model_copy(update={"cpu_threads": c.cpu_threads, "environment": environment})
 
 
 def _fixed(*paths: str) -> Callable[[TrainConfig], tuple[str, ...]]:
@@ -133,7 +143,12 @@ _CUSTOM: dict[str, Knob] = {
         Knob("fused_optimizer", ("fused_optimizer",), _fused, _fixed("optimizer.fused")),
         Knob("num_workers", ("num_workers", "prefetch_factor"), _workers, _workers_paths),
         Knob("pin_memory", ("pin_memory",), _pin, _fixed("dataloader.pin_memory")),
-        Knob("cpu_threads", ("cpu_threads",), _threads, _fixed("cpu_threads")),
+        Knob(
+            "cpu_threads",
+            ("cpu_threads",),
+            _threads,
+            _fixed("cpu_threads", *(f"environment.{v}" for v in _THREAD_VARIABLES)),
+        ),
     )
 }
 """The knobs whose ``TrainConfig`` fields were named before the records: each reads and writes
