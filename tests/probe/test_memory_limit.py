@@ -75,7 +75,9 @@ def test_on_the_cpu_the_limit_caps_the_host_ram_the_search_may_fill() -> None:
     assert evidence.max_batch_size * (4 << 20) + (200 << 20) <= 0.5 * GIB
     # the user's limit is memory's: the batch is memory-bound, so checkpointing is measured
     assert evidence.limited_by == "memory"
-    assert "0.5 GiB of host RAM --memory-limit allows" in (evidence.limit_reason or "")
+    assert "0.5 GiB of host RAM the memory limit allows (--memory-limit, memory_limit_gib)" in (
+        evidence.limit_reason or ""
+    )
     decision = profile.decision("activation_checkpointing")
     assert decision is not None
     assert "checkpointed at batch" in decision.reason
@@ -152,10 +154,13 @@ def test_on_the_cpu_a_trial_that_peaked_past_the_limit_is_said_so() -> None:
     assert found.largest is not None
     assert (60 + found.largest**2 // 8) << 20 <= 512 << 20
     assert found.limited_by == "memory"  # the user's limit: memory-bound, as on a capped GPU
-    assert "--memory-limit allows" in found.reason
+    assert "the memory limit allows (--memory-limit, memory_limit_gib)" in found.reason
     _, at_once = _capped(_Superlinear(cap=512 << 20, base_mib=600))  # batch 1 past it
     assert (at_once.largest, at_once.limited_by) == (None, "start")
-    assert at_once.reason == "batch 1 took more than the 0.5 GiB of host RAM --memory-limit allows"
+    assert at_once.reason == (
+        "batch 1 took more than the 0.5 GiB of host RAM the memory limit allows "
+        "(--memory-limit, memory_limit_gib)"
+    )
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), 1e30, "0.2", True])
@@ -265,7 +270,8 @@ def test_a_model_whose_first_trial_takes_more_than_the_limit_says_so_not_out_of_
             snapshot=LAPTOP,  # the CPU's limit, also on a machine with a GPU
         )
     said = str(raised.value)
-    assert "took more than the 0.05 GiB of host RAM --memory-limit allows" in said
+    said_limit = "the memory limit allows (--memory-limit, memory_limit_gib)"
+    assert f"took more than the 0.05 GiB of host RAM {said_limit}" in said
     assert "(raise it)" in said
     assert "runs out of memory" not in said
     assert raised.value.over_cap  # through the retry with checkpointing, which reads it
@@ -336,7 +342,10 @@ def test_the_bench_on_the_cpu_holds_every_arm_to_the_limit() -> None:
     baseline, tuned = (results.records[plan.index(c)] for c in (plan.baseline, plan.tuned))
     assert baseline.samples_per_s == (None, None, None)
     assert baseline.error is not None
-    assert "more than the 0.047 GiB --memory-limit allows" in baseline.error
+    assert (
+        "more than the 0.047 GiB the memory limit allows (--memory-limit, memory_limit_gib)"
+        in baseline.error
+    )
     assert all(tuned.samples_per_s)
     evidence = bench_evidence(
         results,

@@ -295,8 +295,8 @@ def search_with_guard(
         "memory": (
             f"batch {bound.batch_size}"
             f" {'took' if bound.step == OVER_CAP else 'was predicted to take'} more than the"
-            f" {gib(guarded.ram_cap_bytes)} of host RAM --memory-limit allows, beyond what the"
-            " process held before it"
+            f" {gib(guarded.ram_cap_bytes)} of host RAM the memory limit allows (--memory-limit,"
+            " memory_limit_gib), beyond what the process held before it"
             if bound is not None and over
             else f"batch {bound.batch_size if bound else '?'} ran out of memory"
         ),
@@ -312,7 +312,8 @@ def search_with_guard(
         "cap": cap_reason,
         "start": f"batch {guarded.start} "
         + (
-            f"took more than the {gib(guarded.ram_cap_bytes)} of host RAM --memory-limit allows"
+            f"took more than the {gib(guarded.ram_cap_bytes)} of host RAM the memory limit "
+            "allows (--memory-limit, memory_limit_gib)"
             if bound is not None and bound.step == OVER_CAP
             else "ran out of memory"
         ),

@@ -252,7 +252,8 @@ class TrainingLoop:
         if cap is not None and taken is not None and taken > cap:
             raise ArmFailed(
                 f"took {gib(taken)} of host RAM beyond what the process held, more than the"
-                f" {gib(cap)} --memory-limit allows, at {config.describe()}"
+                f" {gib(cap)} the memory limit allows (--memory-limit, memory_limit_gib), at"
+                f" {config.describe()}"
             )
         if not rate:
             raise ArmFailed(f"no time measured at {config.describe()}: the clock did not move")
