@@ -243,10 +243,14 @@ def snapshots(draw: st.DrawFn) -> HardwareSnapshot:
             ),
         }
     )
+    usable = draw(st.integers(1, 256))
+    affinity = max(base.host.cpu_affinity_count or usable, usable)  # as detection relates them
     host = base.host.model_copy(
         update={
             "os_name": draw(st.sampled_from(["linux", "windows", "darwin"])),
-            "cpus_usable": draw(st.integers(1, 256)),
+            "cpus_usable": usable,
+            "cpu_affinity_count": affinity,
+            "cpu_cores_logical": max(base.host.cpu_cores_logical or affinity, affinity),
         }
     )
     return base.model_copy(
