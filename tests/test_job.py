@@ -24,7 +24,15 @@ from torch_autotune.api import recommend
 from torch_autotune.cli import cli
 from torch_autotune.cli.launch import LAUNCHED, quiet_rank, without_launch_options
 from torch_autotune.detect import RecordedMachine
-from torch_autotune.errors import EXIT_USAGE, LaunchError, RankFailedError, WorldSizeWarning
+from torch_autotune.errors import (
+    EXIT_USAGE,
+    EXIT_WORKLOAD,
+    LaunchError,
+    RankFailedError,
+    WorkloadError,
+    WorldSizeWarning,
+    user_code_failed,
+)
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import (
     hf_notes,
@@ -300,6 +308,37 @@ def test_who_says_what(monkeypatch: pytest.MonkeyPatch) -> None:
     assert quiet_rank(RANK_0, said)  # rank 1 said it itself
     monkeypatch.setenv(LAUNCHED, "1")
     assert quiet_rank(RANK_0, killed)  # the launcher says it
+
+
+def test_a_rank_other_than_0_says_its_own_factory_failing_with_its_rank(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A factory that raised on rank 1 alone: rank 1 said nothing (rank 0 says what every rank
+    meets alike), rank 0 never met it and torchrun ended it, so the job exited 5 in silence."""
+    try:
+        raise RuntimeError("no shard for rank 1")
+    except RuntimeError as theirs:
+        built = user_code_failed("'pkg:f' raised RuntimeError: no shard for rank 1", theirs)
+        built.__cause__ = theirs
+    assert not quiet_rank(RANK_1, built)
+    assert quiet_rank(RANK_1, WorkloadError("'pkg:f' is not a module:function"))  # alike: rank 0
+    (tmp_path / "onrank.py").write_text(
+        "import os\n"
+        "def make_workload():\n"
+        "    if os.environ.get('RANK') == '1':\n"
+        "        raise RuntimeError('no shard for rank 1')\n"
+        "    return 'mlp'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, value in {**TORCHRUN_2, "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    result = CliRunner().invoke(cli, ["-m", "onrank:make_workload", "--budget", "10"])
+    assert result.exit_code == EXIT_WORKLOAD, result.output
+    assert "RuntimeError: no shard for rank 1" in result.stderr  # their traceback
+    assert result.stderr.splitlines()[-1] == (
+        "autotune: error: rank 1: 'onrank:make_workload' raised RuntimeError: no shard for rank "
+        "1; fix the factory"
+    )
 
 
 # --- the store and recommend() under torchrun ---------------------------------------------------

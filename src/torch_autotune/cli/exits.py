@@ -88,7 +88,7 @@ class Group(click.Group):
             cause = error.__cause__
             if cause is not None and raised_by_user_code(cause):  # their factory, model, data
                 click.echo(their_traceback(cause), err=True, nl=False)
-            click.echo(f"autotune: error: {error}", err=True)
+            click.echo(f"autotune: error: {_rank_said()}{error}", err=True)
             ctx.exit(error.exit_code)
         except KeyboardInterrupt:
             click.echo("autotune: interrupted", err=True)
@@ -175,6 +175,17 @@ def _quiet(error: AutotuneError) -> bool:
     except AutotuneError:  # variables torchrun would not set: the error says so itself
         return False
     return quiet_rank(ranks, error)
+
+
+def _rank_said() -> str:
+    """'rank 1: ' in a rank other than 0 of a job (what it says is its own), else ''."""
+    from torch_autotune.launch import ranks_from_environment
+
+    try:
+        ranks = ranks_from_environment(os.environ)
+    except AutotuneError:
+        return ""
+    return "" if ranks is None or ranks.leader else f"rank {ranks.rank}: "
 
 
 def _usage_line(error: click.ClickException) -> str:

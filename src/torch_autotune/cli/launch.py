@@ -17,7 +17,13 @@ from collections.abc import Sequence
 
 import click
 
-from torch_autotune.errors import EXIT_PROBE, LaunchError, RankFailedError
+from torch_autotune.errors import (
+    EXIT_PROBE,
+    LaunchError,
+    RankFailedError,
+    WorkloadError,
+    raised_by_user_code,
+)
 from torch_autotune.launch import Ranks, ranks_from_environment, torchrun_command
 
 __all__ = ["LAUNCHED", "launch", "quiet_rank", "without_launch_options"]
@@ -91,6 +97,15 @@ def _run_here(rest: list[str], nproc_per_node: int) -> int:
     return ended.exit_code
 
 
+def built_by_the_user(error: BaseException | None) -> bool:
+    """Whether ``error`` is the user's own code failing while this rank built its workload
+    (``errors.user_code_failed``: their factory, model, data), before it followed rank 0: a
+    factory that raised on rank 1 alone was said by no rank (rank 0 never met it, and torchrun
+    ended it), so the rank says it, as its own, even where every rank meets it alike."""
+    cause = getattr(error, "__cause__", None)
+    return isinstance(error, WorkloadError) and cause is not None and raised_by_user_code(cause)
+
+
 def quiet_rank(ranks: Ranks | None, error: BaseException | None = None) -> bool:
     """Whether this process says nothing (of ``error``, or of its run where None): a rank other
     than 0 says only the failures of its own while it followed rank 0 (``probe.ranks``), as
@@ -99,7 +114,7 @@ def quiet_rank(ranks: Ranks | None, error: BaseException | None = None) -> bool:
     if ranks is None:
         return False
     if not ranks.leader:  # its own failures while it followed rank 0 it said as they came
-        return True
+        return not built_by_the_user(error)
     if not isinstance(error, RankFailedError):
         return False
     # the launcher says a rank a signal ended; one that hung it cannot see: rank 0 says it
