@@ -311,7 +311,9 @@ def test_who_says_what(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_rank_other_than_0_says_its_own_factory_failing_with_its_rank(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    detected_as: Callable[[str], HardwareSnapshot],
 ) -> None:
     """A factory that raised on rank 1 alone: rank 1 said nothing (rank 0 says what every rank
     meets alike), rank 0 never met it and torchrun ended it, so the job exited 5 in silence."""
@@ -330,6 +332,7 @@ def test_a_rank_other_than_0_says_its_own_factory_failing_with_its_rank(
         "    return 'mlp'\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    detected_as("cpu-laptop-linux")  # trains on the CPU, also on a machine with a GPU
     for name, value in {**TORCHRUN_2, "RANK": "1", "LOCAL_RANK": "1"}.items():
         monkeypatch.setenv(name, value)
     result = CliRunner().invoke(cli, ["-m", "onrank:make_workload", "--budget", "10"])
