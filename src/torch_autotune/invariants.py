@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from torch_autotune.evidence import MEMORY_DEFAULTS, Evidence
 from torch_autotune.hardware import Accelerator, Backend, HardwareSnapshot, Vendor
-from torch_autotune.settings import Settings, memory_settings
+from torch_autotune.settings import THREAD_VARIABLES, Settings, memory_settings
 from torch_autotune.thresholds import (
     BASELINE_THREADS_PER_CPU,
     BASELINE_WORKERS_PER_CPU,
@@ -222,7 +222,7 @@ def environment_problems(settings: Settings) -> list[str]:
     problems = []
     for name, value in sorted(settings.environment.items()):
         where = f"settings.environment.{name}: {value!r}"
-        if name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if name in THREAD_VARIABLES:
             threads = settings.cpu_threads
             same = f"set it to cpu_threads, '{threads}'" if threads is not None else None
             if not (value.isascii() and value.isdigit() and int(value) > 0):

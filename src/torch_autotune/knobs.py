@@ -19,7 +19,7 @@ from torch_autotune.records import SettingRecord, on_off
 from torch_autotune.settings import (
     RECORD_BY_NAME,
     RECORDS,
-    EnvVar,
+    THREAD_VARIABLES,
     Settings,
     setting_value,
     torch_defaults,
@@ -104,16 +104,13 @@ def _pin(s: Settings, c: TrainConfig) -> Settings:
     return s.model_copy(update={"dataloader": dataloader})
 
 
-_THREAD_VARIABLES: tuple[EnvVar, ...] = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
 def _threads(s: Settings, c: TrainConfig) -> Settings:
     """The threads, and the OpenMP/MKL variables with them, as the rules write them (G1-G3:
     equal to ``cpu_threads``, unset where torch's default is kept): a drop that left them
     at the old count made a profile its own validation refuses."""
-    environment = {k: v for k, v in s.environment.items() if k not in _THREAD_VARIABLES}
+    environment = {k: v for k, v in s.environment.items() if k not in THREAD_VARIABLES}
     if c.cpu_threads is not None:
-        environment |= dict.fromkeys(_THREAD_VARIABLES, str(c.cpu_threads))
+        environment |= dict.fromkeys(THREAD_VARIABLES, str(c.cpu_threads))
     return s.model_copy(update={"cpu_threads": c.cpu_threads, "environment": environment})
 
 
@@ -147,7 +144,7 @@ _CUSTOM: dict[str, Knob] = {
             "cpu_threads",
             ("cpu_threads",),
             _threads,
-            _fixed("cpu_threads", *(f"environment.{v}" for v in _THREAD_VARIABLES)),
+            _fixed("cpu_threads", *(f"environment.{v}" for v in THREAD_VARIABLES)),
         ),
     )
 }

@@ -83,6 +83,8 @@ EnvVar = Literal[
     "MKL_NUM_THREADS",
 ]
 ALLOWED_ENVIRONMENT: tuple[str, ...] = EnvVar.__args__  # type: ignore[attr-defined]
+THREAD_VARIABLES: tuple[EnvVar, ...] = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""The OpenMP/MKL pools' sizes: equal to ``cpu_threads`` where it is set, else unset (G1-G3)."""
 
 
 class Settings(StrictModel):

@@ -14,6 +14,7 @@ from torch_autotune.evidence import WORKERS_NO_DATASET, WORKERS_OUT_OF_TIME
 from torch_autotune.hardware import Host
 from torch_autotune.profile import Mode, Source
 from torch_autotune.rules.context import Context, Finding
+from torch_autotune.settings import THREAD_VARIABLES
 
 MAX_GPU_WORKERS = 8
 """Ceiling of the rules' worker count for GPU training (F2: common heuristics stop at 8)."""
@@ -347,7 +348,7 @@ def cpu_threads(ctx: Context) -> Iterator[Finding]:
             _cpu_training_threads(ctx) if ctx.device == "cpu" else _gpu_training_threads(ctx)
         )
         yield Finding("cpu_threads", threads, rule, why)
-    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for variable in THREAD_VARIABLES:
         if threads is None:
             yield Finding(
                 f"environment.{variable}",
