@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import pickle
+import random
 import warnings
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from tests.batchnorm import with_batch_one_raising
 from torch_autotune import apply
@@ -119,6 +122,65 @@ def test_reproducible_profile_sets_determinism_and_seeds(torch_state: None) -> N
     kwargs = profile.dataloader_kwargs()
     if profile.settings.dataloader.num_workers:
         assert "worker_init_fn" in kwargs
+
+
+class _Draws(Dataset[torch.Tensor]):
+    """What a worker draws from Python's, NumPy's and torch's generators (an augmentation's
+    randomness), and the mark the script's own ``worker_init_fn`` left in that worker."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        drawn = (random.random(), float(numpy.random.rand()), float(torch.rand(())))
+        return torch.tensor((*drawn, _MARKS.get("worker", -1.0)), dtype=torch.float64)
+
+
+_MARKS: dict[str, float] = {}  # 100 + the worker's id, in a worker where _mark_worker ran
+
+
+def _mark_worker(worker_id: int) -> None:
+    """A script's own worker_init_fn: it leaves a mark, and seeds nothing."""
+    _MARKS["worker"] = 100.0 + worker_id
+
+
+def _drawn(profile: Profile, **yours: object) -> torch.Tensor:
+    kwargs = profile.dataloader_kwargs(num_workers=2, batch_size=2, **yours)
+    return torch.cat(list(DataLoader(_Draws(), **kwargs)))
+
+
+def test_the_scripts_worker_init_fn_runs_after_the_profiles_seeding() -> None:
+    """A reproducible profile seeds its workers (worker_init_fn); the script's own replaced it
+    without a word, and its workers drew other numbers from Python's and NumPy's generators
+    than the profile's would: a worker_init_fn that only logs changed a reproducible run's
+    augmentations. Now the seeding runs first, then the script's function, in real workers."""
+    profile = profile_for("cpu-laptop-linux", mode=Mode.REPRODUCIBLE, seed=1234)
+    assert profile.settings.dataloader.seed_workers
+    alone = _drawn(profile)
+    yours = _drawn(profile, worker_init_fn=_mark_worker)
+    assert torch.equal(yours, _drawn(profile, worker_init_fn=_mark_worker))  # run to run
+    assert torch.equal(yours[:, :3], alone[:, :3])  # the profile's seeding held
+    assert set(yours[:, 3].tolist()) == {100.0, 101.0}  # and the script's function ran
+    assert set(alone[:, 3].tolist()) == {-1.0}
+    other = profile_for("cpu-laptop-linux", mode=Mode.REPRODUCIBLE, seed=4321)
+    assert not torch.equal(_drawn(other, worker_init_fn=_mark_worker)[:, :3], yours[:, :3])
+    chained = profile.dataloader_kwargs(worker_init_fn=_mark_worker)["worker_init_fn"]
+    assert pickle.loads(pickle.dumps(chained)).yours is _mark_worker  # for spawn's workers
+    assert profile.dataloader_kwargs(worker_init_fn=chained)["worker_init_fn"] is chained
+    seeding = profile.dataloader_kwargs()["worker_init_fn"]
+    assert profile.dataloader_kwargs(worker_init_fn=None)["worker_init_fn"] is seeding
+    speed = profile_for("cpu-laptop-linux")  # no seeding of its own: yours as you gave it
+    assert speed.dataloader_kwargs(worker_init_fn=_mark_worker)["worker_init_fn"] is _mark_worker
+
+
+@pytest.mark.slow  # a spawned worker is a new interpreter that imports torch: seconds
+def test_spawned_workers_get_the_seeding_and_the_scripts_worker_init_fn() -> None:
+    """Where workers start by spawn, the two functions travel to them pickled, and draw what
+    forked workers draw."""
+    profile = profile_for("cpu-laptop-linux", mode=Mode.REPRODUCIBLE, seed=1234)
+    spawned = _drawn(profile, worker_init_fn=_mark_worker, multiprocessing_context="spawn")
+    assert torch.equal(spawned, _drawn(profile, worker_init_fn=_mark_worker))
+    assert torch.equal(spawned[:, :3], _drawn(profile)[:, :3])
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from torch_autotune.errors import LateEnvironmentWarning, ProfileUseWarning
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from contextlib import AbstractContextManager
 
     from torch_autotune.settings import Settings
@@ -197,6 +198,30 @@ def _seed_worker(worker_id: int) -> None:
     except ImportError:
         return
     numpy.random.seed(seed)
+
+
+class SeededWorkerInit:
+    """A DataLoader's ``worker_init_fn`` that seeds the worker as a reproducible profile does
+    (``_seed_worker``), then calls yours with the same worker id: a class at module level, not
+    a closure, so it pickles where workers start by spawn or forkserver (where yours does)."""
+
+    def __init__(self, yours: Callable[[int], object]) -> None:
+        self.yours = yours
+
+    def __call__(self, worker_id: int) -> None:
+        _seed_worker(worker_id)
+        self.yours(worker_id)
+
+    def __repr__(self) -> str:
+        return f"SeededWorkerInit({self.yours!r})"
+
+
+def seeded_worker_init(yours: Callable[[int], object] | None) -> Callable[[int], object]:
+    """The profile's worker seeding with ``yours`` after it (None: the seeding alone); a
+    function that already seeds so (one this gave before) is kept as it is."""
+    if yours is None or yours is _seed_worker or isinstance(yours, SeededWorkerInit):
+        return yours or _seed_worker
+    return SeededWorkerInit(yours)
 
 
 def dataloader_kwargs(settings: Settings) -> dict[str, Any]:

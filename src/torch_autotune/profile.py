@@ -253,18 +253,23 @@ class Profile(StrictModel):
         ``DataLoader(dataset, **profile.dataloader_kwargs(batch_size=64, shuffle=True))``
         never gets an argument twice.
 
-        Yours win where both give one. Where yours have no workers (``num_workers=0``), the
-        profile's ``persistent_workers`` and ``prefetch_factor`` are left out: torch refuses
-        them without workers. A training loader gets ``drop_last=True`` where the probe found
-        that batch 1 raises (BatchNorm's one value per channel): an epoch's last batch of 1
-        would raise too; your ``drop_last=False`` there warns (``ProfileUseWarning``). An
-        evaluation loader (``training=False``) leaves it to you: a model in eval mode takes
-        batch 1, and every sample should be scored. With your ``batch_sampler``, drop_last is
-        the batch sampler's to say (torch refuses it beside one).
+        Yours win where both give one, but for a reproducible profile's ``worker_init_fn``:
+        yours runs after its seeding (``apply.SeededWorkerInit``), so every worker draws the
+        same numbers with yours as without it (yours None: its seeding alone). Where yours
+        have no workers (``num_workers=0``), the profile's ``persistent_workers`` and
+        ``prefetch_factor`` are left out: torch refuses them without workers. A training
+        loader gets ``drop_last=True`` where the probe found that batch 1 raises (BatchNorm's
+        one value per channel): an epoch's last batch of 1 would raise too; your
+        ``drop_last=False`` there warns (``ProfileUseWarning``). An evaluation loader
+        (``training=False``) leaves it to you: a model in eval mode takes batch 1, and every
+        sample should be scored. With your ``batch_sampler``, drop_last is the batch
+        sampler's to say (torch refuses it beside one).
         """
-        from torch_autotune.apply import dataloader_kwargs
+        from torch_autotune.apply import dataloader_kwargs, seeded_worker_init
 
         kwargs = dataloader_kwargs(self.settings)
+        if "worker_init_fn" in kwargs and "worker_init_fn" in yours:
+            yours = {**yours, "worker_init_fn": seeded_worker_init(yours["worker_init_fn"])}
         if training and self.drops_last and "batch_sampler" not in yours:
             kwargs["drop_last"] = True
             if yours.get("drop_last", True) is False:
