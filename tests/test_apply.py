@@ -16,8 +16,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from tests.batchnorm import with_batch_one_raising
+from tests.test_host import CGROUP_DIR, linux_system
 from torch_autotune import apply
 from torch_autotune.apply import apply_environment, apply_flags, global_flags, restore_flags
+from torch_autotune.detect.host import read_host
 from torch_autotune.errors import LateEnvironmentWarning, ProfileUseWarning
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.profile import Mode, Preferences, Profile
@@ -68,7 +70,7 @@ def test_cpu_profile_trains_a_real_model(
 ) -> None:
     profile = profile_for("cpu-container-quota-4")
     usable = profile.provenance.snapshot.host.cpus_usable  # its threads fit the container's
-    monkeypatch.setattr(apply, "process_cpus", lambda: usable)
+    monkeypatch.setattr(apply, "process_cpus", lambda _system=None: usable)
     profile.apply()
     assert torch.get_num_threads() == profile.settings.cpu_threads
     data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
@@ -96,7 +98,7 @@ def test_a_profile_made_for_more_cpus_is_not_applied_here(
     profile = profile_for("cpu-container-quota-4")
     threads = profile.settings.cpu_threads
     assert threads is not None
-    monkeypatch.setattr(apply, "process_cpus", lambda: threads - 1)
+    monkeypatch.setattr(apply, "process_cpus", lambda _system=None: threads - 1)
     torch.set_num_threads(1)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     with pytest.raises(ValueError, match="more than this machine can run") as refused:
@@ -108,8 +110,34 @@ def test_a_profile_made_for_more_cpus_is_not_applied_here(
     )
     assert torch.get_num_threads() == 1
     assert "OMP_NUM_THREADS" not in os.environ  # nothing was set
-    monkeypatch.setattr(apply, "process_cpus", lambda: threads)
+    monkeypatch.setattr(apply, "process_cpus", lambda _system=None: threads)
     profile.apply()
+    assert torch.get_num_threads() == threads
+
+
+def test_apply_counts_a_containers_cpu_quota_as_detection_does(torch_state: None) -> None:
+    """apply() held a profile's threads and workers to the affinity mask, which a container's
+    CPU quota (cgroup cpu.max: Docker's --cpus, Kubernetes' limits.cpu) does not narrow: a
+    profile made for 4 CPUs was applied in a pod of 2 on a 64-core node, 3 threads taking
+    turns on 2 CPUs, where detection, the bench and the command line count 2."""
+    for tree, usable in (("v2-docker-cpus4", 4), ("v2-k8s-nested", 2), ("v1-docker-quota", 1)):
+        system = linux_system(CGROUP_DIR / tree)  # 64 CPUs in the affinity mask
+        assert apply.process_cpus(system) == read_host(system)[0].cpus_usable == usable, tree
+    profile = profile_for("cpu-container-quota-4")  # made in a --cpus=4 container
+    threads = profile.settings.cpu_threads
+    assert threads == 3  # its 4 CPUs less one for the loader
+    torch.set_num_threads(1)
+    with pytest.raises(ValueError, match="more than this machine can run") as refused:
+        apply.apply_torch_settings(
+            profile.settings, system=linux_system(CGROUP_DIR / "v2-k8s-nested")
+        )
+    assert str(refused.value).startswith(
+        "profile: cpu_threads 3 is more than this machine can run: 2 usable CPUs"
+    )
+    assert torch.get_num_threads() == 1  # nothing was set
+    apply.apply_torch_settings(
+        profile.settings, system=linux_system(CGROUP_DIR / "v2-docker-cpus4")
+    )
     assert torch.get_num_threads() == threads
 
 

@@ -57,6 +57,9 @@ LAZY_BY_DESIGN = {
     "one-line helpers of the README call the torch translation when a training script calls them",
     (f"{PACKAGE}.profile", f"{PACKAGE}.wrapping"): "Profile.prepare_model() and .parallelize() "
     "wrap a job's model, as the probe did, when a training script calls them",
+    (f"{PACKAGE}.apply", f"{PACKAGE}.detect.host"): "Profile.apply() holds a profile's threads "
+    "and workers to the CPUs this process may use as detection counts them, a container's CPU "
+    "quota included, which the affinity mask does not show",
 }
 # The pure layers: they decide from data and never touch torch or the terminal.
 PURE = (f"{PACKAGE}.rules", f"{PACKAGE}.probe.search", f"{PACKAGE}.probe.timemodel")

@@ -101,7 +101,8 @@ def test_the_index_gives_each_module_the_floor_the_floor_table_gives_it() -> Non
 
 def test_no_module_imports_from_a_floor_above_its_own() -> None:
     """The floors as the index gives them, held by the imports (lazy ones included), less the
-    one import that points up by design (``Profile.apply()`` calling ``apply.py``)."""
+    imports that point up by design (``Profile.apply()`` calling ``apply.py``, which counts
+    this machine's CPUs with ``detect/host.py``)."""
     floors = {module_name(SRC / path): floor for path, floor in index().items()}
     allowed = set(LAZY_BY_DESIGN)
     upward = sorted(

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from contextlib import AbstractContextManager
 
+    from torch_autotune.detect.host import HostSystem
     from torch_autotune.settings import Settings
 
 
@@ -61,15 +62,16 @@ def apply_environment(settings: Settings) -> list[str]:
     return applied
 
 
-def apply_torch_settings(settings: Settings) -> None:
+def apply_torch_settings(settings: Settings, *, system: HostSystem | None = None) -> None:
     """Apply the global torch settings: TF32, cuDNN, determinism, threads, seed, environment.
 
     Warns (``LateEnvironmentWarning``) when CUDA has already started, so that the allocator
     and cuBLAS variables can no longer take effect. ValueError, before anything is set, where
     the settings ask for more CPU threads or DataLoader workers than this machine can run
     (``invariants.too_many``): a profile made for a larger machine is sound there, not here.
+    ``system``: the OS calls that count this machine's CPUs (``process_cpus``).
     """
-    check_counts_here(settings)
+    check_counts_here(settings, system)
     import torch
 
     applied = apply_environment(settings)
@@ -91,21 +93,25 @@ def apply_torch_settings(settings: Settings) -> None:
         torch.manual_seed(settings.seed)
 
 
-def check_counts_here(settings: Settings) -> None:
+def check_counts_here(settings: Settings, system: HostSystem | None = None) -> None:
     """ValueError with ``invariants.too_many``'s line where ``settings`` ask for more CPU
-    threads or DataLoader workers than the CPUs this process may run on can run: the bounds of
-    a bench baseline. 64 threads on 2 CPUs take turns on them, slower than torch's default."""
+    threads or DataLoader workers than the CPUs this process may use can run (``process_cpus``):
+    the bounds of a bench baseline. 64 threads on 2 CPUs take turns on them, slower than
+    torch's default."""
     from torch_autotune.invariants import check_cpu_counts, cpu_counts
 
-    check_cpu_counts(cpu_counts(settings), process_cpus, lambda name: f"profile: {name}")
+    counts = cpu_counts(settings)
+    check_cpu_counts(counts, lambda: process_cpus(system), lambda name: f"profile: {name}")
 
 
-def process_cpus() -> int:
-    """The CPUs this process may run on: its affinity mask, the host's CPUs where the OS keeps
-    none. A container's CPU quota is detection's to read (``detect/``, a floor above): the
-    probe holds its worker counts to the same mask (``probe.workers_phase``)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+def process_cpus(system: HostSystem | None = None) -> int:
+    """The CPUs this process may use, as detection counts them (``cpus_usable``): its affinity
+    mask, capped by a container's CPU quota (cgroup ``cpu.max``: Docker's ``--cpus``,
+    Kubernetes' ``limits.cpu``), which the mask does not show. ``system``: the OS calls, this
+    machine's by default (``detect.host.HostSystem``)."""
+    from torch_autotune.detect.host import cpus_usable_here
+
+    return cpus_usable_here(system)
 
 
 def apply_flags(

@@ -159,14 +159,8 @@ def read_host(system: HostSystem | None = None) -> tuple[Host, list[DetectionWar
     os_version = _os_version(reader, system, os_name)
     libc = _libc(reader, system) if os_name == "linux" else None
     cpu_model = _cpu_model(reader, system, os_name)
-    logical = _positive(reader.get("cpu_cores_logical", system.cpu_count))
     physical = _positive(reader.get("cpu_cores_physical", system.physical_cores))
-    affinity = _positive(reader.get("cpu_affinity_count", system.affinity_count))
-    if logical is not None and affinity is not None and affinity > logical:
-        logical = affinity  # CPUs brought online since os.cpu_count() read them: never a crash
-    quota: float | None = None
-    if os_name == "linux":
-        quota = reader.get("cpu_quota_cores", lambda: read_cpu_quota(system.root))
+    logical, affinity, quota = _cpu_counts(reader, system, os_name)
     total, available, memory_limit = _memory(reader, system, os_name)
     shm_total, shm_free = _shm(reader, system, os_name)
     host = Host(
@@ -190,9 +184,27 @@ def read_host(system: HostSystem | None = None) -> tuple[Host, list[DetectionWar
     return host, reader.warnings
 
 
-def cpus_usable_here() -> int:
-    """The CPUs this process may use, quota and affinity included (``read_host``)."""
-    return read_host()[0].cpus_usable
+def _cpu_counts(
+    reader: _Reader, system: HostSystem, os_name: str
+) -> tuple[int | None, int | None, float | None]:
+    """The logical CPUs, the affinity mask's and the container's CPU quota (Linux's cgroup)."""
+    logical = _positive(reader.get("cpu_cores_logical", system.cpu_count))
+    affinity = _positive(reader.get("cpu_affinity_count", system.affinity_count))
+    if logical is not None and affinity is not None and affinity > logical:
+        logical = affinity  # CPUs brought online since os.cpu_count() read them: never a crash
+    quota: float | None = None
+    if os_name == "linux":
+        quota = reader.get("cpu_quota_cores", lambda: read_cpu_quota(system.root))
+    return logical, affinity, quota
+
+
+def cpus_usable_here(system: HostSystem | None = None) -> int:
+    """The CPUs this process may use, quota and affinity included, as ``read_host`` counts
+    them (``cpus_usable``), without reading the rest of the host. ``system``: the OS calls
+    (a test's, recorded on another machine; this one's by default)."""
+    system = system or HostSystem()
+    counts = _cpu_counts(_Reader(), system, _os_name(system.platform_name))
+    return usable_cpus(counts[1], counts[0], counts[2])
 
 
 def _os_version(reader: _Reader, system: HostSystem, os_name: str) -> str | None:
