@@ -384,3 +384,50 @@ def test_on_the_cpu_the_search_predicts_from_the_limit_not_from_host_ram() -> No
     assert evidence.memory_limit_bytes <= held + int(0.03 * GIB), evidence.search
     ran = [t.batch_size for t in evidence.search if t.seconds is not None]
     assert ran[1:2] == [2]  # batch 1's peak is most of the limit: 8 could pass it
+
+
+class _Weighty(torch.nn.Module):
+    """16 MiB of weights (written, so resident in each copy the probe builds) and a step that
+    takes 4 MiB of fresh host RAM a sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+        self.weights = torch.nn.Parameter(torch.ones(4 << 20), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.ones(x.shape[0], 1 << 20)
+        return self.linear(x) + scratch[:, :1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+def test_on_the_cpu_every_trial_is_held_to_the_limit_the_evidence_records() -> None:
+    """The evidence records the peak a trial may reach (``memory_limit_bytes``), and a trial
+    that fit never peaked above it, nor did one over the cap peak within it: each trial was
+    held to its growth over what the process held as it began, and the limit to what it held
+    at the first, before the probe's copy of the model and torch's first step, so a later
+    trial fit up to 16 MiB past the recorded limit (conv: 'peak memory 0.6 GiB (batch 78) of
+    0.5 GiB the trials could use')."""
+    from torch_autotune import tune
+
+    profile = tune(
+        model=_Weighty(),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+        example_batch=(torch.randn(4, 4), torch.randint(0, 2, (4,))),
+        budget_s=6,
+        max_batch_size=64,
+        memory_limit_gib=0.0625,  # 16 samples beyond the model
+        snapshot=LAPTOP,  # the CPU's limit, also on a machine with a GPU
+    )
+    evidence = profile.evidence
+    assert evidence is not None
+    limit = evidence.memory_limit_bytes
+    assert limit is not None
+    ran = [t for t in evidence.search if t.peak_memory_bytes is not None]
+    fit = [t.peak_memory_bytes for t in ran if t.fits]
+    assert fit
+    assert all(peak is not None and peak <= limit for peak in fit), (limit, evidence.search)
+    over = [t.peak_memory_bytes for t in ran if t.step == OVER_CAP]
+    assert all(peak is not None and peak > limit for peak in over), (limit, evidence.search)
+    assert evidence.max_batch_size >= 4  # the model's copy is not the trials' to take

@@ -296,7 +296,7 @@ def search_with_guard(
             f"batch {bound.batch_size}"
             f" {'took' if bound.step == OVER_CAP else 'was predicted to take'} more than the"
             f" {gib(guarded.ram_cap_bytes)} of host RAM the memory limit allows (--memory-limit,"
-            " memory_limit_gib), beyond what the process held before it"
+            " memory_limit_gib), beyond what the process held once its first trial had run"
             if bound is not None and over
             else f"batch {bound.batch_size if bound else '?'} ran out of memory"
         ),

@@ -64,7 +64,7 @@ def search(
     settings = runner.settings.settings
     variant = search_name(BASE, settings)
     guarded = SearchGuard(runner, budget, report, reserve_s=reserve_s, variant=variant)
-    device, limit = settings.device, None  # the CPU's limit counts what the first trial held
+    device, limit = settings.device, None  # the CPU's: from what the first trial left held
     cap, why = _cap(device, max_batch_size, workload)
     name, start = workload.name, workload.min_batch_size
     if start > cap:
@@ -119,10 +119,11 @@ def _does_not_fit(guarded: SearchGuard, found: Found, name: str, device: str) ->
 
 
 def _capped_peak(guarded: SearchGuard) -> int | None:
-    """The CPU's: the peak a trial may reach, which the memory-guided search predicts against.
-    Under --memory-limit, what the process held at the largest trial so far plus the cap (the
-    cap is on what a trial takes beyond that; the cap alone where no trial said what the
-    process held), within the host RAM the probe may fill; else that host RAM."""
+    """The CPU's: the peak a trial may reach, which the memory-guided search predicts against
+    and the evidence records. Under --memory-limit, the runner's baseline (what the process
+    held once its first trial had run, which every trial that fit says, and against which
+    each trial's peak was held to the cap) plus the cap (the cap alone where no trial said
+    what the process held), within the host RAM the probe may fill; else that host RAM."""
     cap, ram = guarded.ram_cap_bytes, guarded.ram_budget_bytes
     if cap is None:
         return ram

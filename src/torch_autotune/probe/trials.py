@@ -152,6 +152,9 @@ class TrialRunner:
         self._model: Any = None
         self._timer: Timer | None = None
         self.built_s: float | None = None  # the seam's: its model's last build, in seconds
+        # CPU under --memory-limit: what the process held once its first trial had run
+        # (``__call__``), the one baseline every trial's peak is held to
+        self.baseline_bytes: int | None = None
 
     @property
     def timer(self) -> Timer:
@@ -203,7 +206,9 @@ class TrialRunner:
         if variant.fresh_model:
             self.release_model()
         settings = self.settings.with_variant(variant)
-        return self.sibling(settings, base=None if variant.fresh_model else self)
+        runner = self.sibling(settings, base=None if variant.fresh_model else self)
+        runner.baseline_bytes = self.baseline_bytes  # the same process: the same baseline
+        return runner
 
     def sibling(self, settings: StepSettings, *, base: Self | None) -> Self:
         """A runner of this class with ``settings``, on ``base``'s model where given."""
@@ -293,6 +298,10 @@ class TrialRunner:
         return max(0.0, first - steady), steady
 
     def __call__(self, batch_size: int) -> TrialOutcome:
+        """A trial: ``settings.steps`` steps at ``batch_size``. On the CPU under
+        --memory-limit its peak is held to the runner's one baseline plus the cap
+        (``_baseline``), as every other trial's is, so that what the evidence records (the
+        peaks, the limit) is on one footing."""
         import torch
 
         device = self.settings.device
@@ -305,6 +314,7 @@ class TrialRunner:
             return TrialOutcome(False)
         warmup, step = timed
         cap = self.settings.memory_limit_bytes
+        held = self._baseline(torch, held) if cap is not None else held
         if cap is not None and peak is not None and held is not None and peak - held > cap:
             # took more than --memory-limit: as on a capped GPU, with the time it took
             return TrialOutcome(False, peak, warmup + self.settings.steps * step)
@@ -316,6 +326,20 @@ class TrialRunner:
             step_s=step,
             held_bytes=held,
         )
+
+    def _baseline(self, torch: Any, held: int | None) -> int | None:
+        """What the process held once its first trial had run: the model built, and what
+        torch's first step keeps for good (its kernels' code and scratch, about 0.1 GiB for a
+        small convnet on the CPU), which lies outside --memory-limit as the CUDA context does
+        on a GPU. Read once, after the runner's first trial (``held``: what the process held
+        as that trial began, the least it can be), and kept: a trial's growth over what the
+        process held as it began would let each later trial peak past the limit the evidence
+        records by what the process kept from the trials before it."""
+        if held is None:  # no peak of the trial's own (the mark cannot be reset)
+            return None
+        if self.baseline_bytes is None:
+            self.baseline_bytes = max(held, held_now(torch, self.settings.device) or held)
+        return self.baseline_bytes
 
     def point(
         self,
