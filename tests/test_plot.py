@@ -220,6 +220,30 @@ def test_memory_limit_recommended_size_and_first_misfit_are_marked(full: Profile
     assert "832 and up: out of memory" in [t.get_text() for t in throughput.get_legend().texts]
 
 
+def test_the_misfit_band_never_says_a_size_that_ran_was_not_run(full: Profile) -> None:
+    """On the CPU under --memory-limit the search ran 896 over the cap, then refused 832 by
+    its prediction: the band said '832 and up: not run (predicted over --memory-limit)', 896
+    among them. Each reason is said at the smallest size it holds for."""
+    assert full.evidence is not None
+    steps = {832: "over --memory-limit (not run)", 896: "over --memory-limit"}
+    search = [
+        t.model_copy(update={"step": steps.get(t.batch_size, "over --memory-limit")})
+        if not t.fits
+        else t
+        for t in full.evidence.search
+    ]
+    evidence = full.evidence.model_copy(update={"search": search})
+    mixed = full.model_copy(update={"evidence": evidence})
+    throughput = axis(mixed, "throughput")
+    (misfit,) = [p for p in throughput.patches if p.get_gid() == "misfit"]
+    assert misfit.get_x() == 832
+    labels = [t.get_text() for t in throughput.get_legend().texts]
+    assert (
+        "832 and up: 832 not run (predicted over --memory-limit), 896 over --memory-limit" in labels
+    )
+    assert data.misfit_band(full.evidence) == "832 and up: out of memory"  # one reason: as it was
+
+
 def test_the_loader_panel_marks_failures_and_the_training_rate(full: Profile) -> None:
     loader = axis(full, "loader")
     (rate,) = [line for line in loader.get_lines() if line.get_gid() == "step-rate"]

@@ -8,8 +8,10 @@ Three panels, each left out when the profile holds no data for it:
    (one pass each, no spread; where a second round ran again to confirm the choice, the two
    passes' median and spread); the profile's batch (and where ``autotune bench`` or a hand
    edit changed it from the probe's, which); the largest size
-   that ran; the first larger size that did not (out of memory, or not run because it was too
-   slow for the budget or predicted beyond host RAM) as a shaded region; and, when the trials
+   that ran; the sizes from the first larger one that did not (out of memory, over the CPU's
+   --memory-limit, or not run because it was too slow for the budget or predicted beyond host
+   RAM or the limit) as a shaded region, labelled with why, each reason at the smallest size
+   it holds for where the sizes in it differ; and, when the trials
    read it, peak memory in GiB on a second axis with the memory the trials could use.
 2. **DataLoader workers.** Loading throughput (samples/s) for each worker count tried, failed
    counts marked with their error, against the rate the training step consumes samples at the

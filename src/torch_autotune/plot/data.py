@@ -166,6 +166,27 @@ def first_misfit(evidence: Evidence) -> tuple[int, str] | None:
     return trial.batch_size, _why_not(trial)
 
 
+def misfit_band(evidence: Evidence) -> str | None:
+    """What the band from the first misfit up says of the sizes in it: '832 and up: out of
+    memory' where every size there that was tried did not fit for the same reason; where they
+    differ, each reason at the smallest size it holds for ('55 and up: 55 not run (predicted
+    over --memory-limit), 56 over --memory-limit'), so that no size that ran is said not to
+    have run. None where there is no misfit."""
+    above = sorted(
+        (t for t in evidence.search if not t.fits and t.batch_size > evidence.max_batch_size),
+        key=lambda t: t.batch_size,
+    )
+    if not above:
+        return None
+    reasons: dict[str, int] = {}
+    for trial in above:
+        reasons.setdefault(_why_not(trial), trial.batch_size)
+    first = above[0].batch_size
+    if len(reasons) == 1:
+        return f"{first} and up: {next(iter(reasons))}"
+    return f"{first} and up: " + ", ".join(f"{size} {why}" for why, size in reasons.items())
+
+
 def throughput_series(evidence: Evidence) -> list[Series]:
     """One series per variant that ran points, in this order: the eager step, the compiled
     step, and training fed by the DataLoader, one series per worker count (and thread count);

@@ -21,6 +21,7 @@ from torch_autotune.plot.data import (
     effect_rows,
     first_misfit,
     memory_peaks,
+    misfit_band,
     shorten,
     step_rate,
     throughput_series,
@@ -202,7 +203,7 @@ def _size_marks(ax: Axes, evidence: Evidence, right: float, mark: Chosen) -> lis
                 alpha=0.12,
                 linewidth=0,
                 gid="misfit",
-                label=f"{misfit[0]} and up: {misfit[1]}",
+                label=misfit_band(evidence),
             )
         )
     return marks
