@@ -127,15 +127,18 @@ def workload_target(preferences: Preferences, workload: Workload, processes: int
     (rule L1), where the user asked for none and the workload fixes its samples per optimizer
     step (``Workload.update_samples``: a Trainer's per_device_train_batch_size x
     gradient_accumulation_steps), over each of the job's ``processes``, as the Trainer's
-    arguments are per device; what set it in words (``target_global_batch_from``)."""
+    arguments are per device; what set it in words (``target_global_batch_from``). One above
+    ``MAX_GLOBAL_BATCH`` is no target a profile holds: it is not kept, and the words, with the
+    global batch they make, are recorded alone, so that rule L1 says why there is none."""
     update = workload.update_samples
     if preferences.target_global_batch is not None or update is None:
         return preferences
     samples, words = update
     target = samples * processes
-    if target > MAX_GLOBAL_BATCH:
-        return preferences
     spread = f" x {processes} processes" if processes > 1 else ""
+    if target > MAX_GLOBAL_BATCH:
+        made = f"{words}{spread} = a global batch of {target:,}"
+        return preferences.model_copy(update={"target_global_batch_from": made})
     return preferences.model_copy(
         update={"target_global_batch": target, "target_global_batch_from": f"{words}{spread}"}
     )

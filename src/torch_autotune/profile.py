@@ -131,7 +131,8 @@ class Preferences(StrictModel):
     allow_p100_fp16: bool = False  # catalog A5: fp16 on P100 only as an opt-in
     num_workers: WorkerCount | None = None  # the user's own DataLoader worker count
     target_global_batch: GlobalBatch | None = None  # the global batch accumulation keeps
-    # what made the target where the user gave none (a Trainer's accumulation), in words
+    # what made the target where the user gave none (a Trainer's accumulation), in words; with
+    # no target, what made one above MAX_GLOBAL_BATCH, which is not kept (compose.workload_target)
     target_global_batch_from: Annotated[str, Field(max_length=256)] | None = None
     max_batch_size: BatchSize | None = None  # --max-batch-size: the largest batch tried
     blocks: BlockNames | None = None  # the workload's blocks (its classes), where it names them

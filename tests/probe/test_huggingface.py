@@ -517,6 +517,44 @@ def test_a_trainer_s_accumulated_global_batch_is_kept_as_the_target(tmp_path: Pa
     assert compose.workload_target(preferences, plain, 1).target_global_batch is None
 
 
+def test_a_trainer_s_global_batch_above_the_most_a_target_may_be_is_said_not_kept(
+    tmp_path: Path,
+) -> None:
+    """A Trainer's per_device_train_batch_size x gradient_accumulation_steps (times the
+    processes) above MAX_GLOBAL_BATCH is no target a profile holds, and was dropped, while its
+    note said the profile keeps it and rule L1 said no target was given. Both now say it is
+    not kept, and why; the note of one within the bound still says it is kept."""
+    from torch_autotune import compose
+    from torch_autotune.bounds import MAX_GLOBAL_BATCH
+    from torch_autotune.profile import Mode
+    from torch_autotune.rules.engine import build_profile
+
+    def trainer(batch: int, steps: int) -> Workload:
+        args = {"per_device_train_batch_size": batch, "gradient_accumulation_steps": steps}
+        return resolve_workload(trainer_for(tmp_path, bert(), Reviews(), **args))
+
+    above, within = trainer(4096, 4097), trainer(4096, 2048)  # 16,781,312 and 8,388,608
+    for workload, processes, kept in ((above, 1, False), (within, 4, False), (within, 1, True)):
+        assert workload.update_samples is not None
+        made = workload.update_samples[0] * processes
+        assert (made <= MAX_GLOBAL_BATCH) is kept
+        (note,) = [n for n in workload.details().notes if "samples per process" in n]  # type: ignore[misc]
+        preferences = compose.preferences(workload, Mode.SPEED, True, None, None)
+        target = compose.workload_target(preferences, workload, processes)
+        assert target.target_global_batch == (made if kept else None)
+        reason = build_profile(LAPTOP, preferences=target).decision("batch.grad_accum_steps")
+        assert reason is not None
+        not_kept = f"{made:,} is more than {MAX_GLOBAL_BATCH:,}, the most a target global batch"
+        assert (not_kept in reason.reason) is not kept
+        assert ("no target global batch is given" in reason.reason) is False
+        if workload is above:
+            assert "so the profile does not keep it" in note
+            assert "the profile keeps that global batch" not in note
+        else:  # within the bound for one process: kept, unless its processes make it more
+            assert "the profile keeps that global batch (times its processes)" in note
+            assert f"where its processes make it more than {MAX_GLOBAL_BATCH:,}" in note
+
+
 def test_a_trainer_s_own_optimizer_is_rebuilt_over_each_copy(tmp_path: Path) -> None:
     model = bert()
     given = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

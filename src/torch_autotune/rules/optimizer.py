@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from torch_autotune.bounds import MAX_GLOBAL_BATCH
 from torch_autotune.evidence import EAGER, BatchChoice, OptimizerMemoryRecord
 from torch_autotune.profile import Mode, Source
 from torch_autotune.rules.context import Context, Finding
@@ -213,7 +214,9 @@ def accumulation(batch: int, target: int, processes: int) -> tuple[int, str]:
 def _accumulation(ctx: Context) -> Finding:
     """L1: the steps that keep the target global batch (``--target-batch``) with the measured
     batch over the training processes of the job (every node's); 1 without a target or a
-    batch. Under DDP the first steps of each update run in ``model.no_sync()``."""
+    batch, and where what would have made the target made one above ``MAX_GLOBAL_BATCH``
+    (``target_global_batch_from`` without a target), which is not kept. Under DDP the first
+    steps of each update run in ``model.no_sync()``."""
     target = ctx.preferences.target_global_batch
     batch = ctx.measurements.batch_size if ctx.measurements is not None else None
     given = ctx.preferences.target_global_batch_from
@@ -229,6 +232,15 @@ def _accumulation(ctx: Context) -> Finding:
             f"1: the target global batch {target} is made up from the batch size, which is "
             "only ever measured: run autotune to probe it; until then every step updates the "
             f"weights{whose}",
+        )
+    if given:  # what made a target above the most one may be (compose.workload_target)
+        return Finding(
+            "batch.grad_accum_steps",
+            1,
+            "L1",
+            f"1: {given} is more than {MAX_GLOBAL_BATCH:,}, the most a target global batch may "
+            "be, so it is not kept and every step updates the weights; a target of at most that "
+            "(--target-batch, target_global_batch) is kept with accumulation",
         )
     return Finding(
         "batch.grad_accum_steps",

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from torch_autotune.bounds import MAX_GLOBAL_BATCH
 from torch_autotune.errors import WorkloadError, user_code_failed
 from torch_autotune.probe.workloads.messages import _exception, _listed
 from torch_autotune.probe.workloads.optimizers import ModelOptimizer, fused_by
@@ -349,13 +350,7 @@ class TrainerStep:
         ]
         update = _update_samples(trainer.args)
         if update is not None:
-            notes.append(
-                f"{update[1]} = {update[0]} samples per process per optimizer step: the"
-                " profile keeps that global batch (times its processes) as the target of its"
-                " accumulation, unless tune() is given another (target_global_batch,"
-                " --target-batch): the batch size measured, batch.grad_accum_steps the steps"
-                " that make up the rest (rule L1), and the Hugging Face export writes both"
-            )
+            notes.append(_accumulation_note(*update))
         if _checkpointing(trainer.args):
             notes.append(
                 "the Trainer's arguments turn on activation checkpointing, which it applies when"
@@ -380,6 +375,27 @@ class TrainerStep:
             loss=f"{owner}" + ("" if self.overridden else " (the model's own loss)"),
             update_samples=update,
         )
+
+
+def _accumulation_note(samples: int, words: str) -> str:
+    """What the profile does with the global batch a Trainer accumulates to: the target of
+    accumulation (``compose.workload_target``), where it is no more than ``MAX_GLOBAL_BATCH``."""
+    said = f"{words} = {samples} samples per process per optimizer step"
+    most = f"{MAX_GLOBAL_BATCH:,}, the most a target global batch may be"
+    if samples > MAX_GLOBAL_BATCH:
+        return (
+            f"{said}: more than {most}, so the profile does not keep it: its batch is tuned as"
+            " where the Trainer does not accumulate (batch.grad_accum_steps 1, rule L1, which"
+            " the Hugging Face export writes), unless tune() is given a target"
+            " (target_global_batch, --target-batch)"
+        )
+    return (
+        f"{said}: the profile keeps that global batch (times its processes) as the target of its"
+        " accumulation, unless tune() is given another (target_global_batch, --target-batch):"
+        " the batch size measured, batch.grad_accum_steps the steps that make up the rest (rule"
+        f" L1), and the Hugging Face export writes both; where its processes make it more than"
+        f" {most}, it is not kept (rule L1 says so)"
+    )
 
 
 def _optimizer_note(trainer: Any, fused: str | None) -> str:
