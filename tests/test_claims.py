@@ -6,8 +6,9 @@ budgets, loading, smallest batches, target batches and lucky passes fed by the D
 decision's reason and the summary ``autotune`` prints, and lists each claim the evidence does
 not bear out: a margin where none applied, a second run where none ran, "fastest" where no
 steady point measured it, a rate no point measured, an accumulation or global batch the
-settings do not hold, a worker count or rate the DataLoader passes did not measure. The
-property test asks for none; the regular tests below it hold the examples it found.
+settings do not hold, a worker count or rate the DataLoader passes did not measure, CPU
+threads said to have trained a workload's own batches fastest that did not. The property test
+asks for none; the regular tests below it hold the examples it found.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.integrations import process_count
 from torch_autotune.probe import workers_phase
 from torch_autotune.probe.fed import FedTrial
+from torch_autotune.probe.fed_passes import FED_WITHIN
 from torch_autotune.probe.points import margin_for
 from torch_autotune.probe.presets import preset
 from torch_autotune.probe.search import apply_margin
@@ -38,13 +40,17 @@ from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Evidence, Profile, ThroughputRecord
+from torch_autotune.render import results
 from torch_autotune.render.results import render_run
 
 H100 = recorded("h100-80gb-hbm3")
 LAPTOP = recorded("cpu-laptop-linux")
 A100X8 = recorded("a100-sxm4-80gb-8x")  # 8 training processes
 TWO_CPUS = two_cpus()
-SNAPSHOTS = {"h100": H100, "laptop": LAPTOP, "a100x8": A100X8}
+# the 2-CPU machine's rules keep 0 workers: without a dataset, its threads are measured on the
+# workload's own batches (``probe.own_threads``), which the laptop's 2 workers leave to the rules
+SNAPSHOTS = {"h100": H100, "laptop": LAPTOP, "a100x8": A100X8, "two cpus": TWO_CPUS}
+CPUS = {"laptop", "two cpus"}
 
 _RATE = r"([\d,]+(?:\.\d)?) samples/s"
 
@@ -91,6 +97,7 @@ def disagreements(profile: Profile) -> list[str]:
     found += _compile_claims(evidence, text)
     found += _fed_batch_claims(profile, evidence)
     found += _fed_why_claims(profile, evidence, text)
+    found += _own_pass_claims(profile, evidence, text)
     found += _accumulation_claims(profile, text)
     found += _worker_claims(profile, evidence, text)
     found += _time_claims(evidence)
@@ -345,6 +352,41 @@ def _fed_why_claims(profile: Profile, evidence: Evidence, text: str) -> list[str
             found.append(f"the summary says {_FEWER}: the profile sets {threads}")
     if sum(words in said for words in (_BELOW, _FEWER, _UNTIMED)) != 1:
         found.append(f"the summary does not say why the fed passes chose the batch: '{said}'")
+    return found
+
+
+_OWN_SAID = "it trained on its own batches at the CPU threads that trained them fastest"
+
+
+def _own_pass_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
+    """Where the passes on a workload's own batches chose the batch (``probe.own_threads``: no
+    DataLoader), why the summary says they did, against what they measured: it trained on its
+    own batches, a pass at the profile's batch and CPU threads; at the CPU threads that trained
+    them fastest, the profile's threads' best pass at the batch the threads were measured at
+    (the plain alternative's, the first) within 2% of the best pass there (the fewest threads
+    within it are chosen). Said nowhere else, and nothing of a DataLoader said there."""
+    choice = evidence.batch_choice
+    said = _row(text, "recommended") or ""
+    own = evidence.fed and not any(f.dataloader for f in evidence.fed)
+    if choice is None or not choice.fed or not own:
+        wrong = _OWN_SAID in said
+        return [f"the summary says {_OWN_SAID}; no such passes chose it"] if wrong else []
+    if _OWN_SAID not in said or "DataLoader" in said:
+        return [f"the summary does not say the passes on its own batches chose it: '{said}'"]
+    batch, threads = profile.settings.batch.batch_size, profile.settings.cpu_threads
+    ran = [f for f in evidence.fed if f.samples_per_s is not None]
+    found = []
+    if not any((f.batch_size, f.cpu_threads) == (batch, threads) for f in ran):
+        found.append(f"the summary says {batch} trained on its own batches: none at {threads}")
+    at = evidence.fed[0].batch_size
+    there = [f.samples_per_s or 0.0 for f in ran if f.batch_size == at]
+    mine = [f.samples_per_s or 0.0 for f in ran if (f.batch_size, f.cpu_threads) == (at, threads)]
+    if not mine or max(mine) < max(there) * (1 - FED_WITHIN) - 1e-9:
+        best = f"{max(mine):,.0f}" if mine else "none"
+        found.append(
+            f"the summary says {threads} thread(s) trained its own batches fastest: {best} at "
+            f"batch {at}, the best {max(there, default=0.0):,.0f}"
+        )
     return found
 
 
@@ -622,7 +664,7 @@ def _workload(loading: bool) -> Workload | str:
 def runs(draw: st.DrawFn) -> tuple[SimulatedMachine, str, dict[str, object]]:
     """A simulated machine, the snapshot it runs as, and the options of ``tune()``."""
     where = draw(st.sampled_from(sorted(SNAPSHOTS)))
-    cpu = where == "laptop"
+    cpu = where in CPUS
     limit = draw(st.integers(1, 3000))
     per_sample_bytes = draw(st.integers(1 << 20, 200 << 20))
     noisy = draw(st.sampled_from([0.0, 0.3, 1.0]))
@@ -631,13 +673,15 @@ def runs(draw: st.DrawFn) -> tuple[SimulatedMachine, str, dict[str, object]]:
     pick = random.Random(seed)
     noise = {s: amplitude for s in range(1, limit + 1) if pick.random() < noisy}
     loading = draw(st.booleans())
+    # a tiny model on a CPU, whose threads cost more to synchronise than the work they split
+    tiny = cpu and draw(st.booleans())
     machine = SimulatedMachine(
         limit=limit,
         compiled_limit=draw(st.none() | st.integers(1, limit)),
         checkpointed_limit=draw(st.none() | st.integers(limit, 4 * limit)),
         recompute_factor=draw(st.floats(1.0, 1.6)),
-        fixed_s=draw(st.floats(0.001, 0.2)),
-        per_sample_s=draw(st.floats(1e-5, 0.02)),
+        fixed_s=draw(st.floats(0.0002, 0.001) if tiny else st.floats(0.001, 0.2)),
+        per_sample_s=draw(st.floats(1e-7, 3e-6) if tiny else st.floats(1e-5, 0.02)),
         exponent=draw(st.floats(0.8, 1.4)),
         first_s=draw(st.floats(0.0, 20.0)),
         new_shape_s=draw(st.floats(0.0, 1.0)),
@@ -650,7 +694,7 @@ def runs(draw: st.DrawFn) -> tuple[SimulatedMachine, str, dict[str, object]]:
         load_s=draw(st.floats(1e-5, 0.01)) if loading else None,
         host_cpus=2 if cpu else draw(st.sampled_from([2, 8, 16])),
         shares_cpus=cpu,
-        thread_sync_s=draw(st.sampled_from([0.0, 0.003])) if cpu else 0.0,
+        thread_sync_s=0.003 if tiny else draw(st.sampled_from([0.0, 0.003])) if cpu else 0.0,
         leaves=draw(st.integers(1, 200)),
     )
     options: dict[str, object] = {
@@ -998,6 +1042,49 @@ def test_the_checker_finds_a_wrong_why_the_fed_passes_chose_the_batch(
     above = _rate_changed(data_bound, "batch.batch_size", "at best 443", "at best 4,000")
     wrong = disagreements(above)
     assert any("the fed batch reason's best 4,000 is not below the step's" in d for d in wrong)
+
+
+@pytest.fixture(scope="module")
+def own_batches() -> Profile:
+    """The tiny MLP without a dataset on 2 busy cores (``probe/test_own_threads.py``): on its
+    own batches at batch 512, torch's 2 threads trained at 115,732 samples/s and 1 thread at
+    179,775, twice, so the passes chose 1 thread and the batch at it."""
+    workload = dataclasses.replace(resolve_workload("mlp"), dataset=None, max_batch_size=None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(workers_phase, "_process_cpus", lambda: 2)
+        profile = tune_on(tiny_mlp_on_two_busy_cores(), workload, TWO_CPUS, budget_s=60)
+    assert profile.settings.cpu_threads == 1
+    assert disagreements(profile) == []
+    return profile
+
+
+def test_the_checker_finds_a_wrong_summary_of_the_passes_on_a_workloads_own_batches(
+    own_batches: Profile, fewer_threads: Profile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary's 'it trained on its own batches at the CPU threads that trained them
+    fastest' was read by no check, so a wrong one passed the property test. It is read now:
+    the sentence changed, the sentence where a DataLoader fed the passes, and the sentence
+    where the profile's threads did not train fastest are each found."""
+    assert _OWN_SAID in (_row(summary(own_batches), "recommended") or "")
+    with monkeypatch.context() as patch:
+        patch.setattr(results, "_OWN_PASS", "it trained on its own batches at torch's threads")
+        wrong = disagreements(own_batches)
+    assert any("does not say the passes on its own batches chose it" in d for d in wrong), wrong
+    with monkeypatch.context() as patch:
+        patch.setitem(results._FED_WHY, "fewer threads", results._OWN_PASS)
+        wrong = disagreements(fewer_threads)
+    assert any(f"the summary says {_OWN_SAID}; no such passes" in d for d in wrong), wrong
+    evidence = own_batches.evidence
+    assert evidence is not None
+    slower = tuple(  # 1 thread at the batch measured, below torch's pool's 115,732
+        f.model_copy(update={"samples_per_s": 100_000.0}) if f.cpu_threads == 1 else f
+        for f in evidence.fed
+    )
+    wrong = disagreements(
+        own_batches.model_copy(update={"evidence": evidence.model_copy(update={"fed": slower})})
+    )
+    found = "the summary says 1 thread(s) trained its own batches fastest: 100,000 at batch 512"
+    assert any(found in d for d in wrong), wrong
 
 
 @pytest.mark.parametrize(
