@@ -1,5 +1,6 @@
 """Loading and training measured together: the worker count, and the batch, where the DataLoader
-limits training. Pure: no torch; ``fed(batch_size, num_workers, threads)`` does the measuring.
+limits training or the passes choose fewer CPU threads than the step's points ran at. Pure: no
+torch; ``fed(batch_size, num_workers, threads)`` does the measuring.
 
 A DataLoader measured alone says how fast it loads, not how fast training runs while it loads.
 On a CPU the workers and the training step share the cores: on a 2-core machine a dataset of
@@ -19,12 +20,19 @@ with the CPU threads the profile sets beside that many workers.
    than the rules' are fed then too (``probe.fed_threads``).
 2. **Batch.** Where the best fed rate stays below the training step's own (loading limits
    training), smaller sizes are fed by the best count while they keep within ``FED_WITHIN``
-   of the best: a smaller batch trains as fast there, on less memory. Otherwise the batch
-   stays the one the step ran fastest at, and only the worker count comes from these passes.
-   The batch's reason says why training ran below the step alone, by the chosen count's
-   loader alone (``workers.keeps_ahead``): loading limits training where it does not keep
-   ahead; else it takes the step's CPU time (0 workers: in series with the step, its share of
-   the time; workers: the cores they run on).
+   of the best: a smaller batch trains as fast there, on less memory. Where the pass chosen
+   (step 3) trains at fewer CPU threads than the step's points ran at (torch's pool:
+   ``_retimed``), the points' rates, and the batch they chose, do not hold at its threads, so
+   the sizes are fed at them however fast the step ran alone: the larger ones, up to the
+   step's fastest, while each is faster, then the smaller ones while each keeps within
+   ``FED_WITHIN`` of the best (a simulated tiny MLP on 2 busy cores fed 132,231 samples/s at
+   1 thread, above its points at 2, 115,732, and batch 256 was fed at 1 thread too).
+   Otherwise the batch stays the one the step ran fastest at, and only the worker count comes
+   from these passes. The batch's reason says why (``BatchChoice.fed_why``): the threads the
+   sizes were fed at; or why training ran below the step alone, by the chosen count's loader
+   alone (``workers.keeps_ahead``): loading limits training where it does not keep ahead;
+   else it takes the step's CPU time (0 workers: in series with the step, its share of the
+   time; workers: the cores they run on).
    Where that batch itself was not fed (its passes would not fit in the time left), a smaller
    one is chosen only if it fed within 2% of the most the larger could train at (its step
    alone, or the loader alone where slower): a step of 1.2 s at any batch fed batch 1 at
