@@ -355,7 +355,9 @@ def _fed_why_claims(profile: Profile, evidence: Evidence, text: str) -> list[str
     return found
 
 
-_OWN_SAID = "it trained on its own batches at the CPU threads that trained them fastest"
+_OWN_SAID = (
+    "it trained on its own batches at the CPU threads its passes chose, within 2% of the fastest"
+)
 
 
 def _own_pass_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:

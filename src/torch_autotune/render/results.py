@@ -203,8 +203,8 @@ _FED_WHY = {  # ``BatchChoice.fed_why``: what the passes measured that made them
 
 
 _OWN_PASS = (
-    "it trained on its own batches at the CPU threads that trained them fastest, with these"
-    " settings"
+    "it trained on its own batches at the CPU threads its passes chose, within 2% of the"
+    " fastest, with these settings"
 )
 
 
