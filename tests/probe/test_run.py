@@ -57,9 +57,11 @@ class _Unruly(SimulatedTrials):
         self._disturb()
         return super().__call__(batch_size)
 
-    def point(self, batch_size: int, *, until: float) -> PointOutcome:
+    def point(
+        self, batch_size: int, *, until: float, deadline: float | None = None
+    ) -> PointOutcome:
         self._disturb()
-        return super().point(batch_size, until=until)
+        return super().point(batch_size, until=until, deadline=deadline)
 
     @staticmethod
     def _disturb() -> None:

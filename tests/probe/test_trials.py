@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -237,3 +237,73 @@ def test_a_bug_in_our_own_step_code_is_not_blamed_on_the_user(
     with pytest.raises(TypeError, match="a bug in") as caught:
         TrialRunner(Tiny(OomAt(), adam), StepSettings())(8)
     assert not raised_by_user_code(caught.value)
+
+
+@dataclass
+class Timed(Tiny):
+    """``Tiny`` on a simulated clock (``now``): its first step takes ``first_s`` (a warm-up
+    and a step), each later one ``step_s``; ``began``: when each step began."""
+
+    step_s: float = 0.1
+    first_s: float = 0.6
+    now: float = 0.0
+    began: list[float] = field(default_factory=list)
+
+    def clock(self) -> float:
+        return self.now
+
+    def train_step(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        self.began.append(self.now)
+        self.now += self.step_s if self.began[1:] else self.first_s
+        return super().train_step(model, batch)
+
+
+def _point(workload: Timed, until: float, deadline: float) -> trials.PointOutcome:
+    runner = TrialRunner(workload, StepSettings(), clock=workload.clock)
+    return runner.point(8, until=until, deadline=deadline)
+
+
+@pytest.mark.parametrize(
+    ("step_s", "first_s", "until", "deadline", "ends"),
+    [
+        (0.1, 0.6, 0.7, 0.85, 0.8),  # blocks of 3 steps: the first cut to the 1 that ends by it
+        (0.1, 0.6, 0.65, 0.75, 0.7),  # none of them ends by it: the sizing step is the block
+        (1.0, 1.5, 2.0, 3.0, 2.5),  # a step is a block: the sizing step is the one timed block
+    ],
+)
+def test_a_point_whose_steps_run_slow_ends_by_its_phases_end(
+    step_s: float, first_s: float, until: float, deadline: float, ends: float
+) -> None:
+    """The defect: a point ran its warm-up, a sizing step and a whole first block before it
+    looked at the clock, so on a busy CPU, whose steps ran 1.5-20x slower than the search
+    measured, the throughput phase took 14.04 s of its 11.6 s and the workers phase lost the
+    difference. Its first block now ends by the phase's end (``deadline``), cut to the steps
+    that do; the point ends unsteady, with the one block that ran."""
+    workload = Timed(OomAt(), adam, step_s=step_s, first_s=first_s)
+    point = _point(workload, until, deadline)
+    assert point.fits
+    assert not point.steady
+    assert point.blocks == 1
+    assert point.samples_per_s == pytest.approx(8 / step_s)
+    assert workload.now == pytest.approx(ends)
+    assert all(began < deadline for began in workload.began)  # no step began past it
+
+
+@pytest.mark.parametrize("deadline", [14.6, 5.0])
+def test_a_warm_up_past_its_share_times_a_block_where_the_phase_has_time(deadline: float) -> None:
+    """A first step that pays the cuDNN autotuner (8 s) spends the point's share (2 s). Where
+    the phase's end (``deadline``) is still ahead, the point times its first block whole and
+    is kept, as before: cutting it at its share left such points out of a GPU's runs. Where
+    the warm-up ran past the phase's end, no step follows it, and the point has no rate."""
+    workload = Timed(OomAt(), adam, step_s=0.1, first_s=8.0)
+    point = _point(workload, 2.0, deadline)
+    assert point.fits
+    assert all(began < deadline for began in workload.began)  # no step began past it
+    if deadline > workload.first_s:
+        assert point.blocks == 1
+        assert point.samples_per_s == pytest.approx(8 / 0.1)
+        assert workload.now == pytest.approx(8.0 + 0.1 + 3 * 0.1)  # sizing, a block of 3
+    else:
+        assert point.samples_per_s is None
+        assert len(workload.began) == 1
+        assert point.seconds == pytest.approx(8.0)

@@ -134,10 +134,13 @@ class DdpRunner(FedRunner):
         batch_size: int,
         *,
         until: float,
+        deadline: float | None = None,
         block_s: float = BLOCK_S,
         max_spread: float = MAX_SPREAD,
     ) -> PointOutcome:
-        outcome = super().point(batch_size, until=until, block_s=block_s, max_spread=max_spread)
+        outcome = super().point(
+            batch_size, until=until, deadline=deadline, block_s=block_s, max_spread=max_spread
+        )
         if not outcome.fits and self.sharded:
             self.release_model()
         return outcome

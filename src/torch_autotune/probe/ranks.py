@@ -67,7 +67,8 @@ _AGAIN = "start again"
 @dataclass(frozen=True)
 class _Call:
     """One call of the seam, as rank 0 sends it: which runner, which method, its arguments.
-    ``left_s``: for a point, the seconds left until its deadline (each rank's own clock);
+    ``left_s``, ``hard_s``: for a point, the seconds left until its share ends and until its
+    phase does (each rank's own clock; ``hard_s`` None: no phase's end);
     ``number``: the how-manyth call (``Group.calls``), the key of rank 0's word on it."""
 
     runner: int
@@ -75,6 +76,7 @@ class _Call:
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     left_s: float | None = None
+    hard_s: float | None = None
     variant: tuple[str, tuple[tuple[str, Any], ...], bool, bool] | None = None
     number: int = 0
 
@@ -138,10 +140,15 @@ class Leader:
         )
         return combine_trials(found)
 
-    def point(self, batch_size: int, *, until: float) -> PointOutcome:
-        left = until - self.runner.clock()
-        call = _Call(self.ident, "point", (batch_size,), left_s=left)
-        found = self._all(call, lambda: self.runner.point(batch_size, until=until))
+    def point(
+        self, batch_size: int, *, until: float, deadline: float | None = None
+    ) -> PointOutcome:
+        now = self.runner.clock()
+        hard = None if deadline is None else deadline - now
+        call = _Call(self.ident, "point", (batch_size,), left_s=until - now, hard_s=hard)
+        found = self._all(
+            call, lambda: self.runner.point(batch_size, until=until, deadline=deadline)
+        )
         return combine_points(found)
 
     def variant(self, variant: Variant) -> Leader:
@@ -273,6 +280,8 @@ class Follower:
         kwargs = dict(call.kwargs)
         if call.left_s is not None:
             kwargs["until"] = runner.clock() + call.left_s
+        if call.hard_s is not None:
+            kwargs["deadline"] = runner.clock() + call.hard_s
         return getattr(runner, call.method)(*call.args, **kwargs)
 
 

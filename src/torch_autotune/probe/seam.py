@@ -31,7 +31,13 @@ class Trials(Protocol):
 
     def __call__(self, batch_size: int) -> TrialOutcome: ...
 
-    def point(self, batch_size: int, *, until: float) -> PointOutcome: ...
+    def point(
+        self, batch_size: int, *, until: float, deadline: float | None = None
+    ) -> PointOutcome:
+        """A steady point (``TrialRunner.point``): its blocks stop at ``until``, its share;
+        its first block, whatever the share, is cut only against ``deadline``, the phase's
+        end (None: none)."""
+        ...
 
     def variant(self, variant: Variant) -> Trials:
         """A runner of ``variant`` (``probe.variants``): this runner's settings with its

@@ -129,8 +129,7 @@ class SimulatedMachine:
     def restart(self) -> None:
         """A fresh process on the same machine: clock at 0, nothing warm, an empty log."""
         self.now, self.started, self.compiled_once = 0.0, False, False
-        self.budgets_compiled = set()
-        self.shapes, self.autotuned, self.log = set(), set(), []
+        self.shapes, self.autotuned, self.budgets_compiled, self.log = set(), set(), set(), []
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
@@ -251,9 +250,8 @@ class SimulatedTrials:
     # --- the seam ---
 
     def apply_flags(self, *, cudnn_benchmark: bool | None = None) -> None:
-        self.benchmark = (
-            self.settings.cudnn_benchmark if cudnn_benchmark is None else cudnn_benchmark
-        )
+        flag = cudnn_benchmark
+        self.benchmark = self.settings.cudnn_benchmark if flag is None else flag
 
     def memory_limit(self) -> int | None:
         cap = self.settings.memory_limit_bytes
@@ -349,39 +347,43 @@ class SimulatedTrials:
             step,
         )
 
-    def point(self, batch_size: int, *, until: float) -> PointOutcome:
-        m = self.machine
+    def point(
+        self, batch_size: int, *, until: float, deadline: float | None = None
+    ) -> PointOutcome:
+        m, hard = self.machine, math.inf if deadline is None else deadline
         m.log.append(f"point {batch_size}{' compiled' if self.is_compiled else ''}")
-        began = m.now
-        warmup = self._warmup(batch_size)
+        began, warmup = m.now, self._warmup(batch_size)
         if not self._fits(batch_size):
             m.advance(warmup)
             return PointOutcome(batch_size, False, seconds=m.now - began)
-        step = m.step_s(batch_size, **self._how)
-        m.advance(warmup + 2 * step)
-        per_block = max(1, math.ceil(0.25 / step))
-        amplitude = m.noise.get(batch_size, 0.0)
-        rates: list[float] = [batch_size / step * (1 - amplitude)] if per_block == 1 else []
-        while True:
-            m.advance(per_block * step)
+        step, peak = m.step_s(batch_size, **self._how), self._peak(batch_size)
+        m.advance(warmup + step)
+        if m.now >= hard:  # its warm-up ran to the deadline: no step is timed (as a real one)
+            return PointOutcome(batch_size, True, peak_memory_bytes=peak, seconds=m.now - began)
+        m.advance(step)
+        per_block, amplitude = max(1, math.ceil(0.25 / step)), m.noise.get(batch_size, 0.0)
+        sized = [batch_size / step * (1 - amplitude)]  # the sizing step, where it is a block
+        rates: list[float] = sized if per_block == 1 else []
+        fit, steady, ran = (hard - m.now) / step, False, 0
+        count = per_block if fit >= per_block else int(fit)  # the first block: to the deadline
+        while count and not steady and (not ran or m.now + count * step <= min(until, hard)):
+            m.advance(count * step)
             sign = 1 if len(rates) % 2 else -1
             rates.append(batch_size / step * (1 + sign * amplitude))
             recent = rates[-MIN_BLOCKS:]
-            if len(recent) == MIN_BLOCKS and spread(recent) <= 0.05:
-                break
-            if m.now + per_block * step > until:
-                break
-        recent = rates[-MIN_BLOCKS:]
+            steady = len(recent) == MIN_BLOCKS and spread(recent) <= 0.05
+            count, ran = per_block, ran + 1
+        recent = (rates or sized)[-MIN_BLOCKS:]
         return PointOutcome(
             batch_size,
             True,
             samples_per_s=sorted(recent)[len(recent) // 2],
             relative_spread=spread(recent) if len(recent) > 1 else None,
-            steady=len(recent) == MIN_BLOCKS and spread(recent) <= 0.05,
+            steady=steady,
             warmup_s=warmup,
             step_s=step,
-            blocks=len(rates),
-            peak_memory_bytes=self._peak(batch_size),
+            blocks=len(rates or sized),
+            peak_memory_bytes=peak,
             seconds=m.now - began,
         )
 
@@ -425,8 +427,7 @@ class SimulatedTrials:
     # --- the simulated costs ---
 
     def _warmup(self, batch_size: int) -> float:
-        m = self.machine
-        warmup = 0.0
+        m, warmup = self.machine, 0.0
         if not m.started:
             m.started = True
             warmup += m.first_s

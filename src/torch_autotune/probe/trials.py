@@ -346,14 +346,22 @@ class TrialRunner:
         batch_size: int,
         *,
         until: float,
+        deadline: float | None = None,
         block_s: float = BLOCK_S,
         max_spread: float = MAX_SPREAD,
     ) -> PointOutcome:
         """Train at ``batch_size`` until ``MIN_BLOCKS`` timed blocks in a row agree within
-        ``max_spread``, or until the clock reaches ``until`` (then the point is not steady).
+        ``max_spread``, or until the next block would end past ``until`` (the point's share of
+        its phase; then the point is not steady).
 
-        Two untimed steps come first: the first pays the new shape's warm-up (compile, the
-        cuDNN autotuner), the second measures a steady step to size the blocks.
+        Two steps come first: the first pays the new shape's warm-up (compile, the cuDNN
+        autotuner), the second, timed, sizes the blocks (where a step is as long as a block, it
+        is the first block). The first block runs whatever ``until`` says (a warm-up that spent
+        the point's share still gets its one block), but only against ``deadline`` (the
+        phase's end, None: none), which no step is begun past and no block ends past: the
+        first block is cut to the steps that end by then, and where none does, the sizing step
+        stands as its one block; where the warm-up ran to the deadline, no step is timed and
+        the point has no rate (``samples_per_s`` None).
         """
         import torch
 
@@ -364,7 +372,13 @@ class TrialRunner:
         # Every process ran its first step, or none goes on: the steps after it communicate.
         if self.agreed(int(oom is None and warm is not None), largest=False) and warm:
             result, oom = run_guarded(
-                lambda: self._point(batch_size, warm, until, block_s=block_s, max_spread=max_spread)
+                lambda: self._point(
+                    batch_size,
+                    warm,
+                    (until, math.inf if deadline is None else deadline),
+                    block_s=block_s,
+                    max_spread=max_spread,
+                )
             )
         else:
             result = None
@@ -387,25 +401,38 @@ class TrialRunner:
         self,
         batch_size: int,
         warm: tuple[Callable[[], None], float],
-        until: float,
+        ends: tuple[float, float],
         *,
         block_s: float,
         max_spread: float,
     ) -> PointOutcome:
-        step, first = warm
+        """``point``'s blocks; ``ends``: (``until``, ``deadline``)."""
+        (step, first), (until, deadline) = warm, ends
+        if self.agreed(int(self.clock() >= deadline), largest=True):  # its warm-up ran to it
+            return PointOutcome(batch_size, True)
         one = max(self.timer.seconds(step), 1e-9)
         per_block = self.agreed(max(1, math.ceil(block_s / one)), largest=True)
         # A step as long as a block is a block: on a slow device it is the first one.
         rates: list[float] = [batch_size / one] if per_block == 1 else []
+        block, ran = per_block * one, 0  # the next block's seconds, as the last ran
         while True:  # every process runs the same blocks: they stop together
-            elapsed = self.timer.seconds(step, per_block)
-            if elapsed > 0:
-                rates.append(per_block * batch_size / elapsed)
             recent = rates[-MIN_BLOCKS:]
             steady = len(recent) == MIN_BLOCKS and spread(recent) <= max_spread
-            late = self.clock() + max(elapsed, one) > until or len(rates) >= 1000
+            if ran:  # a later block: none begun that ends past the point's share or the deadline
+                count = per_block
+                late = self.clock() + max(block, one) > min(until, deadline) or ran >= 1000
+            else:  # the first: whatever the share, cut to the steps that end by the deadline
+                fit = (deadline - self.clock()) / one
+                count = per_block if fit >= per_block else max(0, int(fit))
+                late = count < 1
             if self.agreed(2 * late + (not steady), largest=True) != 1:
                 break  # all steady, or one out of time
+            count = self.agreed(count, largest=False)
+            elapsed, ran = self.timer.seconds(step, count), ran + 1
+            block = elapsed * per_block / count
+            if elapsed > 0:
+                rates.append(count * batch_size / elapsed)
+        rates = rates or [batch_size / one]  # no step of its first block ended by the deadline
         recent = rates[-MIN_BLOCKS:]
         return PointOutcome(
             batch_size,
