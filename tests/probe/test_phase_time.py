@@ -11,13 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.probe.fake_trials import recorded, tune_on
+from torch_autotune.api import tune
 from torch_autotune.evidence import Evidence
+from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe import workers_phase
 from torch_autotune.probe.points import unmeasured_warning
 from torch_autotune.probe.presets import preset
-from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.simulated import SimulatedMachine, SimulatedTrials
+from torch_autotune.probe.trials import PointOutcome, StepSettings
 from torch_autotune.probe.workers_phase import workers_seconds
-from torch_autotune.probe.workloads import resolve_workload
+from torch_autotune.probe.workloads import Workload, resolve_workload
 
 LAPTOP = recorded("cpu-laptop-linux")
 H100 = recorded("h100-80gb-hbm3")
@@ -90,16 +93,17 @@ def test_a_run_that_left_nothing_out_for_time_does_not_ask_for_more() -> None:
 
 
 def test_a_point_left_out_for_time_is_named_with_its_numbers() -> None:
-    """ResNet-50 on the H100 with 30 s: the point at 416 did not fit in the time left. The
-    closing warning said only 'the run used 30 s of its 30 s budget'; it names the point."""
+    """ResNet-50 on the H100 with 30 s: the point at 832 paid the cuDNN autotuner past the
+    phase's end, and timed no step. The closing warning said only 'the run used 30 s of its
+    30 s budget'; it names the point, with the seconds its first step took."""
     machine = preset("h100-resnet50", load_s=None)
     workload = dataclasses.replace(resolve_workload("conv"), dataset=None, name="simulated")
     evidence = tune_on(machine, workload, H100, mode="balanced", budget_s=30).evidence
     assert evidence is not None
     assert (
-        "the run used 30 s of its 30 s budget and left out for time: the throughput point at "
-        "batch 416 (0.4 s predicted, 0.0 s of the run left, none of them kept for later phases);"
-        " more time (--budget) measures more"
+        "the run used 29 s of its 30 s budget and left out for time: the throughput point at "
+        "batch 832 (8.3 s taken by a first step that ran past the phase's end, 0.6 s of the"
+        " run left, 0.6 s of them kept for later phases); more time (--budget) measures more"
     ) in evidence.warnings
     # with 120 s, the same point was left out of the phase's share, and 90 s went unused
     longer = tune_on(machine, workload, H100, mode="speed", budget_s=120).evidence
@@ -141,3 +145,99 @@ def test_the_confirmation_leaves_the_workers_their_share() -> None:
         " settings)"
     ) in evidence.warnings
     assert 20 - _workers_start(evidence) >= workers_seconds("cpu", 20)
+
+
+Started = tuple[float, float, float, PointOutcome]
+"""A point as ``_Points`` saw it: when it began, its ``until`` and ``deadline``, its outcome."""
+
+
+class _Points(SimulatedTrials):
+    """The simulated trials, whose points are kept in ``points``; from the first point on,
+    steps ``slower`` times slower than the search measured (a neighbour's job began on the
+    shared CPU)."""
+
+    slower = 1.0  # set on a runner, as ``points``
+    points: list[Started]
+
+    def point(
+        self, batch_size: int, *, until: float, deadline: float | None = None
+    ) -> PointOutcome:
+        m = self.machine
+        if not any(line.startswith("point") for line in m.log):
+            m.fixed_s, m.per_sample_s = m.fixed_s * self.slower, m.per_sample_s * self.slower
+        assert deadline is not None  # the phases give their end
+        began = m.now
+        point = super().point(batch_size, until=until, deadline=deadline)
+        self.points.append((began, until, deadline, point))
+        return point
+
+
+def _tune_seeing_points(
+    machine: SimulatedMachine,
+    workload: object,
+    snapshot: HardwareSnapshot,
+    slower: float = 1.0,
+    **options: object,
+) -> tuple[Evidence, list[Started]]:
+    """``tune_on`` with ``_Points`` (``slower``): the evidence, and the points as they ran."""
+    points: list[Started] = []
+
+    def trials(workload: Workload, step: StepSettings) -> _Points:
+        runner = _Points(machine, step, workload=workload)
+        runner.points, runner.slower = points, slower
+        return runner
+
+    profile = tune(workload, snapshot=snapshot, clock=machine.clock, trials=trials, **options)  # type: ignore[arg-type]
+    assert profile.evidence is not None
+    return profile.evidence, points
+
+
+@pytest.mark.parametrize(("slower", "budget_s"), [(8.0, 30.0), (8.0, 60.0), (20.0, 45.0)])
+def test_points_slower_than_the_search_end_by_the_phases_end(
+    slower: float, budget_s: float
+) -> None:
+    """The defect: on a busy 2-core CPU, throughput took 14.04 s of its 11.6 s and the workers
+    phase had 3.6 s of its 6 s: a point ran its warm-up, a sizing step and a whole first block
+    before it looked at the clock, so with steps 8-20x slower than the search measured (a
+    neighbour's job began), it ran past the phase's end by blocks of them (23.6 s of an 8.1 s
+    phase, 8x slower with 30 s). No step now begins past the phase's end: the phase ends
+    within its time and the one step under way then, and the workers lose no more than it."""
+    machine = preset("cpu-conv")
+    evidence, points = _tune_seeing_points(machine, "conv", LAPTOP, slower, budget_s=budget_s)
+    throughput = next(p for p in evidence.phases if p.name == "throughput")
+    assert throughput.allowed_s is not None
+    assert points
+    assert all(began < deadline for began, _, deadline, _ in points)  # none began past its end
+    step = machine.step_s(points[-1][3].batch_size, compiled=False)  # as slow as the points ran
+    over = max(0.0, throughput.seconds - throughput.allowed_s)
+    assert over <= step + machine.new_shape_s + 1e-6  # the step under way at its end, if any
+    assert budget_s - _workers_start(evidence) >= workers_seconds("cpu", budget_s) - over - 1e-6
+
+
+def test_a_point_whose_warm_up_spent_its_share_keeps_a_timed_block() -> None:
+    """ResNet-50 on the H100 with 35 s: the point at 832 paid the cuDNN autotuner (8.1 s)
+    past its share of the phase, with 4 s of the phase left; it still times a block and is
+    kept, as before (a cut at its share, reverted, left it out for time). The point at 416
+    then paid it past the phase's end, and ran a block 5.3 s past it; it times no step now,
+    and the closing warning names it with the seconds its first step took."""
+    machine = preset("h100-resnet50", load_s=None)
+    workload = dataclasses.replace(resolve_workload("conv"), dataset=None, name="simulated")
+    evidence, points = _tune_seeing_points(machine, workload, H100, mode="balanced", budget_s=35)
+    at = {
+        point.batch_size: (began, until, deadline, point)
+        for began, until, deadline, point in points
+    }
+    began, until, deadline, point = at[832]
+    assert point.warmup_s is not None
+    assert until < began + point.warmup_s < deadline  # its warm-up spent its share, not the phase
+    assert point.blocks == 1
+    assert [r.blocks for r in evidence.throughput if r.batch_size == 832] == [1]
+    began, until, deadline, point = at[416]
+    assert began < deadline < began + point.seconds  # its warm-up ran past the phase's end
+    assert point.samples_per_s is None
+    assert 416 not in [r.batch_size for r in evidence.throughput]
+    assert any(
+        "the throughput point at batch 416 (8.2 s taken by a first step that ran past the"
+        " phase's end" in warning
+        for warning in evidence.warnings
+    )

@@ -183,8 +183,13 @@ def measure_points(
 ) -> list[ThroughputRecord | int]:
     """A point per size, largest first, sharing the phase's time evenly; an int: that size
     did not fit in memory. A size whose shortest point (warm-up and three steps, predicted)
-    does not fit in what is left of the phase is skipped; a smaller one may still fit.
-    ``variant``: the variant ``runner`` trains, which the records name."""
+    does not fit in what is left of the phase is skipped; a smaller one may still fit. A
+    point's later blocks stop at its share, its first one only at the phase's end
+    (``Trials.point``'s ``deadline``): a warm-up that spent the share (the cuDNN autotuner)
+    still times a block, and steps slower than predicted (a busy CPU) end by the phase's end,
+    unsteady; where the warm-up alone ran to it, no step is timed, and the point is left out
+    for time with the seconds it took. ``variant``: the variant ``runner`` trains, which the
+    records name."""
     results: list[ThroughputRecord | int] = []
     costs = [point_cost(model, size) for size in sizes]
     for i, size in enumerate(sizes):
@@ -196,8 +201,12 @@ def measure_points(
             budget.skip(f"the {phase} point at batch {size}", need)
             continue
         progress(phase, f"batch {size}")
-        point = runner.point(size, until=budget.now() + max(share, need))
+        point = runner.point(size, until=budget.now() + max(share, need), deadline=budget.deadline)
         record = point_record(point, variant=variant)
+        if record is None and point.fits:  # its warm-up ran to the phase's end: no step timed
+            cut = "taken by a first step that ran past the phase's end"
+            budget.skip(f"the {phase} point at batch {size}", point.seconds, basis=cut)
+            continue
         results.append(size if record is None else record)
     return results
 
