@@ -93,17 +93,17 @@ def test_a_run_that_left_nothing_out_for_time_does_not_ask_for_more() -> None:
 
 
 def test_a_point_left_out_for_time_is_named_with_its_numbers() -> None:
-    """ResNet-50 on the H100 with 30 s: the point at 832 paid the cuDNN autotuner past the
-    phase's end, and timed no step. The closing warning said only 'the run used 30 s of its
-    30 s budget'; it names the point, with the seconds its first step took."""
+    """ResNet-50 on the H100 with 30 s: the point at 416 did not fit in the time left, with
+    the cuDNN autotuner's warm-up the two points before it paid (8.1 s each). The closing
+    warning said only 'the run used 30 s of its 30 s budget'; it names the point."""
     machine = preset("h100-resnet50", load_s=None)
     workload = dataclasses.replace(resolve_workload("conv"), dataset=None, name="simulated")
     evidence = tune_on(machine, workload, H100, mode="balanced", budget_s=30).evidence
     assert evidence is not None
     assert (
-        "the run used 29 s of its 30 s budget and left out for time: the throughput point at "
-        "batch 832 (8.3 s taken by a first step that ran past the phase's end, 0.6 s of the"
-        " run left, 0.6 s of them kept for later phases); more time (--budget) measures more"
+        "the run used 30 s of its 30 s budget and left out for time: the throughput point at "
+        "batch 416 (8.4 s predicted, 0.4 s of the run left, 0.4 s of them kept for later"
+        " phases); more time (--budget) measures more"
     ) in evidence.warnings
     # with 120 s, the same point was left out of the phase's share, and 90 s went unused
     longer = tune_on(machine, workload, H100, mode="speed", budget_s=120).evidence
@@ -218,8 +218,10 @@ def test_a_point_whose_warm_up_spent_its_share_keeps_a_timed_block() -> None:
     """ResNet-50 on the H100 with 35 s: the point at 832 paid the cuDNN autotuner (8.1 s)
     past its share of the phase, with 4 s of the phase left; it still times a block and is
     kept, as before (a cut at its share, reverted, left it out for time). The point at 416
-    then paid it past the phase's end, and ran a block 5.3 s past it; it times no step now,
-    and the closing warning names it with the seconds its first step took."""
+    then began with 3.3 s of the phase left, its warm-up predicted from the search's (which
+    trains without the autotuner) at 0.3 s: it ran 4.9 s past the phase's end, and the run
+    took 38.7 s of its 35. It is now predicted with the autotuner's warm-up the points
+    before it paid, and left out for time: the run ends within its budget."""
     machine = preset("h100-resnet50", load_s=None)
     workload = dataclasses.replace(resolve_workload("conv"), dataset=None, name="simulated")
     evidence, points = _tune_seeing_points(machine, workload, H100, mode="balanced", budget_s=35)
@@ -232,12 +234,26 @@ def test_a_point_whose_warm_up_spent_its_share_keeps_a_timed_block() -> None:
     assert until < began + point.warmup_s < deadline  # its warm-up spent its share, not the phase
     assert point.blocks == 1
     assert [r.blocks for r in evidence.throughput if r.batch_size == 832] == [1]
-    began, until, deadline, point = at[416]
-    assert began < deadline < began + point.seconds  # its warm-up ran past the phase's end
-    assert point.samples_per_s is None
-    assert 416 not in [r.batch_size for r in evidence.throughput]
+    assert 416 not in at
+    assert machine.now <= 35
     assert any(
-        "the throughput point at batch 416 (8.2 s taken by a first step that ran past the"
-        " phase's end" in warning
+        "the throughput point at batch 416 (8.4 s predicted, 4.6 s of the run left" in warning
         for warning in evidence.warnings
     )
+
+
+def test_a_point_whose_autotuner_ran_past_the_phases_end_times_one_step() -> None:
+    """ResNet-50 on the H100 with 30 s: the point at 832 began with less of the phase left
+    than the cuDNN autotuner's 8.1 s (the second point: the first one's warm-up, which may
+    be a compile's, predicts nothing). The warm-up is paid, so one step after it is timed,
+    its one block, and the point is kept: the phase ends one step past its end."""
+    machine = preset("h100-resnet50", load_s=None)
+    workload = dataclasses.replace(resolve_workload("conv"), dataset=None, name="simulated")
+    evidence, points = _tune_seeing_points(machine, workload, H100, mode="balanced", budget_s=30)
+    at = {point.batch_size: (began, deadline, point) for began, _, deadline, point in points}
+    began, deadline, point = at[832]
+    assert point.warmup_s is not None
+    assert began < deadline < began + point.warmup_s  # its warm-up ran past the phase's end
+    assert point.blocks == 1
+    assert point.seconds == pytest.approx(point.warmup_s + 2 * machine.step_s(832, compiled=False))
+    assert [r.blocks for r in evidence.throughput if r.batch_size == 832] == [1]

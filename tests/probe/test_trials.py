@@ -290,20 +290,50 @@ def test_a_point_whose_steps_run_slow_ends_by_its_phases_end(
 
 
 @pytest.mark.parametrize("deadline", [14.6, 5.0])
-def test_a_warm_up_past_its_share_times_a_block_where_the_phase_has_time(deadline: float) -> None:
+def test_a_warm_up_past_its_share_times_a_block_where_the_phase_has_time(
+    deadline: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A first step that pays the cuDNN autotuner (8 s) spends the point's share (2 s). Where
     the phase's end (``deadline``) is still ahead, the point times its first block whole and
     is kept, as before: cutting it at its share left such points out of a GPU's runs. Where
-    the warm-up ran past the phase's end, no step follows it, and the point has no rate."""
+    the warm-up ran past the phase's end, the one step after it is timed, the point's one
+    block (its 8 s are paid; a step more makes them a point), and nothing more runs."""
+    monkeypatch.setattr(trials, "one_off_warmup", lambda _settings: True)  # a GPU's autotuner
     workload = Timed(OomAt(), adam, step_s=0.1, first_s=8.0)
     point = _point(workload, 2.0, deadline)
     assert point.fits
-    assert all(began < deadline for began in workload.began)  # no step began past it
+    assert point.blocks == 1
+    assert point.samples_per_s == pytest.approx(8 / 0.1)
     if deadline > workload.first_s:
-        assert point.blocks == 1
-        assert point.samples_per_s == pytest.approx(8 / 0.1)
+        assert all(began < deadline for began in workload.began)  # no step began past it
         assert workload.now == pytest.approx(8.0 + 0.1 + 3 * 0.1)  # sizing, a block of 3
     else:
-        assert point.samples_per_s is None
-        assert len(workload.began) == 1
-        assert point.seconds == pytest.approx(8.0)
+        assert len(workload.began) == 2  # the warm-up and the sizing step
+        assert workload.now == pytest.approx(8.0 + 0.1)
+
+
+def test_a_cpu_warm_up_past_the_phases_end_times_no_step() -> None:
+    """On a CPU in eager mode the first step pays nothing of its own: where it ran past the
+    phase's end (a neighbour's load made steps 20x slower), the step after it would be as long
+    again, so none runs, and the point has no rate."""
+    workload = Timed(OomAt(), adam, step_s=4.0, first_s=4.0)
+    point = _point(workload, 2.0, 3.0)
+    assert point.fits
+    assert point.samples_per_s is None
+    assert len(workload.began) == 1
+    assert point.seconds == pytest.approx(4.0)
+
+
+def test_a_first_step_pays_a_cost_of_its_own_where_it_compiles_or_the_autotuner_times() -> None:
+    defaults = StepSettings().settings
+    on_gpu = defaults.model_copy(update={"device": "cuda"})
+    autotuner = on_gpu.model_copy(
+        update={"backends": on_gpu.backends.model_copy(update={"cudnn_benchmark": True})}
+    )
+    compiles = defaults.model_copy(
+        update={"compile": defaults.compile.model_copy(update={"enabled": True})}
+    )
+    assert trials.one_off_warmup(StepSettings(autotuner))
+    assert trials.one_off_warmup(StepSettings(compiles))
+    assert not trials.one_off_warmup(StepSettings(on_gpu))  # no autotuner: a step
+    assert not trials.one_off_warmup(StepSettings(defaults))  # the CPU, eager

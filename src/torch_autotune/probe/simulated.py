@@ -358,14 +358,14 @@ class SimulatedTrials:
             return PointOutcome(batch_size, False, seconds=m.now - began)
         step, peak = m.step_s(batch_size, **self._how), self._peak(batch_size)
         m.advance(warmup + step)
-        if m.now >= hard:  # its warm-up ran to the deadline: no step is timed (as a real one)
+        if m.now >= hard and not (self.is_compiled or self.benchmark):  # ``one_off_warmup``
             return PointOutcome(batch_size, True, peak_memory_bytes=peak, seconds=m.now - began)
         m.advance(step)
         per_block, amplitude = max(1, math.ceil(0.25 / step)), m.noise.get(batch_size, 0.0)
         sized = [batch_size / step * (1 - amplitude)]  # the sizing step, where it is a block
         rates: list[float] = sized if per_block == 1 else []
         fit, steady, ran = (hard - m.now) / step, False, 0
-        count = per_block if fit >= per_block else int(fit)  # the first block: to the deadline
+        count = per_block if fit >= per_block else max(0, int(fit))  # the first: to the deadline
         while count and not steady and (not ran or m.now + count * step <= min(until, hard)):
             m.advance(count * step)
             sign = 1 if len(rates) % 2 else -1

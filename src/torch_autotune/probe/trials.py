@@ -122,6 +122,14 @@ def spread(rates: Sequence[float]) -> float:
     return (max(rates) - min(rates)) / middle if middle > 0 else math.inf
 
 
+def one_off_warmup(settings: StepSettings) -> bool:
+    """Whether a new shape's first step pays a cost of its own beyond a step: compiling it, or
+    the cuDNN autotuner timing its kernels on a GPU (seconds, where a step takes a fraction of
+    one). On a CPU in eager mode the first step is a step."""
+    autotuner = settings.device == "cuda" and settings.cudnn_benchmark
+    return settings.settings.compile.enabled or autotuner
+
+
 class TrialRunner:
     """Real training steps at one batch size: ``runner(batch_size)`` (a search trial) and
     ``runner.point(batch_size, until=...)`` (steady throughput).
@@ -358,10 +366,14 @@ class TrialRunner:
         autotuner), the second, timed, sizes the blocks (where a step is as long as a block, it
         is the first block). The first block runs whatever ``until`` says (a warm-up that spent
         the point's share still gets its one block), but only against ``deadline`` (the
-        phase's end, None: none), which no step is begun past and no block ends past: the
+        phase's end, None: none), which no block is begun past and no block ends past: the
         first block is cut to the steps that end by then, and where none does, the sizing step
-        stands as its one block; where the warm-up ran to the deadline, no step is timed and
-        the point has no rate (``samples_per_s`` None).
+        stands as its one block. Where the warm-up ran past the deadline, no step is timed and
+        the point has no rate (``samples_per_s`` None), but where that warm-up paid a cost of
+        its own (``one_off_warmup``: 8.1 s of the cuDNN autotuner, recorded on an H100, for a
+        step of 0.2 s at ResNet-50's batch 832), the sizing step still runs, the point's one
+        block: the cost is paid, and one step makes it a point. On a CPU, whose first step is
+        a step, that step could be as long again (a neighbour's load).
         """
         import torch
 
@@ -408,7 +420,8 @@ class TrialRunner:
     ) -> PointOutcome:
         """``point``'s blocks; ``ends``: (``until``, ``deadline``)."""
         (step, first), (until, deadline) = warm, ends
-        if self.agreed(int(self.clock() >= deadline), largest=True):  # its warm-up ran to it
+        past = self.clock() >= deadline and not one_off_warmup(self.settings)
+        if self.agreed(int(past), largest=True):  # its warm-up ran to it: see ``point``
             return PointOutcome(batch_size, True)
         one = max(self.timer.seconds(step), 1e-9)
         per_block = self.agreed(max(1, math.ceil(block_s / one)), largest=True)
