@@ -123,11 +123,11 @@ def spread(rates: Sequence[float]) -> float:
 
 
 def one_off_warmup(settings: StepSettings) -> bool:
-    """Whether a new shape's first step pays a cost of its own beyond a step: compiling it, or
-    the cuDNN autotuner timing its kernels on a GPU (seconds, where a step takes a fraction of
-    one). On a CPU in eager mode the first step is a step."""
-    autotuner = settings.device == "cuda" and settings.cudnn_benchmark
-    return settings.settings.compile.enabled or autotuner
+    """Whether a new shape's first step pays more than a step: a compile, or the cuDNN
+    autotuner on a GPU (seconds, for steps of a fraction of one); on a CPU, eager, it is one."""
+    return settings.settings.compile.enabled or (
+        settings.device == "cuda" and settings.cudnn_benchmark
+    )
 
 
 class TrialRunner:
@@ -306,10 +306,8 @@ class TrialRunner:
         return max(0.0, first - steady), steady
 
     def __call__(self, batch_size: int) -> TrialOutcome:
-        """A trial: ``settings.steps`` steps at ``batch_size``. On the CPU under
-        --memory-limit its peak is held to the runner's one baseline plus the cap
-        (``_baseline``), as every other trial's is, so that what the evidence records (the
-        peaks, the limit) is on one footing."""
+        """A trial: ``settings.steps`` steps at ``batch_size``; on the CPU under --memory-limit
+        its peak is held to the runner's one baseline plus the cap (``_baseline``)."""
         import torch
 
         device = self.settings.device
@@ -336,13 +334,10 @@ class TrialRunner:
         )
 
     def _baseline(self, torch: Any, held: int | None) -> int | None:
-        """What the process held once its first trial had run: the model built, and what
-        torch's first step keeps for good (its kernels' code and scratch, about 0.1 GiB for a
-        small convnet on the CPU), which lies outside --memory-limit as the CUDA context does
-        on a GPU. Read once, after the runner's first trial (``held``: what the process held
-        as that trial began, the least it can be), and kept: a trial's growth over what the
-        process held as it began would let each later trial peak past the limit the evidence
-        records by what the process kept from the trials before it."""
+        """What the process held once its first trial had run (``held``: as it began, the
+        least): the model, and what torch's first step keeps for good (about 0.1 GiB for a
+        small convnet), outside --memory-limit as the CUDA context is on a GPU. One for every
+        trial: each one's growth from its own start let later trials peak past the limit."""
         if held is None:  # no peak of the trial's own (the mark cannot be reset)
             return None
         if self.baseline_bytes is None:
@@ -359,21 +354,16 @@ class TrialRunner:
         max_spread: float = MAX_SPREAD,
     ) -> PointOutcome:
         """Train at ``batch_size`` until ``MIN_BLOCKS`` timed blocks in a row agree within
-        ``max_spread``, or until the next block would end past ``until`` (the point's share of
-        its phase; then the point is not steady).
-
-        Two steps come first: the first pays the new shape's warm-up (compile, the cuDNN
-        autotuner), the second, timed, sizes the blocks (where a step is as long as a block, it
-        is the first block). The first block runs whatever ``until`` says (a warm-up that spent
-        the point's share still gets its one block), but only against ``deadline`` (the
-        phase's end, None: none), which no block is begun past and no block ends past: the
-        first block is cut to the steps that end by then, and where none does, the sizing step
-        stands as its one block. Where the warm-up ran past the deadline, no step is timed and
-        the point has no rate (``samples_per_s`` None), but where that warm-up paid a cost of
-        its own (``one_off_warmup``: 8.1 s of the cuDNN autotuner, recorded on an H100, for a
-        step of 0.2 s at ResNet-50's batch 832), the sizing step still runs, the point's one
-        block: the cost is paid, and one step makes it a point. On a CPU, whose first step is
-        a step, that step could be as long again (a neighbour's load).
+        ``max_spread``, or until the next block would end past ``until`` (its share of its phase;
+        then the point is not steady). Two steps come first: the first pays the new shape's warm-up
+        (compile, the cuDNN autotuner), the second, timed, sizes the blocks (where a step is as long
+        as a block, it is the first block). The first block runs whatever ``until`` says (a warm-up
+        that spent the point's share still gets its one block), but only against ``deadline`` (the
+        phase's end, None: none), which no block is begun past and no block ends past: the first
+        block is cut to the steps that end by then, and where none does, the sizing step stands as
+        its one block. Where the warm-up ran past the deadline, no step is timed (no rate), but
+        where it paid more than a step (``one_off_warmup``: the cuDNN autotuner's 8.1 s on an H100,
+        for steps of 0.2 s) the sizing step runs, the point's one block.
         """
         import torch
 
