@@ -97,6 +97,7 @@ def disagreements(profile: Profile) -> list[str]:
     found += _compile_claims(evidence, text)
     found += _fed_batch_claims(profile, evidence)
     found += _fed_why_claims(profile, evidence, text)
+    found += _fed_compared_claims(profile, evidence, text)
     found += _own_pass_claims(profile, evidence, text)
     found += _accumulation_claims(profile, text)
     found += _worker_claims(profile, evidence, text)
@@ -344,7 +345,8 @@ def _fed_why_claims(profile: Profile, evidence: Evidence, text: str) -> list[str
         found.append(f"the summary says {_UNTIMED}: it ran at {step:,.0f} samples/s")
     if _FEWER in said:
         points = re.search(
-            r"the step's throughput points ran at (?:torch's default \()?(\d+) threads?",
+            r"(?:the step's throughput points ran|the batch chosen for it,) at "
+            r"(?:torch's default \()?(\d+) threads?",
             _reason(profile, "batch.batch_size"),
         )
         threads = profile.settings.cpu_threads
@@ -352,6 +354,33 @@ def _fed_why_claims(profile: Profile, evidence: Evidence, text: str) -> list[str
             found.append(f"the summary says {_FEWER}: the profile sets {threads}")
     if sum(words in said for words in (_BELOW, _FEWER, _UNTIMED)) != 1:
         found.append(f"the summary does not say why the fed passes chose the batch: '{said}'")
+    return found
+
+
+_AS_FAST = "the smallest batch as fast fed by the DataLoader"
+
+
+def _fed_compared_claims(profile: Profile, evidence: Evidence, text: str) -> list[str]:
+    """A batch said the smallest as fast as the others fed needs others: the summary's, at
+    least two sizes fed by the profile's workers; the batch reason's 'smallest within 2%', two
+    sizes in its trace. Where the points are said to have chosen the step's batch, a steady
+    point chose it (the summary's fastest batch is not 'not measured')."""
+    choice, reason = evidence.batch_choice, _reason(profile, "batch.batch_size")
+    if choice is None or not any(f.dataloader for f in evidence.fed):
+        return []
+    workers = profile.settings.dataloader.num_workers
+    sizes = {f.batch_size for f in evidence.fed if f.num_workers == workers and f.samples_per_s}
+    found = []
+    if _AS_FAST in (_row(text, "recommended") or "") and len(sizes) < 2:
+        found.append(f"the summary says {_AS_FAST}: it fed {sorted(sizes)}")
+    trace = re.search(
+        r"the smallest within 2% of the best rate of .*? worker\(s\): (.*?) samples", reason
+    )
+    if trace is not None and len(set(re.findall(r"(\d+): ", trace.group(1)))) < 2:
+        found.append(f"the fed batch reason says the smallest within 2% of {trace.group(1)}")
+    chose = re.search(r"throughput points ran at .*? and chose batch (\d+)", reason)
+    if chose is not None and choice.chosen_by != "fastest point":
+        found.append(f"the fed batch reason says the points chose {chose.group(1)}: none steady")
     return found
 
 
@@ -648,6 +677,27 @@ def _time_claims(evidence: Evidence) -> list[str]:
         named = {int(size) for size in listed.split(", ")}
         if not named <= ran:
             found.append(f"batches {sorted(named - ran)} are said measured; no point ran them")
+    return found + _rule_claims(evidence)
+
+
+def _rule_claims(evidence: Evidence) -> list[str]:
+    """The CPU's note on the candidates it left out says that a smaller batch trains as fast
+    as a rule of thumb, or as this run's steady points showed it, with their rates."""
+    found = []
+    for said in (w for w in evidence.warnings if "not measured for throughput:" in w):
+        did = re.search(rf"steady points did: {_RATE} at (\d+), ([\d,.]+) at (\d+)", said)
+        if did is None:
+            if "a rule of thumb, not measured in this run" not in said:
+                found.append(f"the CPU note says, unmeasured, '{said[-120:]}'")
+            continue
+        low, small, high, large = did.groups()
+        steady = {r.batch_size: r.samples_per_s for r in evidence.throughput if r.steady}
+        if not (
+            _same_rate(low, steady.get(int(small))) and _same_rate(high, steady.get(int(large)))
+        ):
+            found.append(f"the CPU note's points {low} at {small}, {high} at {large}: none steady")
+        elif float(low.replace(",", "")) < float(high.replace(",", "")):
+            found.append(f"the CPU note says {small} trains as fast as {large}: it ran slower")
     return found
 
 
@@ -1220,3 +1270,64 @@ def test_a_compiled_choice_records_the_largest_its_own_search_trained(
         "107 (limited by memory: batch 108 ran out of memory); 63 compiled"
     )
     assert disagreements(profile) == []
+
+
+def _fed_at_one_size(profile: Profile, size: int) -> Profile:
+    """The profile as if its workers had fed training at ``size`` alone (the time left held
+    no pass at another size)."""
+    evidence = profile.evidence
+    assert evidence is not None
+    fed = tuple(f for f in evidence.fed if f.batch_size == size)
+    return profile.model_copy(update={"evidence": evidence.model_copy(update={"fed": fed})})
+
+
+def test_a_batch_fed_at_one_size_is_not_said_the_smallest_as_fast(data_bound: Profile) -> None:
+    """The conv net with 30 s on a 2-core CPU fed batch 128 alone (a pass at 64 did not fit in
+    the 1 s left), and the summary said 'the smallest batch as fast fed by the DataLoader'."""
+    assert _AS_FAST in (_row(summary(data_bound), "recommended") or "")  # 512, 256 and 128 fed
+    alone = _fed_at_one_size(data_bound, 256)
+    recommended = _row(summary(alone), "recommended") or ""
+    assert _AS_FAST not in recommended
+    assert "the only batch fed by the DataLoader with these workers" in recommended
+    assert alone.evidence is not None
+    assert _fed_compared_claims(alone, alone.evidence, summary(alone)) == []
+
+
+def test_the_checker_finds_a_smallest_as_fast_of_one_size(data_bound: Profile) -> None:
+    one = _rate_changed(data_bound, "batch.batch_size", "512: 443, 256: 438, 128: 429", "256: 438")
+    wrong = disagreements(one)
+    assert any("the fed batch reason says the smallest within 2% of 256: 438" in d for d in wrong)
+
+
+def test_the_checker_finds_points_said_to_choose_where_none_was_steady(
+    fewer_threads: Profile,
+) -> None:
+    """With no steady point, the reason said 'the step's throughput points ... chose batch
+    50' beside the summary's 'fastest batch: not measured'."""
+    reason = _reason(fewer_threads, "batch.batch_size")
+    said = re.search(r"the step alone ran at .*? the batch chosen for it, at (.*?);", reason)
+    assert said is not None
+    assert fewer_threads.evidence is not None
+    size = fewer_threads.evidence.fastest_batch_size
+    old = f"the step's throughput points ran at {said.group(1)} and chose batch {size};"
+    unsteady = _with_choice(
+        _with_reason(fewer_threads, "batch.batch_size", reason.replace(said.group(0), old)),
+        chosen_by="fastest unsteady point",
+    )
+    assert any(f"the points chose {size}: none steady" in d for d in disagreements(unsteady))
+
+
+def test_the_checker_finds_a_cpu_note_that_says_unmeasured_what_a_smaller_batch_does(
+    steady: Profile,
+) -> None:
+    assert steady.evidence is not None
+    note = (
+        "batches 8 and 4 were not measured for throughput: the shortest points of every "
+        "candidate (15.0 s predicted, 18.5 s of the run left, 11.6 s of them kept for later "
+        "phases) did not fit in the phase, and on a CPU a smaller batch trains as fast or "
+        "faster; the smaller ones were measured ({})"
+    )
+    sizes = ", ".join(str(r.batch_size) for r in steady.evidence.throughput)
+    warnings = (*steady.evidence.warnings, note.format(sizes))
+    wrong = _time_claims(steady.evidence.model_copy(update={"warnings": warnings}))
+    assert any("the CPU note says, unmeasured" in d for d in wrong), wrong

@@ -185,9 +185,10 @@ def test_at_fewer_threads_than_the_points_ran_at_the_smaller_batches_are_fed_aga
     assert (choice.num_workers, choice.batch_size) == (0, 32)
     assert choice.batch_reason is not None
     assert choice.batch_reason.startswith(
-        "32: the step's throughput points ran at torch's default (2 threads) and chose batch "
-        "128; training fed by the DataLoader trains at 1 thread (cpu_threads), where the batch "
-        "was fed again, so the batch is the smallest within 2% of the best rate"
+        "32: the step alone ran at 62.2 samples/s at batch 128, the batch chosen for it, at "
+        "torch's default (2 threads); training fed by the DataLoader trains at 1 thread "
+        "(cpu_threads), where the batch was fed again, so the batch is the smallest within 2% "
+        "of the best rate"
     )
     assert choice.batch_why == "fewer threads"  # not below the step alone: 138 against 62
 
@@ -725,3 +726,40 @@ def test_a_choice_that_leaves_the_plain_alternative_fed_faster_in_both_rounds(
     mine = [r for r in rates[(choice.num_workers, picked)] if r is not None]
     assert len(mine) == 2
     assert min(mine) > max(r for r in rates[plain] if r is not None) * (1 + FED_WITHIN)
+
+
+def test_a_batch_fed_alone_for_time_is_said_as_what_ran() -> None:
+    """A conv net with batch norm on 2 busy cores: no throughput point was steady, batch 50
+    stood for the fastest (49.7 samples/s at torch's 2 threads, noisy), and only batch 25's
+    passes fit. The reason said the points "chose batch 50" where the summary said the
+    fastest batch was not measured, "the smallest within 2%" where one size was fed, and that
+    batch 50 was not fed without why a smaller one stands for it."""
+    fake = FakeFed({(25, 2): 159.6, (25, 0): 21.5, (50, 2): 160.0, (50, 0): 22.0})
+    choice = choose_fed(
+        fake,
+        sizes=(50, 25),
+        counts=fed_order(2, {0: 7112.8}),
+        loader_rates={0: 7112.8},
+        step_rates={50: 49.7},
+        threads_for=_threads,
+        until=pass_seconds(25, 2, 49.7) + pass_seconds(25, 0, 21.5) + 3,
+        clock=fake.clock,
+        default_threads=2,
+    )
+    assert fake.calls == [(25, 2, 1), (25, 0, None)]
+    assert (choice.batch_size, choice.batch_why) == (25, "fewer threads")
+    reason = choice.batch_reason or ""
+    assert "chose batch" not in reason
+    assert "smallest within" not in reason
+    assert reason.startswith(
+        "25: the step alone ran at 49.7 samples/s at batch 50, the batch chosen for it, at "
+        "torch's default (2 threads);"
+    )
+    assert (
+        "so the batch is the only size training fed by 2 worker(s) ran at, with no other to "
+        "compare: 25: 160 samples/s"
+    ) in reason
+    assert (
+        "batch 50 itself was not fed: its passes would not fit in the time, and the passes fed "
+        "within 2% of the most it could train at, 49.7 samples/s (its step alone)"
+    ) in reason

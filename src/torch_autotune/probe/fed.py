@@ -65,6 +65,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from math import inf
 
 from torch_autotune.evidence import FedWhy
 from torch_autotune.probe.fed_passes import (
@@ -164,12 +165,12 @@ def choose_fed(
     retimed = _retimed(picked, default_threads)
     step_limits = run.step_rate is not None and run.best >= run.step_rate * (1 - FED_WITHIN)
     if (step_limits and retimed is None) or (
-        at != sizes[0] and not _as_fast_as_the_step_could_be(run, sizes[0])
+        at != sizes[0]
+        and run.best < (_could_train(run, sizes[0]) or (inf, ""))[0] * (1 - FED_WITHIN)
     ):
         # The step limits: its batch. Or no pass fed the step's own batch (it would not fit in
         # the time left), and the smaller batch fed slower than that batch could train at
-        # (its step alone, or its loader alone where that is slower): nothing measured says it
-        # is as fast, so the step's batch stays.
+        # (``_could_train``): nothing measured says it is as fast, so the step's batch stays.
         reason = _workers_reason(run, picked, at, loader_rates, second) + _unfed(sizes[0], at)
         trials = tuple(run.trials)
         return FedChoice(workers, sizes[0], trials, reason, None, threads)
@@ -249,17 +250,13 @@ def _unfed(recommended: int, at: int) -> str:
     )
 
 
-def _as_fast_as_the_step_could_be(run: Passes, batch_size: int) -> bool:
-    """Whether the best pass is within ``FED_WITHIN`` of the most that training at
-    ``batch_size``, never fed, could reach: its step alone, or the fastest loader alone where
-    that is slower (feeding never makes either faster); False where neither is known."""
-    assert run.best is not None
-    bounds = [
-        r
-        for r in (run.step_rates.get(batch_size), max(run.loader_rates.values(), default=None))
-        if r
-    ]
-    return bool(bounds) and run.best >= min(bounds) * (1 - FED_WITHIN)
+def _could_train(run: Passes, batch_size: int) -> tuple[float, str] | None:
+    """The most that training at ``batch_size``, never fed, could reach, and what bounds it:
+    its step alone, or the fastest loader alone where slower (feeding never makes either
+    faster); None where neither is known."""
+    step, loader = run.step_rates.get(batch_size), max(run.loader_rates.values(), default=None)
+    bounds = [(r, what) for r, what in ((step, "its step"), (loader, "the loader")) if r]
+    return min(bounds) if bounds else None
 
 
 def _feed_sizes(
@@ -390,12 +387,13 @@ def _batch_reason(
         for t in run.trials
         if _pair(t) == _pair(chosen)
     )
-    if retimed is not None:
+    if retimed is not None and run.step_rate is not None:
         why = "fewer threads"
         below = (
-            f"the step's throughput points ran at {threads_text(None, retimed)} and chose batch "
-            f"{batch_size}; training fed by the DataLoader trains at "
-            f"{threads_text(chosen.threads)} (cpu_threads), where the batch was fed again"
+            f"the step alone ran at {fmt_rate(run.step_rate)} samples/s at batch {batch_size}, "
+            f"the batch chosen for it, at {threads_text(None, retimed)}; training fed by the "
+            f"DataLoader trains at {threads_text(chosen.threads)} (cpu_threads), where the batch "
+            "was fed again"
         )
     elif run.step_rate is None:
         why = "step not timed"
@@ -408,14 +406,20 @@ def _batch_reason(
             f"{fmt_rate(run.step_rate)} samples/s at batch {batch_size}, the batch chosen for "
             f"it): {_why_below(run, chosen)}"
         )
-    text = (
-        f"{chosen.batch_size}: {below}, so the batch is the smallest within {FED_WITHIN:.0%} of "
-        f"the best rate of training fed by {chosen.num_workers} worker(s): {trace} samples/s"
-    )
+    many = len({t.batch_size for t in run.trials if t.ok and _pair(t) == _pair(chosen)}) > 1
+    fed_by = f"training fed by {chosen.num_workers} worker(s)"
+    which = f"the smallest within {FED_WITHIN:.0%} of the best rate of {fed_by}"
+    which = which if many else f"the only size {fed_by} ran at, with no other to compare"
+    text = f"{chosen.batch_size}: {below}, so the batch is {which}: {trace} samples/s"
     for note in run.notes:
         text += f"; {note}"
-    if all(t.batch_size != batch_size for t in run.trials):
-        text += f"; batch {batch_size} itself was not fed: its passes would not fit in the time"
+    bound = _could_train(run, batch_size)
+    if all(t.batch_size != batch_size for t in run.trials) and bound is not None:
+        text += (
+            f"; batch {batch_size} itself was not fed: its passes would not fit in the time, and"
+            f" the passes fed within {FED_WITHIN:.0%} of the most it could train at, "
+            f"{fmt_rate(bound[0])} samples/s ({bound[1]} alone)"
+        )
     if run.stop is not None:
         text += f"; {run.stop}"
     return why, text

@@ -202,6 +202,9 @@ _FED_WHY = {  # ``BatchChoice.fed_why``: what the passes measured that made them
 }
 
 
+_FED_ALONE = "the only batch fed by the DataLoader with these workers, which it trained in with"
+_FED_ALONE += " these settings"
+
 _OWN_PASS = (
     "it trained on its own batches at the CPU threads its passes chose, within 2% of the"
     " fastest, with these settings"
@@ -243,6 +246,10 @@ def _recommended(profile: Profile, evidence: Evidence) -> str:
         if choice.fed and not any(f.dataloader for f in evidence.fed):  # ``probe.own_threads``
             confirmed = _OWN_PASS
         elif choice.fed and choice.fed_why is not None:
+            workers = profile.settings.dataloader.num_workers
+            fed = [f for f in evidence.fed if f.num_workers == workers and f.samples_per_s]
+            if len({f.batch_size for f in fed}) < 2:
+                confirmed = _FED_ALONE  # no other size was fed to compare it with
             confirmed = f"{_FED_WHY[choice.fed_why]}: {confirmed}"
         if choice.compiled != profile.settings.compile.enabled:
             confirmed = confirmed.replace("with these settings", except_compile(choice.compiled))
