@@ -428,7 +428,7 @@ def test_on_a_slow_cpu_the_smaller_candidates_are_measured_where_all_would_not_f
     assert rate >= largest / machine.step_s(largest, compiled=False) * 0.97
     assert any(
         w.startswith((f"batch {largest} was not", f"batches {largest} and "))
-        and "on a CPU a smaller batch trains as fast" in w
+        and "on a CPU a smaller batch often trains as fast" in w
         for w in evidence.warnings
     )
     assert evidence.elapsed_s <= evidence.budget_s

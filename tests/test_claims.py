@@ -237,6 +237,9 @@ def _fastest_row(evidence: Evidence, row: str) -> list[str]:
         found.append(f"the summary's best {best} at {at}: no steady point of its kind")
     if row.endswith(", compiled") != kind:
         found.append(f"the fastest batch says compiled: {row.endswith(', compiled')}")
+    measured = {r.batch_size for r in evidence.throughput if r.compiled == kind}
+    if (f"({results.ONE_SIZE})" in row) != (len(measured) == 1):
+        found.append(f"the fastest batch '{row}', where points measured {sorted(measured)}")
     return found
 
 
@@ -1331,3 +1334,25 @@ def test_the_checker_finds_a_cpu_note_that_says_unmeasured_what_a_smaller_batch_
     warnings = (*steady.evidence.warnings, note.format(sizes))
     wrong = _time_claims(steady.evidence.model_copy(update={"warnings": warnings}))
     assert any("the CPU note says, unmeasured" in d for d in wrong), wrong
+
+
+def test_a_fastest_batch_of_one_point_says_nothing_was_compared() -> None:
+    """The 2-core CPU with 15 s: one throughput point ran (batch 128, steady). 'fastest batch
+    128 at 36 samples/s' said it was the fastest of sizes never measured: it now says it is
+    the only size a point measured, and the checker holds the words to the points."""
+    profile = tune_on(preset("cpu-conv"), "conv", recorded("cpu-laptop-linux"), budget_s=15)
+    assert profile.evidence is not None
+    assert {r.batch_size for r in profile.evidence.throughput} == {128}
+    assert f"128 at {choice_rate(profile)} samples/s ({results.ONE_SIZE})" in summary(profile)
+    assert disagreements(profile) == []
+    with pytest.MonkeyPatch.context() as patch:  # the row as it read
+        patch.setattr(results, "_fastest", lambda e: f"128 at {choice_rate(profile)} samples/s")
+        said = disagreements(profile)
+    assert any("the fastest batch" in claim for claim in said)
+
+
+def choice_rate(profile: Profile) -> str:
+    """The chosen point's rate as the summary writes it."""
+    assert profile.evidence is not None
+    assert profile.evidence.batch_choice is not None
+    return f"{profile.evidence.batch_choice.samples_per_s or 0:,.0f}"

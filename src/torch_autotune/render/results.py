@@ -176,13 +176,17 @@ def _fastest(evidence: Evidence) -> str:
     if choice.chosen_by in ("largest point", "fastest unsteady point"):
         return "not measured: no throughput point was steady"
     text = f"{evidence.fastest_batch_size} at {choice.samples_per_s or 0:,.0f} samples/s"
-    if choice.best_batch_size not in (None, evidence.fastest_batch_size):
+    if len({r.batch_size for r in evidence.throughput if r.compiled == choice.compiled}) == 1:
+        text += f" ({ONE_SIZE})"  # fastest of one: nothing was compared
+    elif choice.best_batch_size not in (None, evidence.fastest_batch_size):
         text += (
             f" (within 3% of the best, {choice.best_samples_per_s or 0:,.0f} samples/s at"
             f" {choice.best_batch_size})"
         )
     return text + (", compiled" if choice.compiled else "")
 
+
+ONE_SIZE = "the only size a throughput point measured"
 
 _CONFIRMED = {
     "its point": "its throughput point ran after the search, with these settings",
