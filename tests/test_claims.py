@@ -412,6 +412,10 @@ def _own_pass_claims(profile: Profile, evidence: Evidence, text: str) -> list[st
     found = []
     if not any((f.batch_size, f.cpu_threads) == (batch, threads) for f in ran):
         found.append(f"the summary says {batch} trained on its own batches: none at {threads}")
+    listed = re.search(r"; batch(?:es)? ([\d, and]+) ran at (\d+) threads?", said)
+    at_threads = {f.batch_size for f in evidence.fed if listed and f.cpu_threads == threads}
+    if listed and {int(n) for n in re.findall(r"\d+", listed.group(1))} != at_threads:
+        found.append(f"the summary says {listed.group(0)[2:]}: {sorted(at_threads)} did")
     at = evidence.fed[0].batch_size
     there = [f.samples_per_s or 0.0 for f in ran if f.batch_size == at]
     mine = [f.samples_per_s or 0.0 for f in ran if (f.batch_size, f.cpu_threads) == (at, threads)]
@@ -428,9 +432,9 @@ def _own_batch_claims(profile: Profile, evidence: Evidence, reason: str) -> list
     """Where the passes on a workload's own batches chose the batch at fewer threads
     (``probe.own_threads``), its reason: the threads the profile sets, each pass it gives as
     one on its own batches at those threads, and the batch the smallest within 2% of the best
-    of them; or, where no smaller batch ran, the rate of the one that did."""
+    of them; or, where no other batch ran, the rate of the one that did."""
     alone = re.search(
-        rf"^(\d+): .*trains at (\d+) threads? \(cpu_threads\), where it ran at {_RATE}; no smaller",
+        rf"^(\d+): .*trains at (\d+) threads? \(cpu_threads\), where it ran at {_RATE}; no other",
         reason,
     )
     said = alone or re.search(r"^(\d+): .*the best rate at (\d+) threads?: (.*?) samples/s", reason)

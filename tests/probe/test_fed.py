@@ -187,10 +187,78 @@ def test_at_fewer_threads_than_the_points_ran_at_the_smaller_batches_are_fed_aga
     assert choice.batch_reason.startswith(
         "32: the step alone ran at 62.2 samples/s at batch 128, the batch chosen for it, at "
         "torch's default (2 threads); training fed by the DataLoader trains at 1 thread "
-        "(cpu_threads), where the batch was fed again, so the batch is the smallest within 2% "
-        "of the best rate"
+        "(cpu_threads), where batches 32, 64 and 128 were fed, so the batch is the smallest "
+        "within 2% of the best rate"
     )
     assert choice.batch_why == "fewer threads"  # not below the step alone: 138 against 62
+
+
+def test_at_fewer_threads_the_larger_sizes_the_search_ran_are_fed_too() -> None:
+    # A tiny LM on this busy 2-core VM: the points, at torch's 2 threads, measured only batch
+    # 2; at 1 thread it trained 61 samples/s there, 98 at 8 and 117 at 32 (the search ran 8).
+    fake = FakeFed(
+        {
+            (2, 2, 1): 41.9,
+            (2, 0, None): 5.5,
+            (2, 0, 1): 61.0,
+            (4, 0, 1): 80.0,
+            (8, 0, 1): 98.0,
+            (16, 0, 1): 110.0,
+        }
+    )
+    choice = choose_fed(
+        fake,
+        sizes=(2, 1),
+        counts=fed_order(2, {0: 3_217.0}),
+        loader_rates={0: 3_217.0},
+        step_rates={2: 3.5},
+        threads_for=_threads,
+        default_threads=2,
+        larger=(4, 8),  # the search's largest: 8, never 16
+    )
+    assert fake.calls[-2:] == [(4, 0, 1), (8, 0, 1)]  # no smaller: 8 beat 2 beyond 2%
+    assert (choice.num_workers, choice.batch_size) == (0, 8)
+    assert choice.batch_reason is not None
+    assert choice.batch_reason.startswith(
+        "8: the step alone ran at 3.5 samples/s at batch 2, the batch chosen for it, at "
+        "torch's default (2 threads); training fed by the DataLoader trains at 1 thread "
+        "(cpu_threads), where batches 2, 4 and 8 were fed, so the batch is the smallest within"
+        " 2% of the best rate"
+    )
+
+
+def test_larger_sizes_stop_at_one_no_faster_and_at_one_that_would_not_fit() -> None:
+    flat = FakeFed({(2, 0, None): 5.5, (2, 0, 1): 61.0, (4, 0, 1): 61.5, (8, 0, 1): 98.0})
+    choice = choose_fed(
+        flat,
+        sizes=(2,),
+        counts=[0],
+        loader_rates={0: 3_217.0},
+        step_rates={2: 3.5},
+        threads_for=_threads,
+        default_threads=2,
+        larger=(4, 8),
+    )
+    assert (4, 0, 1) in flat.calls
+    assert (8, 0, 1) not in flat.calls
+    assert choice.batch_size == 2
+    fake = FakeFed({(2, 0, None): 5.5, (2, 0, 1): 61.0, (4, 0, 1): 98.0})
+    until = 2 * pass_seconds(2, 0, 5.5) + 2 * pass_seconds(2, 0, 61.0) + 1.0
+    choice = choose_fed(
+        fake,
+        sizes=(2,),
+        counts=[0],
+        loader_rates={0: 3_217.0},
+        step_rates={2: 3.5},
+        threads_for=_threads,
+        until=until,
+        clock=fake.clock,
+        default_threads=2,
+        larger=(4, 8),
+    )
+    assert (4, 0, 1) not in fake.calls  # 1.5 s at the least, 1 s left
+    assert choice.batch_reason is not None
+    assert "a pass at batch 4 did not fit" in choice.batch_reason
 
 
 def test_a_pass_at_fewer_threads_is_predicted_as_slow_as_the_threads_are_fewer() -> None:

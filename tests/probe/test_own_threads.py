@@ -39,6 +39,7 @@ from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workers_phase import kept_seconds
 from torch_autotune.probe.workloads import Workload, resolve_workload
 from torch_autotune.profile import Profile, Source
+from torch_autotune.render import results
 from torch_autotune.render.results import render_run
 from torch_autotune.rules.engine import build_profile
 
@@ -147,7 +148,7 @@ def test_at_fewer_threads_the_smaller_sizes_run_and_the_smallest_as_fast_as_the_
     assert alone.batch_size == 256
     assert alone.batch_reason is not None
     assert alone.batch_reason.endswith(
-        "trains at 2 threads (cpu_threads), where it ran at 1,500 samples/s; no smaller batch ran"
+        "trains at 2 threads (cpu_threads), where it ran at 1,500 samples/s; no other batch ran"
         " at 2 threads"
     )
     # torch's pool kept: the batch stays the points', and no smaller size runs
@@ -460,12 +461,12 @@ def test_at_the_threads_chosen_a_smaller_batch_that_trains_faster_is_recommended
     wrong = _with_reason(wrong, "batch.batch_size", f"{larger}{decision.reason[len(str(batch)) :]}")
     found = disagreements(wrong)
     assert any("is not the smallest as fast" in d for d in found), found
-    # the form where no smaller batch ran: its one rate is checked too
+    # the form where no other batch ran: its one rate is checked too
     ran = next(r for r in evidence.fed if (r.batch_size, r.cpu_threads) == (batch, 1))
     alone = (
         f"{batch}: the step's throughput points ran at torch's default (2 threads) and chose "
         f"batch {batch}; training on {OWN_BATCHES} trains at 1 thread (cpu_threads), where it ran"
-        f" at {{}} samples/s; no smaller batch ran at 1 thread"
+        f" at {{}} samples/s; no other batch ran at 1 thread"
     )
     right = alone.format(fmt_rate(ran.samples_per_s))
     assert disagreements(_with_reason(profile, "batch.batch_size", right)) == []
@@ -546,3 +547,37 @@ def test_the_phase_keeps_time_for_the_threads_only_where_it_measures_them(
     assert kept_seconds(cpu, mlp, 60.0) == workers_phase.workers_seconds("cpu", 60.0)
     monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 1)
     assert kept_seconds(cpu, _no_dataset("mlp"), 60.0) == 0.0
+
+
+def test_at_the_threads_chosen_a_larger_batch_the_search_ran_that_trains_faster_is_recommended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a tiny LM on 2 busy cores: the points, at torch's 2 threads, chose batch 2, which
+    # trained at 61 samples/s at 1 thread, where 32 ran 117. Here the points at 256 and 512
+    # are noisy, so they choose 128; at 1 thread, many times faster, larger batches are faster
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    machine = tiny_mlp_on_two_busy_cores()
+    machine.noise.update({512: 0.3, 256: 0.3})
+    profile = tune_on(machine, _no_dataset("mlp"), two_cpus(), budget_s=60)
+    evidence = profile.evidence
+    assert evidence is not None
+    points = evidence.fed[0].batch_size
+    batch = profile.settings.batch.batch_size
+    assert batch is not None
+    assert profile.settings.cpu_threads == 1
+    assert points < batch <= evidence.max_batch_size  # a size the search ran
+    at_one = {r.batch_size: r.samples_per_s or 0.0 for r in evidence.fed if r.cpu_threads == 1}
+    assert at_one[batch] > at_one[points] * (1 + FED_WITHIN)
+    decision = profile.decision("batch.batch_size")
+    assert decision is not None
+    sizes = sorted(at_one)
+    listed = f"batches {', '.join(map(str, sizes[:-1]))} and {sizes[-1]}"
+    assert f"(cpu_threads), where {listed} ran, so the batch is the smallest" in decision.reason
+    assert f"{listed} ran at 1 thread" in summary(profile)
+    assert disagreements(profile) == []
+    # the checker reads the sizes the summary says ran: one that did not is found
+    said = f"batches {points} and {2 * evidence.max_batch_size} ran at 1 thread"
+    with monkeypatch.context() as patch:
+        patch.setattr(results, "_sizes_at", lambda _profile, _evidence: said)
+        found = disagreements(profile)
+    assert any(f"the summary says {said}:" in d for d in found), found

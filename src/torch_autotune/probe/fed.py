@@ -23,21 +23,20 @@ with the CPU threads the profile sets beside that many workers.
    of the best: a smaller batch trains as fast there, on less memory. Where the pass chosen
    (step 3) trains at fewer CPU threads than the step's points ran at (torch's pool:
    ``_retimed``), the points' rates, and the batch they chose, do not hold at its threads, so
-   the sizes are fed at them however fast the step ran alone: the larger ones, up to the
-   step's fastest, while each is faster, then the smaller ones while each keeps within
-   ``FED_WITHIN`` of the best (a simulated tiny MLP on 2 busy cores fed 132,231 samples/s at
-   1 thread, above its points at 2, 115,732, and batch 256 was fed at 1 thread too).
-   Otherwise the batch stays the one the step ran fastest at, and only the worker count comes
-   from these passes. The batch's reason says why (``BatchChoice.fed_why``): the threads the
-   sizes were fed at; or why training ran below the step alone, by the chosen count's loader
-   alone (``workers.keeps_ahead``): loading limits training where it does not keep ahead;
-   else it takes the step's CPU time (0 workers: in series with the step, its share of the
-   time; workers: the cores they run on).
+   the sizes are fed at them however fast the step ran alone: the larger ones, past the
+   step's fastest up to the search's largest (``fed_threads.feed_larger``), while each is
+   faster, then the smaller ones while each keeps within ``FED_WITHIN`` of the best (a tiny
+   LM on 2 busy cores: batch 2 chosen at 2 threads, 61 samples/s at 1, where 32 ran 117).
+   Otherwise the batch stays the step's fastest; only the worker count comes from these
+   passes. The batch's reason says why (``BatchChoice.fed_why``): the threads the sizes were
+   fed at; or why training ran below the step alone, by the chosen count's loader alone
+   (``workers.keeps_ahead``): loading limits training where it does not keep ahead; else it
+   takes the step's CPU time (0 workers: in series with the step; workers: their cores).
    Where that batch itself was not fed (its passes would not fit in the time left), a smaller
    one is chosen only if it fed within 2% of the most the larger could train at (its step
    alone, or the loader alone where slower): a step of 1.2 s at any batch fed batch 1 at
    0.8 samples/s where batch 8 trained at 6.7 alone, and batch 1 was recommended. The step's
-   rate is a throughput point's, else the steps the search and the confirmation timed.
+   rate is a throughput point's, else the search's and the confirmation's steps.
 3. **The choice.** The plain alternative stands unless another count fed training faster
    beyond ``FED_WITHIN`` (2%, the bench's own threshold for "slower", ``bench.MIN_EFFECT``);
    then the fewest workers within 2% of the best. One pass on a busy machine moves by more
@@ -52,13 +51,11 @@ with the CPU threads the profile sets beside that many workers.
    alternative's beyond 2%, else the plain alternative stands. Where the two passes do not
    fit in the time left, the first round's choice stays, and its reason says it rests on one
    pass each. The batch is then the smallest these workers fed within 2% of the best pass of
-   all, less the passes the second round set aside. So the choice is never slower than the
-   plain alternative beyond 2%, and within 4% of every pass measured but those set aside
-   (where each pass feeds at one rate, none is).
+   all, less those the second round set aside: never slower than the plain alternative
+   beyond 2%, within 4% of every pass but those (where each feeds at one rate, none is).
 
-A pass is started only when it is predicted to end by ``until`` (``pass_seconds``, at the
-rate that count was fed at before, else the slower of its loader alone and the step).
-"""
+A pass starts only where predicted to end by ``until`` (``pass_seconds``, at the rate that
+count fed at before, else the slower of its loader alone and the step)."""
 
 from __future__ import annotations
 
@@ -74,6 +71,7 @@ from torch_autotune.probe.fed_passes import (
     Fed,
     FedTrial,
     Passes,
+    counts_trace,
     fmt_rate,
     pass_seconds,
     rate_of,
@@ -85,8 +83,10 @@ from torch_autotune.probe.fed_rounds import SecondRound, second_round
 from torch_autotune.probe.fed_threads import (
     MeasuredThreads,
     feed_fewer_threads,
+    feed_larger,
     measured_threads,
     pick_pass,
+    sizes_ran,
 )
 from torch_autotune.probe.workers import HEADROOM, format_share, keeps_ahead, serial_share
 
@@ -137,11 +137,13 @@ def choose_fed(
     until: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
     default_threads: int | None = None,
+    larger: Sequence[int] = (),
 ) -> FedChoice:
     """Feed training from each count of ``counts``, then from the best one at other ``sizes``
     where loading limits training; choose (module docstring). ``sizes``: the batch the step
-    ran fastest at, then smaller ones, descending. ``loader_rates``: samples/s of each count
-    measured alone; ``step_rates``: the step's own samples/s at the sizes it was measured at.
+    ran fastest at, then smaller ones, descending; ``larger``: sizes the search ran above it,
+    ascending, fed at fewer threads than the points ran at. ``loader_rates``: samples/s of
+    each count alone; ``step_rates``: the step's own samples/s where it was measured.
     ``default_threads``: on a CPU, what ``threads_for``'s None (torch's pool) stands for, and
     fewer threads are fed too (``probe.fed_threads``); None: the rules' threads only.
     No choice (``num_workers`` None) when no pass fits in the time left before ``until``, or
@@ -175,7 +177,10 @@ def choose_fed(
         trials = tuple(run.trials)
         return FedChoice(workers, sizes[0], trials, reason, None, threads)
     decided = (at, run.best)  # the passes at ``at`` that found the step does not limit
-    _feed_sizes(run, at, sizes, workers, step_rates if retimed is None else {})
+    if retimed is None:
+        _feed_sizes(run, at, sizes, workers, step_rates)
+    else:  # the points' rates do not hold at fewer threads; larger, where the step limits
+        _feed_sizes(run, at, sizes, workers, {}, larger=larger if step_limits else ())
     chosen = _pick_batch(run, at, workers)
     why, batch_reason = _batch_reason(
         run, chosen, sizes[0], retimed if step_limits else None, decided=decided
@@ -260,12 +265,19 @@ def _could_train(run: Passes, batch_size: int) -> tuple[float, str] | None:
 
 
 def _feed_sizes(
-    run: Passes, at: int, sizes: Sequence[int], workers: int, step_rates: Mapping[int, float]
+    run: Passes,
+    at: int,
+    sizes: Sequence[int],
+    workers: int,
+    step_rates: Mapping[int, float],
+    *,
+    larger: Sequence[int] = (),
 ) -> None:
     """Where loading limits training: the larger sizes, up to the step's fastest, while the
-    step alone may be what limits at ``at`` and each is faster; then the smaller sizes while
-    each keeps within ``FED_WITHIN`` of the best (one whose step alone is slower than that
-    cannot: feeding never makes the step faster)."""
+    step alone may be what limits at ``at`` and each is faster, and on to ``larger``
+    (``feed_larger``: none smaller where one of those was faster); then the smaller sizes
+    while each keeps within ``FED_WITHIN`` of the best (one whose step alone is slower than
+    that cannot: feeding never makes the step faster)."""
     assert run.best is not None
     step_at = step_rates.get(at)
     if step_at is None or step_at < run.best * HEADROOM:
@@ -277,6 +289,9 @@ def _feed_sizes(
             trial = run.feed(size, workers)
             if not trial.ok or rate_of(trial) <= before * (1 + FED_WITHIN):
                 break
+        else:
+            if feed_larger(run, larger, workers):
+                return
     for size in sorted((b for b in sizes if b < at), reverse=True):
         step = step_rates.get(size)
         if step is not None and step < run.best * (1 - FED_WITHIN):
@@ -302,21 +317,6 @@ def _pick_batch(run: Passes, at: int, workers: int) -> FedTrial:
     if near:
         return min(near, key=lambda t: t.batch_size)
     return next(t for t in mine if t.batch_size == at)
-
-
-def _trace(trials: Sequence[FedTrial], batch_size: int) -> str:
-    """'0: 140, 1: 251 (1 thread), 2: failed (worker crashed: ...), 1: 240 (1 thread, second
-    round)' for one batch size; torch's default threads named where a count was fed at fewer
-    too, and the passes of the second round (``probe.fed_rounds``) said so."""
-    mine = [t for t in trials if t.batch_size == batch_size]
-    fewer = {t.num_workers for t in mine if t.threads is not None}
-    parts = []
-    for t in mine:
-        named = t.threads is not None or t.num_workers in fewer
-        notes = [threads_text(t.threads)] * named + ["second round"] * (t.round == 2)
-        value = fmt_rate(t.samples_per_s) if t.ok else f"failed ({t.error})"
-        parts.append(f"{t.num_workers}: {value}" + (f" ({', '.join(notes)})" if notes else ""))
-    return ", ".join(parts)
 
 
 def _workers_reason(
@@ -352,7 +352,7 @@ def _workers_reason(
         f"{fmt_rate(mine)} samples/s with them at batch {batch_size}, {where} the counts "
         "measured with loading and training together (samples/s, with the CPU threads the "
         f"profile sets beside each count{', and fewer' * fewer}): "
-        f"{_trace(run.trials, batch_size)}"
+        f"{counts_trace(run.trials, batch_size)}"
     )
     if second.text:
         text += f"; {second.text}"
@@ -392,8 +392,8 @@ def _batch_reason(
         below = (
             f"the step alone ran at {fmt_rate(run.step_rate)} samples/s at batch {batch_size}, "
             f"the batch chosen for it, at {threads_text(None, retimed)}; training fed by the "
-            f"DataLoader trains at {threads_text(chosen.threads)} (cpu_threads), where the batch "
-            "was fed again"
+            f"DataLoader trains at {threads_text(chosen.threads)} (cpu_threads), where "
+            f"{sizes_ran(run.trials, _pair(chosen))} were fed"
         )
     elif run.step_rate is None:
         why = "step not timed"

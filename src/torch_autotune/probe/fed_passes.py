@@ -17,6 +17,7 @@ __all__ = [
     "Fed",
     "FedTrial",
     "Passes",
+    "counts_trace",
     "fed_records",
     "fmt_rate",
     "pass_seconds",
@@ -193,6 +194,21 @@ def fmt_rate(rate: float | None) -> str:
 def round_text(trial: FedTrial) -> str:
     """' (second round)' for a pass of the second round (``probe.fed_rounds``), else ''."""
     return " (second round)" if trial.round == 2 else ""
+
+
+def counts_trace(trials: Sequence[FedTrial], batch_size: int) -> str:
+    """'0: 140, 1: 251 (1 thread), 2: failed (worker crashed: ...), 1: 240 (1 thread, second
+    round)' for one batch size; torch's default threads named where a count was fed at fewer
+    too, and the passes of the second round (``probe.fed_rounds``) said so."""
+    mine = [t for t in trials if t.batch_size == batch_size]
+    fewer = {t.num_workers for t in mine if t.threads is not None}
+    parts = []
+    for t in mine:
+        named = t.threads is not None or t.num_workers in fewer
+        notes = [threads_text(t.threads)] * named + ["second round"] * (t.round == 2)
+        value = fmt_rate(t.samples_per_s) if t.ok else f"failed ({t.error})"
+        parts.append(f"{t.num_workers}: {value}" + (f" ({', '.join(notes)})" if notes else ""))
+    return ", ".join(parts)
 
 
 def threads_trace(trials: Sequence[FedTrial], default: int | None) -> str:

@@ -34,7 +34,15 @@ from torch_autotune.probe.fed_passes import (
     threads_trace,
 )
 
-__all__ = ["MeasuredThreads", "feed_fewer_threads", "measured_threads", "pick_pass"]
+__all__ = [
+    "MeasuredThreads",
+    "doublings",
+    "feed_fewer_threads",
+    "feed_larger",
+    "measured_threads",
+    "pick_pass",
+    "sizes_ran",
+]
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,52 @@ def feed_fewer_threads(run: Passes, at: int, default_threads: int, *, counted: b
             if not fed.ok or rate_of(fed) <= rate_of(last):
                 break
             last = fed
+
+
+def doublings(batch_size: int, largest: int | None) -> tuple[int, ...]:
+    """The sizes above ``batch_size`` by doubling, none above ``largest`` (the largest batch
+    the search ran: never a size that did not; None: none): 2 up to 12 -> (4, 8)."""
+    sizes: list[int] = []
+    size = batch_size * 2
+    while largest is not None and batch_size > 0 and size <= largest:
+        sizes.append(size)
+        size *= 2
+    return tuple(sizes)
+
+
+def feed_larger(run: Passes, larger: Sequence[int], workers: int) -> bool:
+    """Where the pass chosen trains at fewer threads than the step's points ran at: the
+    ``larger`` sizes (ascending, ``doublings``) at them, with ``workers``, from the largest
+    batch fed there, each while the one before trained faster than the best before it beyond
+    ``FED_WITHIN``, and each only where it is predicted to end in the time left (at that one's
+    rate: a larger batch that trains faster ends sooner). The points' batch, chosen at torch's
+    pool, is no bound there: a tiny LM on 2 busy cores trained its points' batch 2 at 61
+    samples/s at 1 thread, and batch 32 at 117. True where one trained faster (beyond
+    ``FED_WITHIN``): no smaller size can then be within it of the best."""
+    pair = (workers, run.threads_of(workers))
+    ran = [t for t in run.trials if t.ok and (t.num_workers, t.threads) == pair]
+    if not ran:
+        return False
+    last, faster = max(ran, key=lambda t: (t.batch_size, rate_of(t))), False
+    for size in [b for b in larger if b > last.batch_size]:
+        if not run.fits_at(size, workers, rate_of(last)):
+            run.stop = run.short(f"a pass at batch {size}")
+            break
+        before = run.best
+        last = run.feed(size, workers)
+        if not last.ok or before is None or rate_of(last) <= before * (1 + FED_WITHIN):
+            break
+        faster = True
+    return faster
+
+
+def sizes_ran(trials: Sequence[FedTrial], pair: tuple[int, int | None]) -> str:
+    """'batches 1, 2 and 8' (or 'batch 2'): the sizes that ran with ``pair``'s workers and
+    threads, ascending."""
+    sizes = sorted({t.batch_size for t in trials if (t.num_workers, t.threads) == pair})
+    if len(sizes) == 1:
+        return f"batch {sizes[0]}"
+    return f"batches {', '.join(map(str, sizes[:-1]))} and {sizes[-1]}"
 
 
 def pick_pass(run: Passes, trials: Sequence[FedTrial], plain: int) -> FedTrial:

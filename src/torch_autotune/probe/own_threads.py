@@ -21,13 +21,17 @@ points chose, with the passes' own machinery:
 
 4. **The batch at those threads.** Where fewer threads are chosen, the points' rates (at torch's
    pool) and the batch they chose do not hold at them (a conv net on 2 busy cores: batch 128
-   fastest at 2 threads, 32 at 1, 1.6x faster than 128 there), so the ``smaller`` sizes run at
-   them too, each while within ``FED_WITHIN`` of the best, and the batch is the smallest within
-   it of the best rate at those threads (``OwnThreads.batch_reason``).
+   fastest at 2 threads, 32 at 1, 1.6x faster than 128 there; a tiny LM: batch 2 chosen at 2
+   threads, 61 samples/s at 1, where 32 ran 117), so the ``larger`` sizes the search ran run
+   at them too, doubling up while each trains faster beyond ``FED_WITHIN``
+   (``fed_threads.feed_larger``), then the ``smaller`` ones, each while within ``FED_WITHIN``
+   of the best, and the batch is the smallest within it of the best rate at those threads
+   (``OwnThreads.batch_reason``).
 
-The threads' reason gives every pass; the batch's, the passes at the threads chosen. Where not
-even the plain alternative's pass fits in the time left, the rules' count stands, and a
-warning says what did not fit (``own_batches``), as the passes fed by a DataLoader do.
+The threads' reason gives every pass; the batch's, the sizes and passes at the threads
+chosen. Where not even the plain alternative's pass fits in the time left, the rules' count
+stands, and a warning says what did not fit (``own_batches``), as the passes fed by a
+DataLoader do.
 """
 
 from __future__ import annotations
@@ -49,7 +53,13 @@ from torch_autotune.probe.fed_passes import (
     threads_trace,
 )
 from torch_autotune.probe.fed_rounds import SecondRound, second_round
-from torch_autotune.probe.fed_threads import MeasuredThreads, feed_fewer_threads, pick_pass
+from torch_autotune.probe.fed_threads import (
+    MeasuredThreads,
+    feed_fewer_threads,
+    feed_larger,
+    pick_pass,
+    sizes_ran,
+)
 from torch_autotune.probe.seam import Progress
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import Profile
@@ -96,9 +106,11 @@ def own_batches(
     step_rates: Mapping[int, float],
     budget: Budget,
     progress: Progress,
+    larger: Sequence[int] = (),
 ) -> OwnThreads:
     """``measure_own_threads`` at the first of ``sizes`` (the points' batch) in the time
-    ``budget``'s phase has left, the others where fewer threads are chosen; where not even
+    ``budget``'s phase has left, the others and ``larger`` where fewer threads are chosen;
+    where not even
     the plain alternative's pass fit (predicted at the step's rate, where known), the
     warning that says so, recorded on ``budget``."""
     if budget.left() > 0:
@@ -107,6 +119,7 @@ def own_batches(
             fed,
             batch_size=sizes[0],
             smaller=sizes[1:],
+            larger=larger,
             default_threads=default_threads,
             rules_threads=rules_threads,
             step_rates=step_rates,
@@ -140,10 +153,12 @@ def measure_own_threads(
     until: float | None,
     clock: Callable[[], float],
     smaller: Sequence[int] = (),
+    larger: Sequence[int] = (),
 ) -> OwnThreads:
-    """The module docstring at ``batch_size``, then the ``smaller`` sizes (descending) where
-    fewer threads are chosen. ``default_threads``: what torch's pool (``rules_threads`` None)
-    stands for here; ``step_rates``: the points' samples/s, which predict a pass's time."""
+    """The module docstring at ``batch_size``, then the ``larger`` sizes (ascending) and the
+    ``smaller`` ones (descending) where fewer threads are chosen. ``default_threads``: what
+    torch's pool (``rules_threads`` None) stands for here; ``step_rates``: the points'
+    samples/s, which predict a pass's time."""
     run = Passes(
         fed=fed,
         threads_for=lambda _workers: rules_threads,
@@ -165,16 +180,18 @@ def measure_own_threads(
     if second.chosen.threads == plain.threads:
         return OwnThreads(tuple(run.trials), measured)
     run.chosen_threads[0] = second.chosen.threads
-    retimed = _retimed_batch(run, second.chosen, smaller, default_threads)
+    run.stop = None  # what stopped the thread counts is no reason for the sizes
+    faster = feed_larger(run, larger, 0)  # then no smaller size can be as fast
+    retimed = _retimed_batch(run, second.chosen, () if faster else smaller, default_threads)
     return OwnThreads(tuple(run.trials), measured, *retimed)
 
 
 def _retimed_batch(
     run: Passes, chosen: FedTrial, smaller: Sequence[int], default_threads: int
 ) -> tuple[int, str]:
-    """Step 4 of the module docstring: the batch and why (where no smaller size ran at
-    ``chosen``'s threads, its own, said as it ran at them)."""
-    run.stop = None  # what stopped the thread counts is no reason for the sizes
+    """Step 4 of the module docstring, after the larger sizes: the smaller ones, then the
+    batch and why (where no other size ran at ``chosen``'s threads, its own, said as it ran at
+    them)."""
     for size in smaller:
         if not run.fits(size, [0]):
             run.stop = run.short(f"a pass at batch {size}")
@@ -189,22 +206,23 @@ def _retimed_batch(
         f"the step's throughput points ran at {threads_text(None, default_threads)} and chose "
         f"batch {chosen.batch_size}; training on {OWN_BATCHES} trains at {which} (cpu_threads)"
     )
-    if len({t.batch_size for t in mine}) < 2:  # the batch stays; said as it ran at them
+    ran = [t for t in run.trials if t.threads == chosen.threads]
+    if len({t.batch_size for t in ran}) < 2:  # the batch stays; said as it ran at them
         why = f": {run.stop}" if run.stop else ""
         return chosen.batch_size, (
             f"{chosen.batch_size}: {points}, where it ran at {fmt_rate(chosen.samples_per_s)} "
-            f"samples/s; no smaller batch ran at {which}{why}"
+            f"samples/s; no other batch ran at {which}{why}"
         )
     best_rate = max(rate_of(t) for t in mine)
     pick = min((t for t in mine if rate_of(t) >= best_rate * (1 - FED_WITHIN)), key=_size)
     trace = ", ".join(
         f"{t.batch_size}: {fmt_rate(t.samples_per_s) if t.ok else 'failed'}{round_text(t)}"
-        for t in run.trials
-        if t.threads == chosen.threads
+        for t in ran
     )
     reason = (
-        f"{pick.batch_size}: {points}, where the batch was run again, so the batch is the "
-        f"smallest within {FED_WITHIN:.0%} of the best rate at {which}: {trace} samples/s"
+        f"{pick.batch_size}: {points}, where {sizes_ran(run.trials, (0, chosen.threads))} ran, so "
+        f"the batch is the smallest within {FED_WITHIN:.0%} of the best rate at {which}: "
+        f"{trace} samples/s"
     )
     return pick.batch_size, reason + (f"; {run.stop}" if run.stop else "")
 

@@ -27,9 +27,9 @@ detection, before them, counts against it too):
    own, kept only where its fastest point beats the fastest without it (L2); then the
    allocator's setting in a fresh process (``probe.allocator_phase``);
 4. **confirm**: the recommended size's point (none steady: ``points.unsteady_choice``) confirms it;
-5. **workers**: DataLoader worker counts over the dataset (Windows keeps 0): the loader alone,
-   then, where it cannot decide (loading limits training, or workers on a CPU), training fed by
-   it at the recommended batch, whose passes also choose the batch where loading limits it.
+5. **workers**: DataLoader worker counts (Windows keeps 0): the loader alone, then, where it
+   cannot decide, training fed by it, whose passes choose the batch where loading limits it or
+   fewer CPU threads are chosen (up to the search's largest, ``largest``).
 
 Progress is reported through a callback, so the library never prints.
 """
@@ -45,7 +45,7 @@ from torch_autotune.evidence import WORKERS_OUT_OF_TIME
 from torch_autotune.hardware import HardwareSnapshot
 from torch_autotune.probe.allocator_phase import measure_allocator
 from torch_autotune.probe.budget import Budget
-from torch_autotune.probe.fed_threads import MeasuredThreads
+from torch_autotune.probe.fed_threads import MeasuredThreads, doublings
 from torch_autotune.probe.findings import run_evidence
 from torch_autotune.probe.guard import trial_record
 from torch_autotune.probe.loop import FedRunner
@@ -187,6 +187,7 @@ class _Run:
     threads_for: ThreadsFor | None = None
     limit: int | None = None  # bytes the trials could use on the device
     kept: VariantOutcome | None = None  # the variant kept, where one was
+    largest: int | None = None  # the largest batch that ran in the chosen point's search
     recomputed: Recomputed | None = None  # rule L2's phase, where it ran
 
     @property
@@ -365,8 +366,7 @@ class _Run:
         self, final: Trials, variant: str, batch: int, multiple: int, ran: list[SearchTrialRecord]
     ) -> WorkersOutcome:
         """The worker count, measured with ``final`` (``variant``'s runner) at ``batch`` (``ran``:
-        its confirmation), and the batch to recommend: ``batch``, or where loading limits
-        training, the one the passes fed by the DataLoader chose."""
+        its confirmation), and the batch: ``batch``, or the passes' (at most ``largest``)."""
         with self.budget.phase("workers"):
             outcome = measure_workers(
                 workload=self.workload,
@@ -378,6 +378,7 @@ class _Run:
                 progress=self.report,
                 smaller=halvings(batch, multiple, self.floor),
                 threads_for=self.threads_for,
+                larger=doublings(batch, self.largest),
             )
         if outcome.reason == WORKERS_OUT_OF_TIME:
             self.warnings.append(out_of_time_warning(self.budget, self.workers_s))
@@ -421,9 +422,9 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         confirmed = [confirmation(point)]
     else:
         confirmed = run.confirm(final, variant, candidate, step, predicted_s=after.confirm_s)
-    largest, limited_by, top, room = run.candidates_of(best, searched, sizes, room)
+    run.largest, limited_by, top, room = run.candidates_of(best, searched, sizes, room)
     choice = batch_choice(
-        largest=largest,
+        largest=run.largest,
         limited_by=limited_by,
         fixed_shapes=fixed,
         top=top,

@@ -178,16 +178,17 @@ def measure_workers(
     progress: Progress,
     smaller: tuple[int, ...] = (),
     threads_for: ThreadsFor | None = None,
+    larger: tuple[int, ...] = (),
 ) -> WorkersOutcome:
-    """Choose the DataLoader worker count (and, where loading limits training, the batch
-    among ``batch_size`` and the ``smaller`` sizes): the module docstring. ``step_rates``:
-    the training step's samples/s alone at the sizes the points measured; ``runner``
-    measures."""
+    """Long by design: the module docstring's steps in order, each an early return where it
+    decides. The worker count (and, where loading limits training or fewer threads are chosen,
+    the batch among ``batch_size``, ``smaller`` and ``larger``); ``runner`` measures."""
     if workload.dataset is None:
         return _own_batches(
             runner,
             profile,
             (batch_size, *smaller),
+            larger,
             step_rates=step_rates,
             budget=budget,
             progress=progress,
@@ -223,6 +224,7 @@ def measure_workers(
         until=budget.deadline,
         clock=budget.clock,
         default_threads=default_threads,
+        larger=larger,
     )
     alone += _other_threads(fed, threads_for or (lambda _count: None), default_threads)
     fallback = None
@@ -375,6 +377,7 @@ def _own_batches(
     runner: Trials,
     profile: Profile,
     sizes: tuple[int, ...],
+    larger: tuple[int, ...],
     *,
     step_rates: Mapping[int, float],
     budget: Budget,
@@ -383,7 +386,8 @@ def _own_batches(
 ) -> WorkersOutcome:
     """No dataset: no worker count to measure; where ``own_threads_from`` says so, the threads
     on the workload's own batches (``probe.own_threads``) at the first of ``sizes`` (the
-    points' batch), and, where fewer threads are chosen, the batch among ``sizes`` at them."""
+    points' batch), and, where fewer threads are chosen, the batch among ``sizes`` and
+    ``larger`` at them."""
     default_threads = own_threads_from(profile, workload, _default_threads(profile))
     if default_threads is None:
         return WorkersOutcome(None, reason=WORKERS_NO_DATASET)
@@ -395,6 +399,7 @@ def _own_batches(
         step_rates=step_rates,
         budget=budget,
         progress=progress,
+        larger=larger,
     )
     passes = fed_records(own.trials, dataloader=False)
     moved = own.batch_size if own.batch_size != sizes[0] else None

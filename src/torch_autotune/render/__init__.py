@@ -6,6 +6,7 @@ of a run. No hardware and no decisions here: only ``rich`` and the data model.
 ``results``  the summary of a run and of a bench
 """
 
+from torch_autotune.render.bench_results import bench_summary, render_bench
 from torch_autotune.render.console import (
     UNWRAPPED_WIDTH,
     is_terminal,
@@ -13,7 +14,7 @@ from torch_autotune.render.console import (
     progress_reporter,
 )
 from torch_autotune.render.machine import gib, render_diff, render_profile, render_snapshot
-from torch_autotune.render.results import bench_summary, render_bench, render_run, saved_note
+from torch_autotune.render.results import render_run, saved_note
 
 __all__ = [
     "UNWRAPPED_WIDTH",

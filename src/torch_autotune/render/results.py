@@ -1,5 +1,5 @@
-"""What a run measured and what the bench found, as text: the summary ``autotune`` prints, the
-bench's arms and each setting's effect."""
+"""What a run measured, as text: the summary ``autotune`` prints (the bench's, in
+``render.bench_results``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from torch_autotune.bench import BenchEvidence, Effect
-from torch_autotune.bench_record import BASELINE_ITSELF
 from torch_autotune.profile import CompileRecord, Evidence, Profile, RanksRecord, Source
 from torch_autotune.records import SettingRecord
 from torch_autotune.render.machine import facts_table, gib
@@ -201,7 +199,7 @@ _CONFIRMED = {
 _FED_WHY = {  # ``BatchChoice.fed_why``: what the passes measured that made them choose
     "below the step": "training fed by the DataLoader ran below the step alone",
     "fewer threads": "training fed by the DataLoader trains at fewer CPU threads than the step's"
-    " points ran at, where the batch was fed again",
+    " points ran at, where {sizes}",
     "step not timed": "the step alone was not timed at its batch",
 }
 
@@ -241,6 +239,15 @@ def _ranks_text(profile: Profile, ranks: RanksRecord) -> str:
     return text + f"; DDP: {RECORD_BY_NAME['ddp'].show(profile.settings)}"
 
 
+def _sizes_at(profile: Profile, evidence: Evidence) -> str:
+    """'batches 2, 4 and 8 ran at 1 thread': the passes' sizes at the profile's settings."""
+    pair = (profile.settings.dataloader.num_workers, profile.settings.cpu_threads)
+    ran = sorted({f.batch_size for f in evidence.fed if (f.num_workers, f.cpu_threads) == pair})
+    sizes = f"es {', '.join(map(str, ran[:-1]))} and {ran[-1]}" if len(ran) > 1 else f" {sum(ran)}"
+    words = f"batch{sizes} ran at {pair[1]} thread{'s' * (pair[1] != 1)}"
+    return words if ran and pair[1] else "the batch was fed again"
+
+
 def _recommended(profile: Profile, evidence: Evidence) -> str:
     """The recommended batch, how it was confirmed, and the global batch it makes."""
     choice = evidence.batch_choice
@@ -248,13 +255,14 @@ def _recommended(profile: Profile, evidence: Evidence) -> str:
     if choice is not None:
         confirmed = _CONFIRMED[choice.confirmed]
         if choice.fed and not any(f.dataloader for f in evidence.fed):  # ``probe.own_threads``
-            confirmed = _OWN_PASS
+            confirmed = f"{_OWN_PASS}; {_sizes_at(profile, evidence)}"
         elif choice.fed and choice.fed_why is not None:
             workers = profile.settings.dataloader.num_workers
             fed = [f for f in evidence.fed if f.num_workers == workers and f.samples_per_s]
             if len({f.batch_size for f in fed}) < 2:
                 confirmed = _FED_ALONE  # no other size was fed to compare it with
-            confirmed = f"{_FED_WHY[choice.fed_why]}: {confirmed}"
+            why = _FED_WHY[choice.fed_why].format(sizes=_sizes_at(profile, evidence))
+            confirmed = f"{why}: {confirmed}"
         if choice.compiled != profile.settings.compile.enabled:
             confirmed = confirmed.replace("with these settings", except_compile(choice.compiled))
         text += f" ({confirmed})"
@@ -349,104 +357,3 @@ def _compile_text(record: CompileRecord) -> str:
     if not record.measured:
         return f"not measured ({record.reason}); decided by the rules"
     return record.reason
-
-
-def _effect_cell(effect: Effect | None) -> Text:
-    if effect is None:
-        return Text("not measured", style="dim")
-    style = {"faster": "green", "slower": "red"}.get(effect.verdict, "")
-    return Text(
-        f"{effect.speedup:.2f}x ({effect.low:.2f}-{effect.high:.2f}) {effect.verdict}", style=style
-    )
-
-
-def bench_summary(bench: BenchEvidence) -> str:
-    """One sentence: is the profile faster than the baseline, by how much, what was dropped."""
-    dropped = [s.setting for s in bench.settings if s.outcome == "dropped"]
-    tuned = bench.tuned
-    if tuned is None:
-        return "The profile and the baseline could not both be measured: no comparison."
-    text = (
-        f"The profile as tuned trains at {tuned.speedup:.2f}x the baseline's speed "
-        f"(range {tuned.low:.2f}-{tuned.high:.2f} over {tuned.rounds} rounds: {tuned.verdict})."
-    )
-    if dropped:
-        text += f" Dropped as measured slower: {', '.join(dropped)}."
-        if bench.final is not None:
-            text += (
-                f" Without them: {bench.final.speedup:.2f}x the baseline "
-                f"(range {bench.final.low:.2f}-{bench.final.high:.2f}: {bench.final.verdict})."
-            )
-        elif bench.final_is_baseline:
-            text += f" Without them, {BASELINE_ITSELF}: there is nothing left to compare."
-    else:
-        text += " No setting measured slower than without it."
-    if bench.reverted:
-        text += (
-            " The profile was still slower than the baseline, so every setting the bench "
-            "switched went back to the baseline's value."
-        )
-    return text
-
-
-def render_bench(profile: Profile, console: Console) -> None:
-    """The bench: every arm's throughput, each setting's effect alone and in the profile."""
-    evidence = profile.evidence
-    bench = evidence.bench if evidence is not None else None
-    if bench is None:
-        console.print("This profile has no bench results: run 'autotune bench'.")
-        return
-    snapshot = profile.provenance.snapshot
-    gpus = ", ".join(sorted({a.name for a in snapshot.accelerators})) or snapshot.host.cpu_model
-    console.print(
-        Text(
-            f"autotune bench: {bench.workload} on {bench.device} ({gpus}, torch "
-            f"{snapshot.software.torch_version}), {bench.rounds} interleaved rounds of "
-            f"{bench.seconds_per_measurement:g} s per arm",
-            style="bold",
-        )
-    )
-    console.print(_arms_table(bench))
-    if bench.settings:
-        console.print(_settings_table(bench))
-    else:
-        console.print("The profile trains exactly as the baseline does: nothing to ablate.")
-    for note in bench.not_ablated:
-        console.print(Text(f"not ablated: {note}", style="dim"))
-    console.print(Text(bench_summary(bench), style="bold"))
-
-
-def _arms_table(bench: BenchEvidence) -> Table:
-    arms = Table(box=box.SIMPLE_HEAD, title="Arms", title_justify="left")
-    for column, justify in (("arm", "left"), ("trains with", "left"), ("samples/s", "right")):
-        arms.add_column(column, justify=justify)  # type: ignore[arg-type]
-    arms.add_column("spread", justify="right")
-    for arm in bench.arms:  # one arm, one row: a second line of names read as a blank row
-        median, spread = arm.median, arm.spread
-        arms.add_row(
-            " = ".join(arm.names),
-            arm.config.describe(),
-            "failed" if median is None else f"{median:.1f}",
-            arm.error or ("-" if spread is None else f"{spread * 100:.0f}%"),
-        )
-    return arms
-
-
-def _settings_table(bench: BenchEvidence) -> Table:
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        title="Each setting: speedup on alone (vs baseline) and off alone (vs the profile)",
-        title_justify="left",
-    )
-    for column in ("setting", "baseline -> profile", "on alone", "in the profile", "outcome"):
-        table.add_column(column)
-    for s in bench.settings:
-        outcome = Text(s.outcome, style="red" if s.outcome == "dropped" else "")
-        table.add_row(
-            s.setting,
-            f"{s.baseline_value} -> {s.tuned_value}",
-            _effect_cell(s.on_alone),
-            _effect_cell(s.off_alone),
-            outcome,
-        )
-    return table
