@@ -11,6 +11,7 @@ from rich.console import Console
 
 from tests.probe.fake_trials import cpu_machine, recorded, tiny_mlp_on_two_busy_cores, tune_on
 from tests.rules.helpers import snapshot, two_cpus, with_host
+from tests.test_claims import disagreements
 from torch_autotune.probe import workers_phase
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import FED_WITHIN, FedTrial
@@ -313,6 +314,63 @@ def test_workers_left_unmeasured_for_want_of_time_are_said_so(
     )
 
 
+def test_a_cpu_whose_threads_pass_did_not_fit_warns_that_they_were_not_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As a small LM on 2 busy cores with 30 s: 0 workers loaded far ahead of a slow step, so
+    on a CPU only the passes fed by the DataLoader measure the threads, and none fit in the
+    time left. The workers' reason said so; the threads were left to torch, and no warning
+    said they were not measured (the run without a dataset warns)."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    machine = cpu_machine(
+        first_s=0.3, autotune_s=0.0, load_s=3e-6, shares_cpus=True, host_cpus=2, fixed_s=0.5
+    )
+    profile = tune_on(machine, "conv", TWO_CPUS, budget_s=8)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert [r.num_workers for r in evidence.loader] == [0]
+    assert evidence.fed == ()
+    assert "Training fed by the DataLoader was not measured: no pass fit" in (
+        evidence.workers_reason or ""
+    )
+    (said,) = [w for w in evidence.warnings if w.startswith("the CPU threads were not measured")]
+    assert re.search(
+        r"by the DataLoader\): a pass of training fed by 2 worker\(s\) at batch \d+ \(\d+\.\d s "
+        r"predicted, \d+\.\d s of the run left, none of them kept for later phases\) did not fit, "
+        r"so the rules chose them; more time \(--budget\) measures them",
+        said,
+    ), said
+    threads = profile.decision("cpu_threads")
+    assert threads is not None
+    assert threads.source is not Source.MEASURED
+    assert disagreements(profile) == []
+
+
+def test_a_pass_that_did_not_fit_is_recorded_once_where_the_reason_and_warning_name_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The count kept (the usable CPUs, not reached) and the threads' warning both name the
+    pass that did not fit: one skip on the budget, with the same numbers in both."""
+    monkeypatch.setattr(workers_phase, "_process_cpus", lambda: 2)
+    runner = _SlowLoader({0: 21.0, 1: 250.0, 2: 480.0}, load_s=12.0)
+    budget = Budget(10.0, runner.clock, started=0.0)
+    outcome = workers_phase.measure_workers(
+        workload=resolve_workload("conv"),
+        profile=build_profile(TWO_CPUS),
+        runner=runner,  # type: ignore[arg-type]
+        batch_size=64,
+        step_rates={64: 2000.0},
+        budget=budget,
+        progress=lambda _phase, _what: None,
+        threads_for=lambda workers: None if workers == 0 else 1,
+    )
+    assert outcome.num_workers == 2
+    (skip,) = budget.skipped
+    assert skip.words() in (outcome.reason or "")
+    assert outcome.warning is not None
+    assert f": {skip.words()} did not fit, so the rules chose them" in outcome.warning
+
+
 def test_a_data_bound_gpu_feeds_its_share_of_the_cpus_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -530,3 +588,4 @@ def test_where_every_fed_pass_failed_the_reason_says_so_not_that_time_ran_out(
     assert "for want of time" not in outcome.reason
     assert "every pass failed (2: RuntimeError: DataLoader worker (pid 7)" in outcome.reason
     assert not budget.skipped  # nothing was left out for time
+    assert outcome.warning is None  # the threads' passes ran: not for want of time

@@ -12,7 +12,8 @@ is not enough and training must be fed by it to choose (``probe.fed``).
    training step and a loader measured alone overstates what training gets, and on a CPU of
    more than one core, where the step's threads are fed too (``probe.fed_threads``). The
    worker count, on a CPU the threads, and, where loading limits training, the batch come
-   from those passes.
+   from those passes; where none chose, ``probe.unfed`` says why, the count kept, and, on a
+   CPU whose threads were not measured for want of time, a warning.
 3. **No dataset** (objects in hand with an example batch): no worker count to measure; on a
    CPU of more than one core whose rules keep 0 workers, the threads are measured on the
    workload's own batches instead (``probe.own_threads``, ``own_threads_from``).
@@ -42,20 +43,13 @@ from torch_autotune.evidence import (
 )
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.fed import PASS_S, FedChoice, choose_fed, fed_order
-from torch_autotune.probe.fed_passes import fed_records, pass_seconds, threads_text
+from torch_autotune.probe.fed_passes import fed_records, threads_text
 from torch_autotune.probe.fed_threads import MeasuredThreads
 from torch_autotune.probe.own_threads import own_batches, own_threads_from
 from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import round_down
-from torch_autotune.probe.workers import (
-    HEADROOM,
-    WorkerChoice,
-    format_rate,
-    format_share,
-    keeps_ahead,
-    search_workers,
-    serial_share,
-)
+from torch_autotune.probe.unfed import short_pass, threads_warning, unfed_count, why_not
+from torch_autotune.probe.workers import WorkerChoice, keeps_ahead, search_workers
 from torch_autotune.probe.workloads import Workload
 from torch_autotune.profile import LoaderRecord, Profile
 
@@ -227,12 +221,15 @@ def measure_workers(
         larger=larger,
     )
     alone += _other_threads(fed, threads_for or (lambda _count: None), default_threads)
-    fallback = None
-    if fed.num_workers is None:  # no pass chose: none fit in the time, or every one failed
-        loader = rates.get(counts[0]) if counts else None
-        short = _short(budget, (batch_size, *smaller)[-1], counts[:1] or [0], loader, step_rates)
-        fallback = _unfed(choice, rates, most, step_rate, profile.device, why=_why_not(fed, short))
-    return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
+    if fed.num_workers is not None:
+        return _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=None)
+    # no pass chose: none fit in the time, or every one failed
+    loader = rates.get(counts[0]) if counts else None
+    short = short_pass(budget, (batch_size, *smaller)[-1], counts[:1] or [0], loader, step_rates)
+    why = why_not(fed, short)
+    fallback = unfed_count(choice, rates, most, step_rate, profile.device, why=why)
+    outcome = _outcome(choice, records, alone, fed, batch_size=batch_size, fallback=fallback)
+    return replace(outcome, warning=threads_warning(fed, default_threads, short))
 
 
 def _loader_said(choice: WorkerChoice, batch_size: int) -> tuple[tuple[LoaderRecord, ...], str]:
@@ -272,71 +269,6 @@ def out_of_time_warning(budget: Budget, share_s: float) -> str:
         f"the DataLoader's workers were not measured: {skip.words()} did not fit, so the rules"
         " chose the count; more time (--budget) measures them"
     )
-
-
-def _short(
-    budget: Budget,
-    batch_size: int,
-    count: Sequence[int],
-    loader: float | None,
-    step_rates: Mapping[int, float],
-) -> Callable[[], str]:
-    """Why no pass fed by the DataLoader ran: the shortest, one pass of the first ``count``
-    at the smallest ``batch_size``, did not fit in the time left, predicted at the slower of
-    its ``loader`` alone and the step alone (``probe.fed_passes.Passes.rate``), as words;
-    recorded on ``budget`` when asked for (where the words are used)."""
-    step = step_rates.get(batch_size)
-    larger = sorted(b for b in step_rates if b > batch_size)
-    if step is None and larger:
-        step = batch_size * step_rates[larger[0]] / larger[0]
-    known = [r for r in (loader, step) if r]
-    predicted = pass_seconds(batch_size, count[0], min(known)) if known else 0.0
-    what = f"a pass of training fed by {count[0]} worker(s) at batch {batch_size}"
-    return lambda: budget.skip(what, predicted, kept_s=0.0, warned=True).words()
-
-
-def _unfed(
-    choice: WorkerChoice,
-    rates: Mapping[int, float],
-    most: int,
-    step: float | None,
-    device: str,
-    *,
-    why: Callable[[], str],
-) -> tuple[int, str] | None:
-    """The count to keep, and why, where no pass fed by the DataLoader chose (``why()``: for
-    want of time, what did not fit, or that every pass failed), when it is not the loader
-    alone's choice: the usable
-    CPUs, the plain alternative, where loading limits training and the loader alone never
-    reached them; on a CPU, 0 where its loading keeps 10% ahead of the step, though in series
-    with it, since a worker takes a core from the step there (G6)."""
-    if step is None:
-        return None
-    if not any(keeps_ahead(n, r, step) for n, r in rates.items()):
-        if most in {t.num_workers for t in choice.trials}:
-            return None
-        return most, (
-            f"{most} worker(s), as many as usable CPUs, the plain alternative, not measured"
-            f"{why()}; no count the loader alone reached keeps ahead of the training step."
-        )
-    main = rates.get(0)
-    if device != "cpu" or choice.num_workers == 0 or main is None or main < step * HEADROOM:
-        return None
-    return 0, (
-        f"0 worker(s): on a CPU workers take cores from the training step, and training fed by "
-        f"the DataLoader was not measured{why()}; in the main process, loading at "
-        f"{format_rate(main)} samples/s takes "
-        f"{format_share(serial_share(main, step))} of training's time, in series with the step."
-    )
-
-
-def _why_not(fed: FedChoice, short: Callable[[], str]) -> Callable[[], str]:
-    """Why training fed by the DataLoader was not measured: every pass failed (``fed`` ran
-    some: the reason's end lists them), else none fit in the time (``short()``: what did not
-    fit, recorded on the budget only when said)."""
-    if fed.trials:
-        return lambda: ": every pass of it failed (below)"
-    return lambda: f" for want of time ({short()} did not fit; give autotune more with --budget)"
 
 
 def _alone(
