@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+import torch_autotune
 from tests.conftest import env_importing_from
 from tests.ranks_workloads import KILLED_AT, OOM_ABOVE, RANK_0_RAISES_FROM, SHARDED_ABOVE
 from torch_autotune.profile import Profile
@@ -30,6 +31,9 @@ from torch_autotune.profile import Profile
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parent.parent
+# Where the ranks import the package from: where this test imports it, the checkout's src, or
+# the built wheel's folder in CI's wheel pass, whose ranks torchrun then starts.
+PACKAGE_FROM = Path(torch_autotune.__file__).resolve().parent.parent
 BOUND_S = 90.0  # a job that hangs is killed here, and fails the test
 HEADER = "torch-autotune: measured profile"
 
@@ -49,7 +53,7 @@ def _job(*args: str, store: Path, torchrun: bool) -> subprocess.CompletedProcess
         command,
         cwd=ROOT,
         # the CPU over gloo on any machine: a GPU machine's one GPU would refuse two ranks
-        env=env_importing_from(ROOT / "src", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
+        env=env_importing_from(PACKAGE_FROM, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
         check=False,
         capture_output=True,
         text=True,
@@ -171,7 +175,7 @@ def test_a_script_tunes_then_trains_in_a_group_of_its_own(tmp_path: Path) -> Non
         [*start, str(script)],
         cwd=tmp_path,
         env=env_importing_from(
-            ROOT / "src",
+            PACKAGE_FROM,
             OMP_NUM_THREADS="1",
             CUDA_VISIBLE_DEVICES="",
             TORCH_AUTOTUNE_HOME=str(tmp_path / "home"),
