@@ -305,8 +305,9 @@ def optimizer_kwargs(settings: Settings, optimizer: Any = None) -> dict[str, Any
 
 def prepare_model(settings: Settings, model: Any) -> Any:
     """Memory format, activation checkpointing of the blocks (``wrapping``: the settings'
-    classes, else the repeated blocks) and
-    torch.compile; returns the model to train (compiled or not)."""
+    classes, else the repeated blocks, of the model inside any DDP, FSDP or compile wrapper,
+    each recomputed once however often this is called) and torch.compile; returns the model to
+    train (compiled or not)."""
     import torch
 
     from torch_autotune.wrapping import checkpoint_blocks

@@ -312,14 +312,15 @@ class Profile(StrictModel):
         """Apply memory format, then (a job's profile, in a process group of several ranks)
         DDP with the profile's options or FSDP2 where it shards (``parallelize``), then
         torch.compile; returns the model to train. A model already wrapped is not wrapped
-        again."""
-        from torch_autotune.apply import prepare_model
+        again: the blocks are checkpointed once, on the model inside DDP, as the probe measured
+        them (a Hugging Face model by its own switch, never its layers wrapped as well)."""
+        from torch_autotune.apply import compile_model, prepare_model
         from torch_autotune.wrapping import parallelize
 
         if self.topology.world_size == 1:
             return prepare_model(self.settings, model)
         eager = self.settings.model_copy(update={"compile": Compile()})
-        return prepare_model(self.settings, parallelize(self.settings, prepare_model(eager, model)))
+        return compile_model(self.settings, parallelize(self.settings, prepare_model(eager, model)))
 
     def parallelize(self, model: Any) -> Any:
         """The model as the job's ranks train it, where a process group of several ranks is

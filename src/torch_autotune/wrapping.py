@@ -22,6 +22,7 @@ __all__ = [
     "recompute_calls",
     "repeated_blocks",
     "shard",
+    "unwrapped",
 ]
 
 
@@ -192,11 +193,14 @@ def checkpoint_blocks(model: Any, names: str | None = None) -> int:
     module, so its parameters keep their names (``checkpoint_wrapper`` prefixes them), and the
     model deep-copies (an EMA or ``AveragedModel``'s copy recomputes its own blocks) and
     pickles whole. A Hugging Face model checkpoints its own layers
-    (``gradient_checkpointing_enable``, non-reentrant), unless ``names`` says which. Returns
-    how many blocks it wraps now (0 where they already are). Raises ``NotCheckpointable`` where
+    (``gradient_checkpointing_enable``, non-reentrant), unless ``names`` says which. ``model``
+    may be inside DDP, FSDP or torch.compile (``unwrapped``): what is decided is the model's.
+    Returns how many blocks it wraps now (0 where they, a block around them or one inside
+    them, or the model's own checkpointing, recompute already). Raises ``NotCheckpointable`` where
     there is no block, or where a
     block holds a norm that keeps running statistics (BatchNorm), which the recompute would
     update a second time each step."""
+    model = unwrapped(model)
     if names is not None and checkpoints_itself(model):
         raise NotCheckpointable(
             "the model checkpoints its own layers already (a Hugging Face model's"
@@ -218,15 +222,50 @@ def checkpoint_blocks(model: Any, names: str | None = None) -> int:
             f"its repeated blocks ({', '.join(sorted(normed))}) hold {', '.join(norms)}, whose "
             "running statistics a recomputed forward would update twice each step"
         )
+    covered = _recomputed(model)
     if hugging_face:
-        return _hugging_face_checkpointing(model)
+        return 0 if covered else _hugging_face_checkpointing(model)
     wrapped = 0
     for block in blocks:
-        if is_checkpointed(block):
-            continue
+        if any(id(m) in covered for m in block.modules()):
+            continue  # it, or a block inside it, is recomputed already
         block.forward = _Recomputed(block)
         wrapped += 1
     return wrapped
+
+
+def _recomputed(model: Any) -> set[int]:
+    """The ids of the modules of ``model`` that a recompute covers already: the blocks
+    ``checkpoint_blocks`` wrapped, the modules inside them, and the layers a Hugging Face model
+    checkpoints itself (its ``gradient_checkpointing`` flag on)."""
+    covered: set[int] = set()
+    for module in model.modules():
+        own = _layer_of_its_own(module) and getattr(module, "gradient_checkpointing", 0) is True
+        if own or is_checkpointed(module):
+            covered.update(id(m) for m in module.modules())
+    return covered
+
+
+_WRAPPERS = {
+    "torch.nn.parallel.distributed.DistributedDataParallel": "module",
+    "torch.nn.parallel.data_parallel.DataParallel": "module",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel": "module",
+    "torch._dynamo.eval_frame.OptimizedModule": "_orig_mod",
+}
+
+
+def unwrapped(model: Any) -> Any:
+    """The user's model inside the wrappers that train it, however they nest:
+    ``DistributedDataParallel``'s, ``DataParallel``'s and FSDP's (the wrapper of its first
+    version) ``module``, ``torch.compile``'s ``_orig_mod``. FSDP2 shards a model in place: it
+    is the model. Known by torch's own classes (and their subclasses), not by the attribute's
+    name, which a model of the user's may hold for a layer."""
+    while True:
+        names = (f"{c.__module__}.{c.__qualname__}" for c in type(model).__mro__)
+        inner = next((_WRAPPERS[n] for n in names if n in _WRAPPERS), None)
+        if inner is None or getattr(model, inner, None) is None:
+            return model
+        model = getattr(model, inner)
 
 
 def is_checkpointed(block: Any) -> bool:
@@ -295,7 +334,9 @@ def _norms(block: Any) -> set[str]:
 
 
 def checkpoints_itself(model: Any) -> bool:
-    """Whether ``model`` is a Hugging Face model with its own checkpointing on."""
+    """Whether ``model`` (inside its wrappers: ``unwrapped``) is a Hugging Face model with its
+    own checkpointing on."""
+    model = unwrapped(model)
     if not getattr(model, "supports_gradient_checkpointing", False):
         return False
     if hasattr(model, "activation_checkpointing_enable"):  # transformers 5: the old name warns

@@ -8,10 +8,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from tests.probe.fake_trials import recorded, tune_on
@@ -25,10 +28,16 @@ from torch_autotune.probe.simulated import SimulatedMachine
 from torch_autotune.probe.trials import StepSettings
 from torch_autotune.probe.workloads import Workload, llama, models, resolve_workload
 from torch_autotune.probe.workloads.synthetic import SyntheticTokens
+from torch_autotune.profile import Preferences
 from torch_autotune.rules.context import Measurements
 from torch_autotune.rules.memory import checkpointing
 from torch_autotune.settings import Source, torch_defaults
-from torch_autotune.wrapping import NotCheckpointable, checkpoint_blocks, is_checkpointed
+from torch_autotune.wrapping import (
+    NotCheckpointable,
+    checkpoint_blocks,
+    is_checkpointed,
+    unwrapped,
+)
 
 CPU = StepSettings(torch_defaults("cpu"))
 
@@ -576,3 +585,91 @@ def test_on_real_torch_the_check_runs_one_model_at_a_time() -> None:
     assert checked.agrees
     assert built == [1, 1]  # one more for the check, none for a twin
     assert runner._model is None  # its own was let go before
+
+
+# --- a model inside DDP or torch.compile: checkpointed once, as the probe measured it ------------
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A gloo process group of this process alone: enough to build DistributedDataParallel."""
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _hf_gpt2() -> Any:
+    """A Hugging Face GPT-2 at a tiny size, built from its config (nothing downloaded)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _recomputes(hf: Any) -> tuple[int, bool]:
+    """The blocks of ``hf`` that torch-autotune wraps, and whether its own switch is on."""
+    return sum(is_checkpointed(m) for m in hf.modules()), bool(hf.is_activation_checkpointing)
+
+
+def test_a_hugging_face_model_inside_ddp_checkpoints_by_its_own_switch_alone(
+    one_rank: None,
+) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    hf = _hf_gpt2()
+    assert checkpoint_blocks(DistributedDataParallel(hf)) == 1  # its own switch, as alone
+    assert _recomputes(hf) == (0, True)
+    settings = torch_defaults("cpu").model_copy(update={"activation_checkpointing": True})
+    prepare_model(settings, DistributedDataParallel(hf))  # its layers are not wrapped too
+    assert _recomputes(hf) == (0, True)
+    assert checkpoint_blocks(torch.compile(hf)) == 0
+
+
+def test_a_two_rank_profile_checkpoints_a_hugging_face_model_once(
+    one_rank: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from torch_autotune import wrapping
+    from torch_autotune.rules.engine import build_profile
+
+    profile = build_profile(
+        recorded("cpu-laptop-linux"), preferences=Preferences(processes_per_node=2)
+    )
+    assert profile.topology.world_size == 2
+    on = profile.settings.model_copy(update={"activation_checkpointing": True})
+    profile = profile.model_copy(update={"settings": on})
+    # the group here has one rank: DDP as parallelize builds it where there are two
+    monkeypatch.setattr(wrapping, "parallelize", lambda _s, m: DistributedDataParallel(m))
+    hf = _hf_gpt2()
+    trained = profile.prepare_model(hf)
+    assert isinstance(trained, DistributedDataParallel)
+    assert _recomputes(hf) == (0, True)
+    tokens = torch.randint(0, 64, (2, 16))
+    trained(input_ids=tokens, labels=tokens).loss.backward()
+    assert all(p.grad is not None for p in hf.parameters())
+
+
+def test_blocks_inside_a_wrapped_block_are_not_wrapped_again() -> None:
+    model = DropoutTower()
+    assert checkpoint_blocks(torch.compile(model)) == 4  # the four Sequential blocks, inside
+    assert checkpoint_blocks(model, "torch.nn.modules.linear.Linear") == 0  # inside them
+    assert not any(is_checkpointed(m) for m in model.modules() if isinstance(m, nn.Linear))
+    assert checkpoint_blocks(DropoutTower(), "torch.nn.modules.linear.Linear") == 4
+
+
+def test_unwrapped_looks_through_ddp_and_compile_not_a_layer_named_module(one_rank: None) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DropoutTower()
+    assert unwrapped(torch.compile(DistributedDataParallel(model))) is model
+    assert unwrapped(DistributedDataParallel(torch.compile(model))) is model
+
+    class Holder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = nn.Linear(2, 2)
+
+    holder = Holder()
+    assert unwrapped(holder) is holder
