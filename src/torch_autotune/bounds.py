@@ -10,6 +10,7 @@ budget). The bounds are far above any real machine; they only stop what cannot r
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from pydantic import ConfigDict, Field
@@ -22,11 +23,13 @@ __all__ = [
     "MAX_CPUS",
     "MAX_GLOBAL_BATCH",
     "MAX_GRAD_ACCUM_STEPS",
+    "MAX_MEMORY_GIB",
     "MAX_PREFETCH_FACTOR",
     "MAX_ROUNDS",
     "MAX_SECONDS",
     "MAX_SMALL_COUNT",
     "MAX_WORKERS",
+    "MIN_MEMORY_GIB",
     "SEED_MAX",
     "SEED_MIN",
     "STRICT",
@@ -42,6 +45,7 @@ __all__ = [
     "Seed",
     "SmallCount",
     "WorkerCount",
+    "memory_limit_refused",
 ]
 
 STRICT = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -78,6 +82,35 @@ MAX_COMPUTE_UNITS = 4096
 
 MAX_BYTES = 1 << 60
 """Bytes of memory (device, host, shared): 1 EiB; the largest hosts have tens of TiB."""
+
+MAX_MEMORY_GIB = MAX_BYTES / 2**30
+"""The most ``--memory-limit`` (``tune(memory_limit_gib=...)``) may be: ``MAX_BYTES``, in GiB.
+The device's own memory bounds it further (``compose.memory_limit_problem``)."""
+
+MIN_MEMORY_GIB = 0.01
+"""The least ``--memory-limit`` (``tune(memory_limit_gib=...)``) may be, 10 MiB: the limits
+are said to 0.01 GiB, and CUDA's caching allocator reserves 2 MiB at a time. From Python,
+``tune(memory_limit_gib=1e-12)`` was taken as a cap of one byte and said as '9.3e-10 GiB'."""
+
+
+def memory_limit_refused(gib: float) -> str | None:
+    """The one line that refuses a memory limit of ``gib`` GiB, the same from the command line
+    and from Python: not finite, below ``MIN_MEMORY_GIB`` or above ``MAX_MEMORY_GIB``; None
+    where it is within them."""
+    if not math.isfinite(gib):
+        return f"--memory-limit {gib:g} is not a number of GiB; ask for {MIN_MEMORY_GIB:g} or more"
+    if gib < MIN_MEMORY_GIB:
+        return (
+            f"--memory-limit {gib:g} is less than {MIN_MEMORY_GIB:g} GiB, the least it may be;"
+            f" ask for {MIN_MEMORY_GIB:g} or more"
+        )
+    if gib > MAX_MEMORY_GIB:
+        return (
+            f"--memory-limit {gib:g} is more than {MAX_MEMORY_GIB:g} GiB, the most any device"
+            f" may have; ask for less"
+        )
+    return None
+
 
 MAX_ROUNDS = 1000
 """Interleaved bench rounds: 5 by default; 1000 rounds of every arm take hours."""

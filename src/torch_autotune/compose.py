@@ -26,7 +26,9 @@ from torch_autotune.bounds import (
     MAX_ROUNDS,
     MAX_SECONDS,
     MAX_WORKERS,
+    memory_limit_refused,
 )
+from torch_autotune.errors import MemoryLimitError
 from torch_autotune.invariants import check_cpu_counts, cpu_counts, device_accelerators
 from torch_autotune.profile import Mode, Preferences, Profile
 from torch_autotune.settings import RECORD_BY_NAME, memory_settings, torch_defaults
@@ -57,20 +59,18 @@ def check_tune_arguments(
 ) -> None:
     """ValueError for a number no run can use: a budget that is not finite and positive, a
     count that is not an int or is outside what a machine can have (``torch_autotune.bounds``),
-    a memory limit that is not finite and positive, a smallest batch above the largest."""
+    a memory limit outside ``bounds.memory_limit_refused``'s (``MemoryLimitError``, with the
+    CLI's line), a smallest batch above the largest."""
     if budget_s is not None and not (math.isfinite(budget_s) and 0 < budget_s <= MAX_SECONDS):
         raise ValueError(
             f"budget_s must be a number of seconds > 0 and at most {MAX_SECONDS:g}, got {budget_s}"
         )
-    if memory_limit_gib is not None and (
-        isinstance(memory_limit_gib, bool)
-        or not isinstance(memory_limit_gib, (int, float))
-        or not (math.isfinite(memory_limit_gib) and 0 < memory_limit_gib * 2**30 <= MAX_BYTES)
-    ):
-        raise ValueError(
-            f"memory_limit_gib must be a number of GiB > 0 and at most {MAX_BYTES / 2**30:g},"
-            f" got {memory_limit_gib!r}"
-        )
+    if memory_limit_gib is not None:
+        if isinstance(memory_limit_gib, bool) or not isinstance(memory_limit_gib, (int, float)):
+            raise ValueError(f"memory_limit_gib must be a number of GiB, got {memory_limit_gib!r}")
+        refused = memory_limit_refused(memory_limit_gib)  # the CLI's line, bound for bound
+        if refused is not None:
+            raise MemoryLimitError(refused)
     for name, value, low, high in (
         ("max_batch_size", max_batch_size, 1, MAX_BATCH_SIZE),
         ("min_batch_size", min_batch_size, 1, MAX_BATCH_SIZE),

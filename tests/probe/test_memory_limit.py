@@ -15,8 +15,10 @@ from rich.console import Console
 
 from tests.probe.fake_trials import Ticks, recorded, tune_on
 from torch_autotune import compose
+from torch_autotune.api import tune
+from torch_autotune.bounds import MIN_MEMORY_GIB, memory_limit_refused
 from torch_autotune.cli import cli
-from torch_autotune.errors import EXIT_USAGE
+from torch_autotune.errors import EXIT_USAGE, MemoryLimitError
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.guard import (
     OVER_CAP,
@@ -163,16 +165,55 @@ def test_on_the_cpu_a_trial_that_peaked_past_the_limit_is_said_so() -> None:
     )
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), 1e30, "0.2", True])
-def test_tune_refuses_a_memory_limit_no_device_has(bad: float) -> None:
+@pytest.mark.parametrize("bad", ["0.2", True])
+def test_tune_refuses_a_memory_limit_that_is_no_number(bad: float) -> None:
     """A string raised a bare TypeError of the comparison, and True passed as 1 GiB."""
-    with pytest.raises(ValueError, match="memory_limit_gib must be a number of GiB > 0"):
+    with pytest.raises(ValueError, match="memory_limit_gib must be a number of GiB, got "):
         compose.check_tune_arguments(None, None, None, None, memory_limit_gib=bad)
 
 
-@pytest.mark.parametrize("bad", ["0", "nan", "-3", "lots"])
-def test_the_cli_refuses_a_memory_limit_no_device_has(bad: str) -> None:
+_LEAST = "is less than 0.01 GiB, the least it may be; ask for 0.01 or more"
+
+
+@pytest.mark.parametrize(
+    ("bad", "line"),
+    [
+        ("0.005", f"--memory-limit 0.005 {_LEAST}"),
+        ("1e-12", f"--memory-limit 1e-12 {_LEAST}"),
+        ("0", f"--memory-limit 0 {_LEAST}"),
+        ("-3", f"--memory-limit -3 {_LEAST}"),
+        ("nan", "--memory-limit nan is not a number of GiB; ask for 0.01 or more"),
+        ("inf", "--memory-limit inf is not a number of GiB; ask for 0.01 or more"),
+        (
+            "1e30",
+            "--memory-limit 1e+30 is more than 1.07374e+09 GiB, the most any device may have;"
+            " ask for less",
+        ),
+    ],
+)
+def test_the_cli_and_tune_refuse_a_memory_limit_outside_its_bounds_with_one_line(
+    bad: str, line: str
+) -> None:
+    """--memory-limit 0.005 was exit 2 with a floor the reference did not name, while
+    tune(memory_limit_gib=1e-12) was taken as a cap of one byte, said as '9.3e-10 GiB': the same
+    bounds and the same line, from the command line and from Python."""
     done = CliRunner().invoke(cli, ["--memory-limit", bad, "--no-save"], prog_name="autotune")
+    assert done.exit_code == EXIT_USAGE
+    assert done.stderr.splitlines() == [f"autotune: error: {line}; see 'autotune --help'"]
+    with pytest.raises(MemoryLimitError) as refused:
+        tune("mlp", memory_limit_gib=float(bad), budget_s=20)
+    assert str(refused.value) == line
+    assert isinstance(refused.value, ValueError)
+
+
+def test_the_least_memory_limit_is_accepted() -> None:
+    compose.check_tune_arguments(None, None, None, None, memory_limit_gib=MIN_MEMORY_GIB)
+    assert memory_limit_refused(MIN_MEMORY_GIB) is None
+    assert memory_limit_refused(MIN_MEMORY_GIB / 2) is not None
+
+
+def test_the_cli_refuses_a_memory_limit_that_is_no_number() -> None:
+    done = CliRunner().invoke(cli, ["--memory-limit", "lots", "--no-save"], prog_name="autotune")
     assert done.exit_code == EXIT_USAGE
     assert "--memory-limit" in done.output
 

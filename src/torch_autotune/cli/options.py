@@ -18,20 +18,18 @@ import click
 
 from torch_autotune.bounds import (
     MAX_BATCH_SIZE,
-    MAX_BYTES,
     MAX_CPUS,
     MAX_GLOBAL_BATCH,
     MAX_ROUNDS,
     MAX_SECONDS,
     MAX_WORKERS,
+    memory_limit_refused,
 )
 from torch_autotune.errors import EXIT_STORE, StoreError
 from torch_autotune.files import check_writable
 from torch_autotune.probe.ablation import DEFAULT_ROUNDS, DEFAULT_SECONDS
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-MAX_MEMORY_GIB = MAX_BYTES / 2**30  # bounds.MAX_BYTES, in GiB
 
 
 class Decorator(Protocol):
@@ -69,6 +67,18 @@ class Finite(click.FloatRange):
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+class MemoryLimit(click.FloatRange):
+    """``--memory-limit``'s GiB, within ``bounds.memory_limit_refused``'s bounds: refused with
+    its line, the one ``tune(memory_limit_gib=...)`` raises (exit 2)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        refused = memory_limit_refused(number)
+        if refused is not None:
+            raise click.UsageError(refused, ctx)
         return number
 
 
@@ -304,7 +314,7 @@ def memory_limit() -> Decorator:
     """``--memory-limit GIB``: the device memory the probe may use."""
     return click.option(
         "--memory-limit",
-        type=Finite(min=0.01, max=MAX_MEMORY_GIB),
+        type=MemoryLimit(),
         metavar="GIB",
         help="Tune as on a GPU with this many GiB (the allocator's per-process fraction; on the "
         "CPU, the host RAM the probe may fill): for a smaller or shared GPU. Recorded in the "
