@@ -311,6 +311,28 @@ def test_on_real_torch_a_model_that_needs_checkpointing_with_a_jittery_block_doe
     )
 
 
+@pytest.mark.slow  # real tune() on the CPU: seconds
+def test_on_real_torch_a_model_needing_checkpointing_with_a_stateful_block_does_not_fit() -> None:
+    """Its block's recompute matches its first plain call to the bit, but its plain call run
+    twice differs by 0.5: before, checkpointing was kept, and training with it diverged."""
+    from tests.probe.test_recompute_noise import Toggling
+    from torch_autotune.api import tune
+
+    model = {
+        "model": lambda: Tower(Toggling),
+        "optimizer": lambda params: torch.optim.AdamW(params, lr=1e-3),
+        "example_batch": (torch.randn(4, 16), torch.randn(4, 4)),
+    }
+    with pytest.raises(DoesNotFitError) as raised:
+        tune(model, snapshot=LAPTOP, budget_s=15, max_batch_size=16)
+    assert raised.value.exit_code == EXIT_DOES_NOT_FIT
+    assert (
+        "activation checkpointing was tried, and the plain block run twice on the same inputs"
+        " differed by 5.0e-01 (an output or a gradient, relative), more than the 0.05 kernels'"
+        " noise is taken to reach"
+    ) in raised.value.fact
+
+
 def test_a_model_that_came_checkpointed_is_still_held_to_its_blocks_check() -> None:
     """Its blocks were wrapped before (the check wrapped none), but alone, plain against
     recomputed, they were compared all the same: a difference is not 'checkpointed already'."""

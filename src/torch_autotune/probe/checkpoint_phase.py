@@ -239,7 +239,10 @@ def raised_checkpointed(said: str) -> str:
 
 
 def disagrees(checked: Agreement) -> str:
-    """Why checkpointing is not used where its recomputed step is not the plain one."""
+    """Why checkpointing is not used where its recomputed step is not the plain one: where the
+    plain step (or block) run twice differed beyond kernels' noise, that (``_unsteady``)."""
+    if not checked.noise <= NOISE_CEILING:
+        return _unsteady(checked)
     what = (
         f"a block recomputed differs from its plain forward and backward (trained alone:"
         f" {_one_of(checked.kinds)}) by {checked.largest_difference:.1e} (an output or"
@@ -254,17 +257,33 @@ def disagrees(checked: Agreement) -> str:
     )
 
 
+def _unsteady(checked: Agreement) -> str:
+    """Why checkpointing is not used where the plain step (or block) run twice, from the same
+    weights and inputs and its generators seeded alike, differed by more than kernels' noise
+    reaches: its forward changes from call to call, and a recompute is one call more."""
+    what = "an output or a gradient" if checked.kinds else "loss or a gradient"
+    on = "on the same inputs" if checked.kinds else "from the same weights and batch"
+    by = (
+        f"by {checked.noise:.1e} ({what}, relative)"
+        if math.isfinite(checked.noise)
+        else "without bound (tensors of another shape or number)"
+    )
+    return (
+        f"not used: {_plain(checked)} run twice {on} differed {by}, more than the"
+        f" {NOISE_CEILING:g} kernels' noise is taken to reach: a checkpointed block's forward"
+        " depends on more than its inputs (state it changes, randomness not from torch's"
+        " generators), and a recompute runs it once more, so the step with it cannot be the step"
+        " without it"
+    )
+
+
 def _held_to(checked: Agreement) -> str:
     """The tolerance the check held ``checked`` to, and why, where the plain step (or block)
-    run twice differed (``search.tolerance``); ``RTOL`` alone where it did not."""
+    run twice differed within kernels' noise (``search.tolerance``); ``RTOL`` alone where it
+    did not differ."""
     noise, twice = checked.noise, f"{_plain(checked)} run twice"
     if noise == 0:
         return f"{RTOL:g}"
-    if not noise <= NOISE_CEILING:
-        return (
-            f"{RTOL:g} ({twice} differed by {noise:.1e}, more than the {NOISE_CEILING:g}"
-            " kernels' noise is taken to reach, so not counted)"
-        )
     if tolerance(noise) == RTOL:
         return (
             f"{RTOL:g} ({twice} differed by {noise:.1e}; {NOISE_FACTOR:g}x that is less than"

@@ -3,7 +3,9 @@ and the same batch: before the probe measures checkpointing, it checks that the 
 step is the step (the same loss and gradients within tolerance), so that a block whose forward
 depends on more than its inputs is found before it trains wrong. The tolerance is measured:
 the plain step runs twice, and what it differs by from itself (on a GPU, attention's backward
-sums in no fixed order) widens it (``search.tolerance``). A block
+sums in no fixed order) widens it (``search.tolerance``); where it differs from itself by more
+than kernels' noise reaches (a block that changes state at each call), no recompute is the step
+and the check refuses (``search.within_tolerance``). A block
 whose recompute does not even run as its forward did (torch's ``CheckpointError``: the
 recomputed tensors differ in shape) raises in the checkpointed step alone: the check says so,
 as its finding, since the plain step from the same weights trained.
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from torch_autotune.apply import autocast, batch_to_device
 from torch_autotune.errors import AutotuneError, blame_user_code, said_in_one_line
 from torch_autotune.probe.oom import is_out_of_memory, release_memory
-from torch_autotune.probe.search import Agreement, tolerance
+from torch_autotune.probe.search import Agreement, within_tolerance
 from torch_autotune.wrapping import checkpoint_blocks, recompute_calls
 
 if TYPE_CHECKING:
@@ -73,7 +75,7 @@ def checkpointed_step_agrees(
     largest = _apart(kept, found)
     del model, batch, found
     release_memory(settings.device)
-    return Agreement(largest <= tolerance(noise), largest, blocks, noise=noise)
+    return Agreement(within_tolerance(largest, noise), largest, blocks, noise=noise)
 
 
 def checkpointed_blocks_agree(
@@ -112,7 +114,8 @@ def checkpointed_blocks_agree(
         largest = max(largest, _apart(expected, found))
     if not given:
         return None
-    return Agreement(largest <= tolerance(noise), largest, wrapped, kinds=len(given), noise=noise)
+    agrees = within_tolerance(largest, noise)
+    return Agreement(agrees, largest, wrapped, kinds=len(given), noise=noise)
 
 
 def _inputs(

@@ -84,17 +84,29 @@ NOISE_CEILING = 0.05
 """The most the plain step run twice may differ by and still be taken for its kernels' noise:
 about 4x the 1.3e-2 by which the checkpointed step differed on an H200. Beyond it the plain
 step's forward itself depends on more than its weights and batch (a block that changes state
-at each call: the second plain step is its second call), which would widen the tolerance to
-let the same fault in the recompute through; the check then holds to ``RTOL``."""
+at each call: the second plain step is its second call). Widening the tolerance by it would let
+the same fault in the recompute through, and no tolerance makes it right: a recompute runs the
+block once more, so what it computes is not what training without it computes. The check then
+refuses checkpointing, however close the recompute came to the first plain step
+(``within_tolerance``)."""
 
 
 def tolerance(noise: float) -> float:
     """The largest relative difference the checkpointed step may show where the plain step run
     twice differed by ``noise``: ``NOISE_FACTOR`` times that noise, at least ``RTOL``; ``RTOL``
-    where the noise is above ``NOISE_CEILING`` (or not finite), not kernels' noise."""
+    where the noise is above ``NOISE_CEILING`` (or not finite), not kernels' noise (the check
+    refuses there whatever the difference: ``within_tolerance``)."""
     if not noise <= NOISE_CEILING:
         return RTOL
     return max(RTOL, NOISE_FACTOR * noise)
+
+
+def within_tolerance(largest: float, noise: float) -> bool:
+    """Whether a checkpointed step (or block) that differs from the plain one by ``largest``
+    agrees with it, where the plain one run twice differed by ``noise``: within
+    ``tolerance(noise)``, and never where that noise is beyond ``NOISE_CEILING`` (the plain
+    forward changes from call to call: its recompute cannot be the step it replaces)."""
+    return noise <= NOISE_CEILING and largest <= tolerance(noise)
 
 
 @dataclass(frozen=True)
