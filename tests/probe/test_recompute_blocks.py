@@ -22,7 +22,7 @@ from tests.probe.test_checkpointing_raises import _workload  # the mlp's step on
 from torch_autotune.errors import EXIT_DOES_NOT_FIT, DoesNotFitError
 from torch_autotune.probe.recompute import checkpointed_blocks_agree
 from torch_autotune.probe.search import RTOL, Agreement
-from torch_autotune.probe.simulated import SimulatedMachine
+from torch_autotune.probe.simulated import BLOCKS_AGREE, SimulatedMachine
 from torch_autotune.probe.trials import StepSettings, TrialRunner
 from torch_autotune.probe.workloads import resolve_workload
 from torch_autotune.settings import torch_defaults
@@ -346,3 +346,53 @@ def test_a_model_that_came_checkpointed_is_still_held_to_its_blocks_check() -> N
     assert _refusal(Agreement(True, 0.0, 0)) == ALREADY  # the whole step, twice the same
     with pytest.raises(RecomputeDiffersError, match="a block recomputed differs"):
         checked_on(Base(), 1, lambda _phase, _what: None)  # type: ignore[arg-type]
+
+
+def _logged_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each recompute check said in the machine's log, in order with its trials."""
+    from torch_autotune.probe.simulated import SimulatedTrials
+
+    checked = SimulatedTrials.recompute_check
+
+    def logged(runner: SimulatedTrials, batch_size: int) -> Agreement | None:
+        runner.machine.log.append(f"check {batch_size}")
+        return checked(runner, batch_size)
+
+    monkeypatch.setattr(SimulatedTrials, "recompute_check", logged)
+
+
+def test_where_it_fits_only_checkpointed_the_recompute_is_checked_before_the_search_grows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, the check ran after the whole checkpointed search (batches 1 to 12 trained with
+    a recompute it then refused); now right after the smallest batch's trial, and no other
+    size runs once it refuses."""
+    _logged_checks(monkeypatch)
+    machine = _fits_only_checkpointed(Agreement(False, 0.25, 3, kinds=1))
+    with pytest.raises(DoesNotFitError, match="a block recomputed differs"):
+        tune_on(machine, _simulated_token_workload(), LAPTOP, mode="balanced", budget_s=60)
+    assert machine.log == ["trial 1", "trial 1", "check 1"]  # without it, then the probe again
+    agreeing = _fits_only_checkpointed(BLOCKS_AGREE)
+    tune_on(agreeing, _simulated_token_workload(), LAPTOP, mode="balanced", budget_s=60)
+    assert agreeing.log[:4] == ["trial 1", "trial 1", "check 1", "trial 8"]
+    assert agreeing.log.count("check 1") == 1
+
+
+def test_the_check_counts_in_the_searchs_time_and_is_said_where_it_does_not_fit() -> None:
+    """Its model of its own (30 s to build here) is the search's time, where before it ran
+    outside every phase; where the budget left cannot hold it, the run says so (exit 6)."""
+    from torch_autotune.errors import EXIT_PROBE, ProbeError
+
+    machine = dataclasses.replace(_fits_only_checkpointed(BLOCKS_AGREE), build_s=30.0)
+    profile = tune_on(machine, _simulated_token_workload(), LAPTOP, mode="balanced", budget_s=300)
+    assert profile.evidence is not None
+    search = [p.seconds for p in profile.evidence.phases if p.name == "search"]
+    assert search
+    assert search[-1] >= 30.0  # the check's model of its own
+    slow = dataclasses.replace(_fits_only_checkpointed(BLOCKS_AGREE), fixed_s=8.0)  # 32 s
+    with pytest.raises(ProbeError) as raised:
+        tune_on(slow, _simulated_token_workload(), LAPTOP, mode="balanced", budget_s=60)
+    assert raised.value.exit_code == EXIT_PROBE
+    assert "ran out before activation checkpointing's recompute could be checked" in str(
+        raised.value
+    )

@@ -7,8 +7,9 @@ CPU throughput no longer grows (``plan.CPU_CAP``), and by host RAM there; it sta
 smallest batch the model trains at (``probe.smallest``). The bounds it found are the bounds of
 every later search (``variant_phase.Bounds``). Where the settings checkpoint from the start
 (the probe again, where not even the smallest batch trained without it), the recompute is
-checked at the smallest batch before anything is measured with it
-(``checkpoint_phase.checked_on``).
+checked at the smallest batch once its trial trained, before the search runs any other size
+with it and within the search's time (``checkpoint_phase.checked_on``): a recompute that is not
+the step ends the run before a batch more trains with it.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def search(
         guarded.ram_cap_bytes = runner.settings.memory_limit_bytes
         guarded.ram_budget_bytes = ram_budget(machine)
     smallest = Smallest(1, None)
+    on = settings.activation_checkpointing  # its recompute checked before it is measured
+    checked: tuple[Agreement | None, int] | None = None
     with budget.phase("search"):
         runner.apply_flags(cudnn_benchmark=False)
         try:
@@ -83,6 +86,7 @@ def search(
             found = Found(None, "budget", "the budget was spent before the first trial")
         else:
             guarded.start = smallest.size
+            checked = _checked_first(guarded, smallest.size, name) if on else None
             limit = runner.memory_limit() or _capped_peak(guarded)
             found = search_with_guard(guarded, cap, limit, why)
     if found.largest is None and found.limited_by in ("budget", "time"):
@@ -101,9 +105,29 @@ def search(
         multiple=multiple,
         fixed_shapes=fixed_shapes,
     )
-    on = settings.activation_checkpointing  # its recompute checked before it is measured
-    checked = (checked_on(runner, smallest.size, report), smallest.size) if on else None
     return Searched(guarded, found, bounds, smallest, checked)
+
+
+def _checked_first(
+    guarded: SearchGuard, floor: int, name: str
+) -> tuple[Agreement | None, int] | None:
+    """Where the settings checkpoint from the start: the recompute checked at ``floor``, the
+    smallest batch, once its trial trained and before the search runs any other size
+    (``checkpoint_phase.checked_on``), within the budget. None where ``floor`` did not train
+    (nothing fits: the search says so). Raises ``ProbeError`` where the check, predicted to
+    take as long as that trial took, does not fit in what is left of the budget."""
+    trial = next((r for r in guarded.records if r.fits and r.batch_size == floor), None)
+    if trial is None:
+        return None
+    budget, needed = guarded.budget, trial.seconds or 0.0
+    if needed > budget.left_in_run():
+        raise ProbeError(
+            f"the time budget ({budget.total_s:g} s) ran out before activation checkpointing's"
+            f" recompute could be checked against the plain step of the {name} workload at batch"
+            f" {floor} ({needed:.1f} s predicted, {budget.left_in_run():.1f} s left), and it is"
+            " used only once checked; give it more with --budget"
+        )
+    return checked_on(guarded.runner, floor, guarded.progress), floor
 
 
 def _does_not_fit(guarded: SearchGuard, found: Found, name: str, device: str) -> DoesNotFitError:
