@@ -348,3 +348,15 @@ def gib(value: int | None) -> str:
         return "?"
     amount = value / 2**30
     return f"{amount:.1f} GiB" if amount >= 1 else f"{amount:.2g} GiB"
+
+
+def apart(taken: int, limit: int) -> tuple[str, str]:
+    """``taken`` and ``limit`` in words that differ where the bytes do: in GiB as ``gib`` says
+    them, else in MiB with as many decimals as tell them apart (0.2 GiB over 0.2 GiB read as
+    no more than the limit)."""
+    said, allowed = gib(taken), gib(limit)
+    digits = 0
+    while said == allowed and taken != limit and digits < 6:
+        said, allowed = (f"{value / 2**20:.{digits}f} MiB" for value in (taken, limit))
+        digits += 1
+    return said, allowed

@@ -41,7 +41,7 @@ from torch_autotune.apply import (
 from torch_autotune.errors import blame_user_code
 from torch_autotune.knobs import settings_config, train_settings
 from torch_autotune.probe.fed import FedTrial, warmup_steps
-from torch_autotune.probe.guard import gib
+from torch_autotune.probe.guard import apart
 from torch_autotune.probe.loader import (
     LoaderTrial,
     loader_kwargs,
@@ -75,8 +75,9 @@ class TrainingLoop:
 
     ``settings``: what the knobs leave alone (default: torch's defaults on ``device``); the
     bench passes the tuned profile's. Raises ``ArmFailed`` when the config runs out of memory,
-    takes more host RAM than ``memory_limit_bytes`` on the CPU (as a search trial does: beyond
-    what the process held once its model was built), or a DataLoader worker dies or hangs; any
+    takes more host RAM than ``memory_limit_bytes`` on the CPU (counted as a search trial's
+    is, ``_beyond_baseline``; stopped between steps once over it), or a DataLoader worker
+    dies or hangs; any
     other error (the user's model failing) propagates with its own traceback.
     """
 
@@ -113,6 +114,7 @@ class TrainingLoop:
         self._drain = drain_prefetch
         self._cap = memory_limit_bytes if device == "cpu" else None  # CUDA: the allocator's
         self._held: int | None = None  # CPU under the cap: what the process held as it began
+        self._settled = False  # CPU under the cap: the first arm ran, its baseline with it
 
     def settings(self, config: TrainConfig) -> Settings:
         """The settings one arm trains with: the base with every knob at ``config``'s value."""
@@ -204,6 +206,7 @@ class TrainingLoop:
                     optimizer=optimizer,
                     scaler=scaler,
                 )
+                self._stop_if_over()
 
             # Whole rounds of one batch per worker: workers that start together deliver
             # their batches together, so a window that began or ended inside a round would
@@ -225,6 +228,20 @@ class TrainingLoop:
         batch_size = settings.batch.batch_size or 1
         return rounds * per_round * batch_size / elapsed if elapsed > 0 else 0.0
 
+    def _stop_if_over(self) -> None:
+        """Between steps, on the CPU under the cap: stop the arm once it has taken more than
+        the cap beyond what the process held as it began (the resident high-water mark, read
+        without a reset). The loop's first arm is stopped past twice the cap: its baseline
+        settles only after it (``measure``), with what torch keeps after its first step."""
+        cap, held = self._cap, self._held
+        if cap is None or held is None:
+            return
+        import torch
+
+        taken = grown_since(torch, self.device, held)
+        if taken is not None and taken > (cap if self._settled else 2 * cap):
+            raise _OverCap
+
     def measure(self, config: TrainConfig, seconds: float) -> float:
         """Samples per second of training at ``config`` for at least ``seconds``."""
         import torch
@@ -235,8 +252,11 @@ class TrainingLoop:
         self._held = None
         restore_flags(torch, self._defaults)  # torch's defaults, then what the arm sets
         apply_flags(settings)
+        stopped = False
         try:
             rate, oom = run_guarded(lambda: self._train(settings, seconds))
+        except _OverCap:
+            rate, oom, stopped = None, None, True
         except RuntimeError as error:
             failure = worker_failure(error)
             if failure is None:
@@ -244,20 +264,41 @@ class TrainingLoop:
             raise ArmFailed(f"DataLoader {failure}") from None
         finally:
             restore_flags(torch, self._defaults)
+        taken = grown_since(torch, self.device, self._held)  # read before the release
         release_memory(self.device)  # outside the except block: the failed step's frames are gone
         if oom is not None:
             raise ArmFailed(f"out of memory ({oom.kind}) at {config.describe()}")
-        held, cap = self._held, self._cap  # on the CPU nothing raises: it is refused here
-        taken = grown_since(torch, self.device, held)
-        if cap is not None and taken is not None and taken > cap:
+        taken = self._beyond_baseline(taken, stopped)
+        cap = self._cap  # on the CPU nothing raises: it is refused here
+        if cap is not None and taken is not None and (stopped or taken > cap):
+            said, allowed = apart(taken, cap)
             raise ArmFailed(
-                f"took {gib(taken)} of host RAM beyond what the process held, more than the"
-                f" {gib(cap)} the memory limit allows (--memory-limit, memory_limit_gib), at"
-                f" {config.describe()}"
+                f"{'was stopped: it had taken' if stopped else 'took'} {said} of host RAM beyond"
+                f" what the process held, more than the {allowed} the memory limit allows"
+                f" (--memory-limit, memory_limit_gib), at {config.describe()}"
             )
         if not rate:
             raise ArmFailed(f"no time measured at {config.describe()}: the clock did not move")
         return rate
+
+    def _beyond_baseline(self, taken: int | None, stopped: bool) -> int | None:
+        """What the arm took beyond the loop's baseline, counted as a search trial's is
+        (``TrialRunner._baseline``): from what the process held as the arm began, and for the
+        loop's first arm from what it held once that arm had run, if more (what torch's first
+        step keeps for good: outside the limit in the search, outside it here)."""
+        if self._cap is None or self._held is None or taken is None or self._settled:
+            return taken
+        import torch
+
+        self._settled = True
+        after = held_now(torch, self.device)  # the arm's optimizer and batches are let go
+        if stopped or after is None:
+            return taken
+        return taken - max(0, after - self._held)
+
+
+class _OverCap(Exception):
+    """An arm stopped between steps: it took more host RAM than the cap (``measure``)."""
 
 
 class FedRunner(TrialRunner):

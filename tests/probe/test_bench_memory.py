@@ -1,0 +1,119 @@
+"""The bench held to --memory-limit on the CPU as the search is: an arm stopped between steps
+once it has gone over, its growth counted from the same baseline as a search trial's, and the
+numbers said so that they differ where the bytes do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_autotune.bench import ArmFailed, TrainConfig
+from torch_autotune.probe.guard import apart
+from torch_autotune.probe.loop import TrainingLoop
+from torch_autotune.probe.trials import StepSettings, TrialRunner
+from torch_autotune.probe.workloads import as_workload
+
+MIB = 1 << 20
+linux_only = pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only")
+
+
+def _workload(model: type[torch.nn.Module], name: str) -> Any:
+    return as_workload(
+        {
+            "model": model,
+            "optimizer": lambda params: torch.optim.SGD(params, lr=0.1),
+            "example_batch": (torch.randn(4, 4), torch.randint(0, 2, (4,))),
+        },
+        name=name,
+    )
+
+
+_kept: list[torch.Tensor] = []
+
+
+class _Leaking(torch.nn.Module):
+    """Each step keeps 96 MiB of fresh host RAM (written, so resident), and counts itself."""
+
+    steps = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).steps += 1
+        _kept.append(torch.ones(24 * MIB))  # 96 MiB
+        return self.linear(x)
+
+
+@linux_only
+def test_an_arm_over_the_limit_is_stopped_between_steps_not_trained_to_its_end() -> None:
+    """An arm that grew 16x past --memory-limit trained for 115 s, and only then failed: the
+    loop now reads the resident high-water mark after each step and stops it there (the
+    loop's first arm once past twice the cap: its baseline settles only after it)."""
+    loop = TrainingLoop(
+        _workload(_Leaking, "leaking"),
+        "cpu",
+        warmup_steps=2,
+        min_steps=6,
+        memory_limit_bytes=64 * MIB,
+    )
+    _Leaking.steps = 0
+    try:
+        with pytest.raises(ArmFailed) as failed:
+            loop.measure(TrainConfig(batch_size=4), 0.0)
+    finally:
+        _kept.clear()
+    assert _Leaking.steps == 2  # 96 MiB, then 192 MiB: past twice the 64 MiB cap; not 8 steps
+    assert "was stopped: it had taken" in str(failed.value)
+    assert "more than the 0.062 GiB the memory limit allows" in str(failed.value)
+
+
+_cache: list[torch.Tensor] = []
+
+
+class _FirstStepKeeps(torch.nn.Module):
+    """The first step keeps 56 MiB for good (as torch's first step keeps its pools); every
+    step takes 16 MiB more, let go when it ends: 72 MiB in all, over a 64 MiB cap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not _cache:
+            _cache.append(torch.ones(14 * MIB))  # 56 MiB, kept
+        scratch = torch.ones(4 * MIB)  # 16 MiB, let go
+        return self.linear(x) + scratch[:1]
+
+
+@linux_only
+def test_the_bench_counts_an_arms_growth_from_the_baseline_a_search_trial_counts_from() -> None:
+    """The search counts a trial's growth beyond what the process held once its first trial
+    had run; the bench counted from as the arm began, so what torch's first step keeps made
+    the first arm fail where the search's same batch fit (0.23 GiB over a 0.2 GiB limit at
+    batch 1, the size the search had tuned). Both now count alike: the same step fits both."""
+    cap = 64 * MIB
+    workload = _workload(_FirstStepKeeps, "first-step-keeps")
+    try:
+        _cache.clear()
+        trial = TrialRunner(workload, StepSettings(memory_limit_bytes=cap))(4)
+        _cache.clear()
+        loop = TrainingLoop(workload, "cpu", warmup_steps=1, min_steps=2, memory_limit_bytes=cap)
+        rate = loop.measure(TrainConfig(batch_size=4), 0.0)
+    finally:
+        _cache.clear()
+    assert trial.fits
+    assert rate > 0
+
+
+def test_a_limit_and_what_went_over_it_are_said_apart() -> None:
+    """'took 0.2 GiB ..., more than the 0.2 GiB the memory limit allows' read as false."""
+    limit = int(0.2 * 2**30)
+    assert apart(int(0.2037 * 2**30), limit) == ("209 MiB", "205 MiB")
+    assert apart(3 * 2**30, limit) == ("3.0 GiB", "0.2 GiB")
+    said, allowed = apart(limit + 1000, limit)
+    assert said != allowed
