@@ -386,16 +386,12 @@ def bench(
         measure=measure,
         clock=clock,
         memory_limit_bytes=profile.provenance.preferences.memory_limit_bytes,
+        evidence=profile.evidence,
     )
     evidence = compose.bench_evidence(
-        results,
-        workload=chosen.name,
-        device=profile.settings.device,
-        rounds=rounds,
-        seconds=seconds,
-        not_ablated=not_ablated,
-        elapsed_s=clock() - started,
-    )
+        results, workload=chosen.name, device=profile.settings.device, rounds=rounds,
+        seconds=seconds, not_ablated=not_ablated, elapsed_s=clock() - started,
+    )  # fmt: skip
     return apply_bench(profile, plan, evidence)
 
 

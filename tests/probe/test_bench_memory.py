@@ -117,3 +117,77 @@ def test_a_limit_and_what_went_over_it_are_said_apart() -> None:
     assert apart(3 * 2**30, limit) == ("3.0 GiB", "0.2 GiB")
     said, allowed = apart(limit + 1000, limit)
     assert said != allowed
+
+
+def _tuned_under_the_limit() -> tuple[Any, Any, int]:
+    """As on the wide workload tuned under --memory-limit 0.2: only checkpointed batch 1 fit
+    (0.12 GiB beyond what the process held), batch 2 went over (0.25 GiB); (settings of the
+    profile, its evidence, the cap)."""
+    from tests.test_bench import measured
+    from torch_autotune.evidence import SearchTrialRecord, VariantRecord
+    from torch_autotune.settings import memory_settings, torch_defaults
+
+    cap, held = int(0.2 * 2**30), 414_699_520
+    settings = torch_defaults("cpu").model_copy(update={"activation_checkpointing": True})
+    evidence = measured("cpu-laptop-linux", workload="mlp").evidence
+    assert evidence is not None
+    search = (
+        SearchTrialRecord(
+            batch_size=1, fits=True, peak_memory_bytes=539_803_648, seconds=40.0, step="start"
+        ),
+        SearchTrialRecord(
+            batch_size=2,
+            fits=False,
+            peak_memory_bytes=679_227_392,
+            seconds=38.0,
+            step="over --memory-limit",
+        ),
+    )
+    evidence = evidence.model_copy(
+        update={
+            "search": search,
+            "memory_limit_bytes": held + cap,
+            "variants": (VariantRecord(name="eager", settings=memory_settings(settings)),),
+        }
+    )
+    return settings, evidence, cap
+
+
+def test_an_arm_predicted_over_the_limit_fails_with_the_prediction_and_is_not_run() -> None:
+    """The default baseline (batch 32) of a profile tuned under --memory-limit 0.2 GiB trained
+    for 115 s to 3.3 GiB before it failed: the search's peaks predicted it. It is now refused
+    before it runs, and so is the checkpointed batch 32; batch 1, which fit, runs."""
+    from torch_autotune.bench import plan_arms
+    from torch_autotune.probe.ablation import run_arms
+    from torch_autotune.probe.workloads import resolve_workload
+
+    settings, evidence, cap = _tuned_under_the_limit()
+    tuned = TrainConfig(batch_size=1, settings={"activation_checkpointing": True})
+    plan = plan_arms(TrainConfig(), tuned)
+    ran: list[TrainConfig] = []
+
+    def measure(config: TrainConfig, _seconds: float) -> float:
+        ran.append(config)
+        return 10.0
+
+    results = run_arms(
+        plan,
+        resolve_workload("mlp"),
+        settings,
+        mode="speed",
+        rounds=1,
+        seconds=0.1,
+        measure=measure,
+        memory_limit_bytes=cap,
+        evidence=evidence,
+    )
+    assert ran
+    assert all(config.batch_size == 1 for config in ran)
+    errors = {r.config.batch_size: r.error for r in results.records}
+    assert errors[1] is None
+    assert errors[32] is not None
+    assert errors[32].startswith("not run: predicted to take")
+    assert "at batch 32 (from the search's peaks at batch 1 and 2)" in errors[32]
+    assert "more than the 0.2 GiB the memory limit allows" in errors[32]
+    baseline = next(r for r in results.records if r.names[0] == "baseline")
+    assert "predicted to take at least 4.1 GiB" in str(baseline.error)  # from checkpointed peaks

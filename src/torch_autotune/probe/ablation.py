@@ -27,8 +27,10 @@ from torch_autotune.bench import (
     judge,
     round_order,
 )
+from torch_autotune.knobs import train_settings
 
 if TYPE_CHECKING:
+    from torch_autotune.evidence import Evidence
     from torch_autotune.probe.seam import Progress
     from torch_autotune.probe.workloads import Workload
     from torch_autotune.settings import Settings
@@ -109,6 +111,7 @@ def run_arms(
     measure: Measure | None = None,
     clock: Callable[[], float] = time.perf_counter,
     memory_limit_bytes: int | None = None,
+    evidence: Evidence | None = None,
 ) -> ArmResults:
     """Train every arm of ``plan`` once per round, ``rounds`` rounds, each measurement at least
     ``seconds`` long after its warm-up; judge each setting (``bench.judge``) and, when some
@@ -118,7 +121,8 @@ def run_arms(
     probe was: ``probe.memory.memory_capped``), so that an arm that would not fit the smaller
     or shared GPU the profile is for fails here as it would there; on the CPU, where nothing
     raises, an arm that took more host RAM than it fails (``TrainingLoop``), as a search trial
-    over it does not fit.
+    over it does not fit; an arm the profile's ``evidence`` predicts over it is not run
+    (``predicted_over``), and fails with the prediction as its reason.
 
     ``measure`` is the seam: by default a real ``TrainingLoop`` over ``workload`` on the
     device of ``settings`` (the profile's), each arm trained with its config applied to them.
@@ -144,7 +148,8 @@ def run_arms(
                 memory_limit_bytes=memory_limit_bytes,
             )
             measure = loop.measure
-        runs = _Rounds(measure, seconds, report)
+        refused = predicted_over(plan.configs, settings, evidence, memory_limit_bytes)
+        runs = _Rounds(_refusing(measure, refused), seconds, report)
         rows = runs.run(plan.configs, labels, rounds)
         tuned_effect, effects = judge(plan, rows, mode=mode)
         records = runs.records(plan.configs, plan.names, rows, settings)
@@ -163,3 +168,84 @@ def run_arms(
                 final_effect = effect([r[1] for r in more], [r[0] for r in more])
                 records += runs.records(configs, names, more, settings)
     return ArmResults(tuple(records), tuned_effect, tuple(effects), final_effect, is_baseline)
+
+
+def _refusing(measure: Measure, refused: dict[TrainConfig, str]) -> Measure:
+    """``measure``, but an arm in ``refused`` fails with its reason and is not run."""
+
+    def run(config: TrainConfig, seconds: float) -> float:
+        if config in refused:
+            raise ArmFailed(refused[config])
+        return measure(config, seconds)
+
+    return run
+
+
+def predicted_over(
+    configs: tuple[TrainConfig, ...], settings: Settings, evidence: Evidence | None, cap: int | None
+) -> dict[TrainConfig, str]:
+    """The CPU's, under --memory-limit: each arm whose batch the search's peaks predict to take
+    more host RAM than ``cap`` beyond what the process held (the search's baseline: the
+    evidence's memory limit less the cap, ``search_phase``), and why. From the trials that
+    ran (fit, or went over the cap) with the arm's settings that change memory; an arm with
+    activation checkpointing off, from the trials with it on where none ran without: a
+    lower bound. No arm at or below a batch that fit with its settings is refused."""
+    from torch_autotune.probe.guard import apart
+    from torch_autotune.settings import memory_settings
+
+    if cap is None or evidence is None or evidence.memory_limit_bytes is None:
+        return {}
+    held = evidence.memory_limit_bytes - cap
+    if settings.device != "cpu" or held <= 0:
+        return {}
+    refused: dict[TrainConfig, str] = {}
+    for config in configs:
+        memory = memory_settings(train_settings(config, settings))
+        bound, points = "", _points(evidence, memory, held)
+        if not points and memory.get("activation_checkpointing") == "off":
+            recomputed = {**memory, "activation_checkpointing": "on"}
+            bound, points = "at least ", _points(evidence, recomputed, held)
+        fit = [b for b, grown, fits in points if fits]
+        if not points or (fit and config.batch_size <= max(fit)):
+            continue
+        if any(grown > cap for _b, grown, fits in points if fits):
+            continue  # the baseline read from the evidence is not the search's: no prediction
+        growth = _grown_at([(b, grown) for b, grown, _fits in points], config.batch_size)
+        if growth > cap:
+            said, allowed = apart(int(growth), cap)
+            sizes = " and ".join(str(b) for b, _grown, _fits in points[-2:])
+            refused[config] = (
+                f"not run: predicted to take {bound}{said} of host RAM beyond what the process"
+                f" holds at batch {config.batch_size} (from the search's peaks at batch {sizes}),"
+                f" more than the {allowed} the memory limit allows (--memory-limit,"
+                " memory_limit_gib)"
+            )
+    return refused
+
+
+def _points(evidence: Evidence, memory: dict[str, str], held: int) -> list[tuple[int, int, bool]]:
+    """(batch, growth beyond ``held``, whether it fit) of each search trial that ran to a peak
+    (it fit, or went over the cap) with the settings ``memory``, by batch."""
+    from torch_autotune.probe.guard import OVER_CAP
+
+    variants = {v.name: v.settings for v in evidence.variants}
+    return sorted(
+        (t.batch_size, t.peak_memory_bytes - held, t.fits)
+        for t in evidence.search
+        if t.peak_memory_bytes is not None
+        and (t.fits or t.step == OVER_CAP)
+        and variants.get(t.variant) == memory
+    )
+
+
+def _grown_at(points: list[tuple[int, int]], batch_size: int) -> float:
+    """Growth at ``batch_size`` by the secant through the two largest of ``points`` (batch,
+    bytes), never falling with the batch; from one point, in proportion to the batch."""
+    most: dict[int, int] = {}
+    for b, grown in points:  # a batch that ran twice: its larger growth
+        most[b] = max(grown, most.get(b, grown))
+    if len(most) == 1:
+        [(b, grown)] = most.items()
+        return grown * batch_size / b
+    (b1, m1), (b2, m2) = sorted(most.items())[-2:]
+    return m2 + max(0.0, (m2 - m1) / (b2 - b1)) * (batch_size - b2)
