@@ -191,3 +191,31 @@ def test_an_arm_predicted_over_the_limit_fails_with_the_prediction_and_is_not_ru
     assert "more than the 0.2 GiB the memory limit allows" in errors[32]
     baseline = next(r for r in results.records if r.names[0] == "baseline")
     assert "predicted to take at least 4.1 GiB" in str(baseline.error)  # from checkpointed peaks
+
+
+def test_an_arm_that_failed_a_round_is_not_shown_as_a_rate_alone() -> None:
+    """An arm failed round 1 over the limit, yet the table showed it at 2.6 samples/s (the
+    median of the rounds that ran) as if that were its whole measurement."""
+    import io
+
+    from rich.console import Console
+
+    from tests.test_bench import measured
+    from torch_autotune.api import bench
+    from torch_autotune.render.bench_results import render_bench
+
+    profile = measured("a100-sxm4-80gb-8x")
+    failed: list[TrainConfig] = []
+
+    def measure(config: TrainConfig, _seconds: float) -> float:
+        if config.batch_size != 32 and not failed:  # the tuned arm's first round
+            failed.append(config)
+            raise ArmFailed("took 209 MiB of host RAM beyond what the process held")
+        return 2.6
+
+    benched = bench(profile, "conv", rounds=3, seconds=0.1, measure=measure)
+    out = io.StringIO()
+    render_bench(benched, Console(file=out, width=400))
+    rows = [line for line in out.getvalue().splitlines() if "took 209 MiB" in line]
+    assert len(rows) == 1
+    assert "2.6 (1 of 3 rounds failed)" in rows[0]

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torch_autotune.bench import BenchEvidence, Effect
-from torch_autotune.bench_record import BASELINE_ITSELF
+from torch_autotune.bench_record import BASELINE_ITSELF, ArmRecord
 from torch_autotune.profile import Profile
 
 
@@ -84,14 +84,24 @@ def _arms_table(bench: BenchEvidence) -> Table:
         arms.add_column(column, justify=justify)  # type: ignore[arg-type]
     arms.add_column("spread", justify="right")
     for arm in bench.arms:  # one arm, one row: a second line of names read as a blank row
-        median, spread = arm.median, arm.spread
+        spread = arm.spread
         arms.add_row(
             " = ".join(arm.names),
             arm.config.describe(),
-            "failed" if median is None else f"{median:.1f}",
+            _rate_cell(arm),
             arm.error or ("-" if spread is None else f"{spread * 100:.0f}%"),
         )
     return arms
+
+
+def _rate_cell(arm: ArmRecord) -> str:
+    """The arm's median over the rounds that ran, and how many of them did not: a rate of two
+    rounds beside a round that failed read as the arm's whole measurement."""
+    median, rounds = arm.median, arm.samples_per_s
+    if median is None:
+        return "failed"
+    failed = sum(1 for rate in rounds if rate is None)
+    return f"{median:.1f}" + (f" ({failed} of {len(rounds)} rounds failed)" if failed else "")
 
 
 def _settings_table(bench: BenchEvidence) -> Table:
