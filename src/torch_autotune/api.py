@@ -431,13 +431,17 @@ def stored_measured(store: str | Path | None, workload: str | None) -> Profile |
 
 
 def bench_estimate(
-    profile: Profile | None, rounds: int, seconds: float, budget_s: float | None
+    profile: Profile | None,
+    rounds: int,
+    seconds: float,
+    budget_s: float | None,
+    baseline: TrainConfig | None = None,
 ) -> tuple[float, str]:
     """Seconds ``bench(profile, rounds=..., seconds=...)`` should take, for a progress bar, and
     how that is made, in words; with no measured profile, the tuning it does first
     (``budget_s`` or the longest default)."""
     tune_s = budget_s if budget_s is not None else default_tune_budget_s()
-    return compose.bench_estimate(profile, rounds, seconds, tune_s)
+    return compose.bench_estimate(profile, rounds, seconds, tune_s, baseline)
 
 
 def settings_diff(first: Profile, second: Profile) -> list[tuple[str, Any, Any]]:

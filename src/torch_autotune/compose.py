@@ -357,7 +357,11 @@ def arms_estimate_s(arms: int, rounds: int, seconds: float) -> float:
 
 
 def bench_estimate(
-    profile: Profile | None, rounds: int, seconds: float, tune_budget_s: float
+    profile: Profile | None,
+    rounds: int,
+    seconds: float,
+    tune_budget_s: float,
+    baseline: TrainConfig | None = None,
 ) -> tuple[float, str]:
     """Seconds a bench should take, for a progress bar, and how that is made, in words: 'about
     45 s: 3 arms x 5 rounds x (2 s + about 1 s to start each)'; where there is no measured
@@ -366,7 +370,7 @@ def bench_estimate(
     arms = (
         TUNE_FIRST_ARMS
         if profile is None
-        else len(plan_arms(TrainConfig(), tuned_config(profile)).configs)
+        else len(plan_arms(baseline or TrainConfig(), tuned_config(profile, baseline)).configs)
     )
     arms_s = arms_estimate_s(arms, rounds, seconds)
     plural = "s" if rounds != 1 else ""

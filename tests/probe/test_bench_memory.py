@@ -219,3 +219,19 @@ def test_an_arm_that_failed_a_round_is_not_shown_as_a_rate_alone() -> None:
     rows = [line for line in out.getvalue().splitlines() if "took 209 MiB" in line]
     assert len(rows) == 1
     assert "2.6 (1 of 3 rounds failed)" in rows[0]
+
+
+def test_the_first_estimate_counts_the_arms_of_the_baseline_given() -> None:
+    """With a baseline at the profile's batch the bench said 'about 24 s: 4 arms', then '12 s
+    for 2 arms' once it had planned them: the first estimate planned the default baseline's."""
+    from tests.test_bench import measured
+    from torch_autotune import api, compose
+
+    profile = measured("a100-sxm4-80gb-8x")
+    baseline = TrainConfig(batch_size=profile.settings.batch.batch_size or 1)
+    plan, _ = compose.bench_plan(profile, baseline, has_dataset=True, workload="conv")
+    _, how = api.bench_estimate(profile, 3, 1.0, None, baseline)
+    assert f": {len(plan.configs)} arms x 3 rounds" in how
+    assert len(plan.configs) != len(
+        compose.bench_plan(profile, None, has_dataset=True, workload="conv")[0].configs
+    )

@@ -76,7 +76,7 @@ def bench_command(  # click passes options by name
     if profile_file is None and not no_save:
         check_can_save(store)  # now, not after the bench
     profile = _profile_to_bench(profile_file, store, workload)
-    estimate, how = api.bench_estimate(profile, rounds, seconds, budget)
+    estimate, how = api.bench_estimate(profile, rounds, seconds, budget, baseline)
     click.echo(f"autotune: the bench should take {how}", err=True)
 
     def run() -> Any:
