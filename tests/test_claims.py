@@ -413,7 +413,7 @@ def _own_pass_claims(profile: Profile, evidence: Evidence, text: str) -> list[st
     if not any((f.batch_size, f.cpu_threads) == (batch, threads) for f in ran):
         found.append(f"the summary says {batch} trained on its own batches: none at {threads}")
     listed = re.search(r"; batch(?:es)? ([\d, and]+) ran at (\d+) threads?", said)
-    at_threads = {f.batch_size for f in evidence.fed if listed and f.cpu_threads == threads}
+    at_threads = {f.batch_size for f in ran if listed and f.cpu_threads == threads}
     if listed and {int(n) for n in re.findall(r"\d+", listed.group(1))} != at_threads:
         found.append(f"the summary says {listed.group(0)[2:]}: {sorted(at_threads)} did")
     at = evidence.fed[0].batch_size

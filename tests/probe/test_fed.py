@@ -831,3 +831,45 @@ def test_a_batch_fed_alone_for_time_is_said_as_what_ran() -> None:
         "batch 50 itself was not fed: its passes would not fit in the time, and the passes fed "
         "within 2% of the most it could train at, 49.7 samples/s (its step alone)"
     ) in reason
+
+
+def test_the_larger_sizes_at_fewer_threads_stop_at_the_top_candidate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tiny MLP on 2 busy cores under --memory-limit 0.4: the search's largest is 27, K2's
+    margin makes 24 the top candidate, and noise at 24 makes the points choose 12. The sizes
+    fed above it at fewer threads were bounded by the largest (27), so a batch between the
+    top and the largest, which the margin had ruled out, could be fed and recommended; they
+    are bounded by the top candidate now."""
+    from tests.probe.fake_trials import recorded, tiny_mlp_on_two_busy_cores, tune_on
+    from torch_autotune.probe import run as run_module
+
+    bounds: list[int | None] = []
+    doublings = run_module.doublings
+    monkeypatch.setattr(
+        run_module, "doublings", lambda b, most: bounds.append(most) or doublings(b, most)
+    )
+    machine = tiny_mlp_on_two_busy_cores()
+    machine.per_sample_bytes, machine.noise = 4 * 2**20, {24: 0.3}
+    profile = tune_on(
+        machine, "mlp", recorded("cpu-laptop-linux"), budget_s=60, memory_limit_gib=0.4
+    )
+    evidence = profile.evidence
+    assert evidence is not None
+    assert evidence.batch_choice is not None
+    assert (evidence.max_batch_size, evidence.batch_choice.top) == (27, 24)
+    assert bounds == [24]
+    assert profile.settings.batch.batch_size == 24
+
+
+def test_the_sizes_said_to_have_run_are_those_that_trained() -> None:
+    """'where batches 2, 4 and 8 ran' counted a pass that failed at 8 (its trace said so)."""
+    from torch_autotune.probe.fed_threads import sizes_ran
+
+    trials = [
+        FedTrial(2, 0, 1, 61.0, 1.0),
+        FedTrial(4, 0, 1, 80.0, 1.0),
+        FedTrial(8, 0, 1, None, 1.0, "out of memory"),
+        FedTrial(16, 0, None, 9.0, 1.0),  # other threads: not these
+    ]
+    assert sizes_ran(trials, (0, 1)) == "batches 2 and 4"

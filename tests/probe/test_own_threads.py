@@ -148,7 +148,7 @@ def test_at_fewer_threads_the_smaller_sizes_run_and_the_smallest_as_fast_as_the_
     assert alone.batch_size == 256
     assert alone.batch_reason is not None
     assert alone.batch_reason.endswith(
-        "trains at 2 threads (cpu_threads), where it ran at 1,500 samples/s; no other batch ran"
+        "trains at 2 threads (cpu_threads), where it ran at 1,500 samples/s; no other batch trained"
         " at 2 threads"
     )
     # torch's pool kept: the batch stays the points', and no smaller size runs
@@ -466,7 +466,7 @@ def test_at_the_threads_chosen_a_smaller_batch_that_trains_faster_is_recommended
     alone = (
         f"{batch}: the step's throughput points ran at torch's default (2 threads) and chose "
         f"batch {batch}; training on {OWN_BATCHES} trains at 1 thread (cpu_threads), where it ran"
-        f" at {{}} samples/s; no other batch ran at 1 thread"
+        f" at {{}} samples/s; no other batch trained at 1 thread"
     )
     right = alone.format(fmt_rate(ran.samples_per_s))
     assert disagreements(_with_reason(profile, "batch.batch_size", right)) == []

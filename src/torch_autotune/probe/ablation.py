@@ -213,7 +213,7 @@ def predicted_over(
         growth = _grown_at([(b, grown) for b, grown, _fits in points], config.batch_size)
         if growth > cap:
             said, allowed = apart(int(growth), cap)
-            sizes = " and ".join(str(b) for b, _grown, _fits in points[-2:])
+            sizes = " and ".join(map(str, sorted({b for b, _grown, _fits in points})[-2:]))
             refused[config] = (
                 f"not run: predicted to take {bound}{said} of host RAM beyond what the process"
                 f" holds at batch {config.batch_size} (from the search's peaks at batch {sizes}),"

@@ -89,8 +89,9 @@ def feed_fewer_threads(run: Passes, at: int, default_threads: int, *, counted: b
 
 
 def doublings(batch_size: int, largest: int | None) -> tuple[int, ...]:
-    """The sizes above ``batch_size`` by doubling, none above ``largest`` (the largest batch
-    the search ran: never a size that did not; None: none): 2 up to 12 -> (4, 8)."""
+    """The sizes above ``batch_size`` by doubling, none above ``largest`` (the top candidate:
+    the largest batch the search ran, less K2's margin in memory; every size below it fits;
+    None: none): 2 up to 12 -> (4, 8)."""
     sizes: list[int] = []
     size = batch_size * 2
     while largest is not None and batch_size > 0 and size <= largest:
@@ -126,9 +127,9 @@ def feed_larger(run: Passes, larger: Sequence[int], workers: int) -> bool:
 
 
 def sizes_ran(trials: Sequence[FedTrial], pair: tuple[int, int | None]) -> str:
-    """'batches 1, 2 and 8' (or 'batch 2'): the sizes that ran with ``pair``'s workers and
-    threads, ascending."""
-    sizes = sorted({t.batch_size for t in trials if (t.num_workers, t.threads) == pair})
+    """'batches 1, 2 and 8' (or 'batch 2'): the sizes that trained with ``pair``'s workers and
+    threads, ascending (a failed pass is in the reason's trace, not among them)."""
+    sizes = sorted({t.batch_size for t in trials if t.ok and (t.num_workers, t.threads) == pair})
     if len(sizes) == 1:
         return f"batch {sizes[0]}"
     return f"batches {', '.join(map(str, sizes[:-1]))} and {sizes[-1]}"

@@ -207,11 +207,18 @@ def _retimed_batch(
         f"batch {chosen.batch_size}; training on {OWN_BATCHES} trains at {which} (cpu_threads)"
     )
     ran = [t for t in run.trials if t.threads == chosen.threads]
-    if len({t.batch_size for t in ran}) < 2:  # the batch stays; said as it ran at them
+    if len({t.batch_size for t in mine}) < 2:  # the batch stays; said as it ran at them
         why = f": {run.stop}" if run.stop else ""
+        failed = (
+            ""
+            if len(ran) == len(mine)
+            else " (the trace: "
+            + ", ".join(f"{t.batch_size}: failed" for t in ran if not t.ok)
+            + ")"
+        )
         return chosen.batch_size, (
             f"{chosen.batch_size}: {points}, where it ran at {fmt_rate(chosen.samples_per_s)} "
-            f"samples/s; no other batch ran at {which}{why}"
+            f"samples/s; no other batch trained at {which}{failed}{why}"
         )
     best_rate = max(rate_of(t) for t in mine)
     pick = min((t for t in mine if rate_of(t) >= best_rate * (1 - FED_WITHIN)), key=_size)

@@ -188,6 +188,7 @@ class _Run:
     limit: int | None = None  # bytes the trials could use on the device
     kept: VariantOutcome | None = None  # the variant kept, where one was
     largest: int | None = None  # the largest batch that ran in the chosen point's search
+    top: int | None = None  # its top candidate, less K2's margin (the passes' larger sizes)
     recomputed: Recomputed | None = None  # rule L2's phase, where it ran
 
     @property
@@ -365,8 +366,7 @@ class _Run:
     def workers(
         self, final: Trials, variant: str, batch: int, multiple: int, ran: list[SearchTrialRecord]
     ) -> WorkersOutcome:
-        """The worker count, measured with ``final`` (``variant``'s runner) at ``batch`` (``ran``:
-        its confirmation), and the batch: ``batch``, or the passes' (at most ``largest``)."""
+        """The workers, fed by ``final`` at ``batch`` (``ran``: its trial); the batch (<= top)."""
         with self.budget.phase("workers"):
             outcome = measure_workers(
                 workload=self.workload,
@@ -378,7 +378,7 @@ class _Run:
                 progress=self.report,
                 smaller=halvings(batch, multiple, self.floor),
                 threads_for=self.threads_for,
-                larger=doublings(batch, self.largest),
+                larger=doublings(batch, self.top),  # K2's margin held: the top candidate
             )
         if outcome.reason == WORKERS_OUT_OF_TIME:
             self.warnings.append(out_of_time_warning(self.budget, self.workers_s))
@@ -422,12 +422,12 @@ def _probe(run: _Run, *, max_batch_size: int | None) -> ProbeResult:
         confirmed = [confirmation(point)]
     else:
         confirmed = run.confirm(final, variant, candidate, step, predicted_s=after.confirm_s)
-    run.largest, limited_by, top, room = run.candidates_of(best, searched, sizes, room)
+    run.largest, limited_by, run.top, room = run.candidates_of(best, searched, sizes, room)
     choice = batch_choice(
         largest=run.largest,
         limited_by=limited_by,
         fixed_shapes=fixed,
-        top=top,
+        top=run.top,
         multiple=step,
         best=best,
         records=run.records,

@@ -240,9 +240,16 @@ def _ranks_text(profile: Profile, ranks: RanksRecord) -> str:
 
 
 def _sizes_at(profile: Profile, evidence: Evidence) -> str:
-    """'batches 2, 4 and 8 ran at 1 thread': the passes' sizes at the profile's settings."""
+    """'batches 2, 4 and 8 ran at 1 thread': the sizes the passes trained at the profile's
+    settings (not those that failed)."""
     pair = (profile.settings.dataloader.num_workers, profile.settings.cpu_threads)
-    ran = sorted({f.batch_size for f in evidence.fed if (f.num_workers, f.cpu_threads) == pair})
+    ran = sorted(
+        {
+            f.batch_size
+            for f in evidence.fed
+            if f.samples_per_s and (f.num_workers, f.cpu_threads) == pair
+        }
+    )
     sizes = f"es {', '.join(map(str, ran[:-1]))} and {ran[-1]}" if len(ran) > 1 else f" {sum(ran)}"
     words = f"batch{sizes} ran at {pair[1]} thread{'s' * (pair[1] != 1)}"
     return words if ran and pair[1] else "the batch was fed again"
