@@ -34,6 +34,7 @@ differ; its errors keep the codes above (a bad input file is 3), never 1.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -144,7 +145,9 @@ class DoesNotFitError(WorkloadError):
     too small for it.
 
     ``fact``: what was measured and tried, in one sentence; the message is the fact and then
-    the ``plan`` (lines: what a step needs and what is left), or, without one, ``fix``."""
+    the ``plan`` (lines: what a step needs and what is left), or, without one, ``fix``.
+    ``trials``: the search's records of the sizes that did not train (``SearchTrialRecord``);
+    ``took``: on the CPU, how far the smallest went over --memory-limit, in words."""
 
     exit_code = EXIT_DOES_NOT_FIT
 
@@ -156,6 +159,8 @@ class DoesNotFitError(WorkloadError):
         fix: str = "use a smaller model or a larger device",
         plan: str | None = None,
         over_cap: bool = False,
+        trials: tuple[Any, ...] = (),
+        took: str | None = None,
     ) -> None:
         super().__init__(f"{fact}.\n{plan}" if plan else f"{fact}; {fix}")
         self.fact = fact
@@ -163,6 +168,8 @@ class DoesNotFitError(WorkloadError):
         self.plan = plan
         self.batch_size = batch_size
         self.over_cap = over_cap  # the CPU: it took more than --memory-limit, nothing ran out
+        self.trials = trials
+        self.took = took
 
 
 def user_code_failed(message: str, error: BaseException) -> WorkloadError:

@@ -12,6 +12,7 @@ builds the profile and hands it to the others, which followed its calls
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import warnings
@@ -400,7 +401,7 @@ def _with_checkpointing(
     raised nothing: an error of the model checkpointed, said in one line; or its recompute,
     checked first, is not the plain step: ``RecomputeDiffersError``). Errors of ours
     (``AutotuneError``) and Ctrl-C go on."""
-    from torch_autotune.probe.checkpoint_phase import checked_text
+    from torch_autotune.probe.checkpoint_phase import checked_text, with_plain_search
     from torch_autotune.wrapping import NotCheckpointable
 
     if rules_only.settings.activation_checkpointing:
@@ -437,14 +438,13 @@ def _with_checkpointing(
             over_cap=error.over_cap,
         )
     checked = checked_text(*(result.recompute_checked or (None, error.batch_size)))
+    short_of = (
+        (error.took or "it took more than --memory-limit") if error.over_cap else "out of memory"
+    )
     reason = (
-        f"not even batch {error.batch_size} trained without it ({_short_of(error)}); with each "
+        f"not even batch {error.batch_size} trained without it ({short_of}); with each "
         "repeated block's forward recomputed in backward, the largest batch that trained was "
         f"{result.evidence.max_batch_size}; {checked}"
     )
-    return result, reason
-
-
-def _short_of(error: DoesNotFitError) -> str:
-    """How the plain step did not fit: out of memory, or on the CPU over --memory-limit."""
-    return "it took more than --memory-limit" if error.over_cap else "out of memory"
+    evidence = with_plain_search(result.evidence, error.trials, rules_only.settings)
+    return dataclasses.replace(result, evidence=evidence), reason

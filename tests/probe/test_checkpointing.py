@@ -284,8 +284,46 @@ def test_a_model_that_fits_only_with_checkpointing_gets_it_with_the_numbers() ->
         " it got in a step at batch 1: outputs and gradients within 0.0e+00, relative; the whole"
         " plain step ran out of memory, or took more than --memory-limit, in the check)"
     )
-    memory = {v.settings.get("activation_checkpointing") for v in evidence.variants}
-    assert memory == {"on"}  # every size the profile's batch came from ran checkpointed
+    memory = {v.name: v.settings.get("activation_checkpointing") for v in evidence.variants}
+    assert memory == {"eager": "off", "checkpointed": "on"}  # the plain trial kept, as it ran
+    assert evidence.batch_choice is not None
+    assert evidence.batch_choice.variant == "checkpointed"
+
+
+def test_a_model_over_the_memory_limit_only_plain_keeps_the_plain_trial_and_its_peak() -> None:
+    """On the CPU under --memory-limit 0.5, batch 1 took 0.59 GiB plain and fit checkpointed:
+    the profile kept only the checkpointed search, its trials named 'eager', and the decision
+    said 'it took more than --memory-limit' with no number behind it."""
+    machine = SimulatedMachine(
+        limit=100,
+        checkpointed_limit=1000,
+        memory_bytes=None,
+        fixed_bytes=200 << 20,
+        per_sample_bytes=400 << 20,
+        leaves=1,
+    )
+    profile = tune_on(machine, "mlp", LAPTOP, budget_s=60, memory_limit_gib=0.5)
+    evidence = profile.evidence
+    assert evidence is not None
+    assert profile.settings.activation_checkpointing
+    plain = machine.peak(1, checkpointed=False)
+    first = evidence.search[0]
+    assert (first.batch_size, first.fits, first.peak_memory_bytes) == (1, False, plain)
+    assert evidence.kind_of(first.variant) == "eager"
+    fit = [t for t in evidence.search if t.fits]
+    assert fit
+    assert {evidence.kind_of(t.variant) for t in fit} == {"checkpointed"}
+    assert {t.variant for t in fit} == {"checkpointed"}
+    assert evidence.batch_choice is not None
+    assert evidence.batch_choice.variant == "checkpointed"
+    assert evidence.batch_size in evidence.ran({"activation_checkpointing": "on"})
+    assert 1 not in evidence.ran({"activation_checkpointing": "off"})
+    decision = profile.decision("activation_checkpointing")
+    assert decision is not None
+    assert decision.reason.startswith(
+        f"on: not even batch 1 trained without it (batch 1 took {plain / 2**30:.2g} GiB of host"
+        " RAM, more than the 0.5 GiB the memory limit allows (--memory-limit, memory_limit_gib));"
+    )
 
 
 @pytest.mark.slow  # the FSDP2 estimate of the tiny decoder at three world sizes

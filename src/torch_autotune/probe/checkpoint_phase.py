@@ -23,8 +23,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from torch_autotune.errors import AutotuneError, said_in_one_line
+from torch_autotune.evidence import FedRecord
 from torch_autotune.probe.budget import Budget
 from torch_autotune.probe.judge import NOISE, Judgement
 from torch_autotune.probe.plan import plan
@@ -32,8 +34,8 @@ from torch_autotune.probe.seam import Progress, Trials
 from torch_autotune.probe.search import NOISE_CEILING, NOISE_FACTOR, RTOL, Agreement, tolerance
 from torch_autotune.probe.timemodel import TimeModel
 from torch_autotune.probe.variant_phase import Bounds, VariantOutcome, measure_variant
-from torch_autotune.probe.variants import Variant
-from torch_autotune.profile import ThroughputRecord
+from torch_autotune.probe.variants import Variant, search_settings, variant_record
+from torch_autotune.profile import EAGER, Evidence, SearchTrialRecord, Settings, ThroughputRecord
 
 __all__ = [
     "ALREADY",
@@ -47,10 +49,13 @@ __all__ = [
     "measure_recomputing",
     "raised_checkpointed",
     "why_not_measured",
+    "with_plain_search",
 ]
 
 CHECKPOINTED = "checkpointed"
 """The variant's name in the records."""
+
+_Named = TypeVar("_Named", SearchTrialRecord, ThroughputRecord, FedRecord)
 
 
 def checkpointed() -> Variant:
@@ -387,4 +392,36 @@ def why_not_measured(
         f"throughput grew {gain:.1%} a doubling of the batch up to the largest (batch "
         f"{prior.batch_size} to {best.batch_size}), within the {NOISE:.0%} noise, so the "
         f"larger batch {what} allows would not pay for its recompute"
+    )
+
+
+def with_plain_search(
+    evidence: Evidence, plain: Sequence[SearchTrialRecord], settings: Settings
+) -> Evidence:
+    """The evidence of the probe run again checkpointed, where not even the smallest batch
+    trained without it (``together``): the plain search's trials (``plain``, run with
+    ``settings``) first, under their own names and settings; the run's base, which trained
+    checkpointed, renamed ``CHECKPOINTED`` in every record that names it."""
+
+    def renamed(name: str) -> str:
+        base = name == EAGER or name.startswith(f"{EAGER},")
+        return CHECKPOINTED + name.removeprefix(EAGER) if base else name
+
+    def each(records: Sequence[_Named]) -> tuple[_Named, ...]:
+        return tuple(r.model_copy(update={"variant": renamed(r.variant)}) for r in records)
+
+    names = dict.fromkeys(t.variant for t in plain)
+    ran = [variant_record(n, search_settings(settings)) for n in names]
+    variants = [v.model_copy(update={"name": renamed(v.name)}) for v in evidence.variants]
+    choice = evidence.batch_choice
+    choice = choice and choice.model_copy(update={"variant": renamed(choice.variant)})
+    return evidence.model_copy(
+        update={
+            "search": (*plain, *each(evidence.search)),
+            "throughput": each(evidence.throughput),
+            "fed": each(evidence.fed),
+            "variants": (*ran, *variants)[:16],
+            "batch_choice": choice
+            and choice.model_copy(update={"variant": renamed(choice.variant)}),
+        }
     )

@@ -172,7 +172,7 @@ class SearchGuard:
         left = self.budget.left_in_run() - self.reserve_s
         self.progress(self.phase, f"batch {batch_size}")
         outcome = self.runner(batch_size)
-        if outcome.fits and outcome.held_bytes is not None:
+        if outcome.held_bytes is not None:  # one baseline: a size over the cap says it too
             self.held[batch_size] = outcome.held_bytes
         if not outcome.fits and self.ram_cap_bytes and outcome.peak_memory_bytes is not None:
             step = OVER_CAP  # ran to a peak, so no error: it took more than the cap (the runner)
@@ -312,13 +312,25 @@ def search_with_guard(
         "cap": cap_reason,
         "start": f"batch {guarded.start} "
         + (
-            f"took more than the {gib(guarded.ram_cap_bytes)} of host RAM the memory limit "
-            "allows (--memory-limit, memory_limit_gib)"
+            _took(guarded, bound)
             if bound is not None and bound.step == OVER_CAP
             else "ran out of memory"
         ),
     }
     return Found(largest, limited_by, reasons.get(limited_by, limited_by))
+
+
+def _took(guarded: SearchGuard, bound: SearchTrialRecord) -> str:
+    """How far ``bound``, which ran, went over --memory-limit: its peak beyond what the process
+    held (its whole peak where the runner did not say), against the cap."""
+    cap, peak = guarded.ram_cap_bytes or 0, bound.peak_memory_bytes or 0
+    held = guarded.held.get(bound.batch_size)
+    said, allowed = apart(peak - (held or 0), cap)
+    beyond = " beyond what the process held" if held is not None else ""
+    return (
+        f"took {said} of host RAM{beyond}, more than the {allowed} the memory limit allows"
+        " (--memory-limit, memory_limit_gib)"
+    )
 
 
 def _time_reason(guarded: SearchGuard, bound: SearchTrialRecord | None) -> str:

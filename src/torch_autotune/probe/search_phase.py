@@ -139,6 +139,8 @@ def _does_not_fit(guarded: SearchGuard, found: Found, name: str, device: str) ->
         f" {device}: " + (f"{found.reason} (raise it)" if over else "it runs out of memory"),
         batch_size=guarded.start,
         over_cap=over,
+        trials=tuple(guarded.records),
+        took=found.reason if over else None,
     )
 
 

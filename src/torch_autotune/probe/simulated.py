@@ -236,11 +236,8 @@ class SimulatedTrials:
         compiled: bool = False,
         workload: Workload | None = None,
     ) -> None:
-        self.machine = machine
-        self.settings = settings
-        self.is_compiled = compiled
-        self.benchmark = settings.cudnn_benchmark
-        self.workload = workload
+        self.machine, self.settings, self.workload = machine, settings, workload
+        self.is_compiled, self.benchmark = compiled, settings.cudnn_benchmark
         checkpointed = settings.settings.activation_checkpointing
         self.budget = settings.settings.compile.memory_budget if compiled else None
         budgeted = self.budget is not None
@@ -335,8 +332,10 @@ class SimulatedTrials:
         m.log.append(f"trial {batch_size}{' compiled' if self.is_compiled else ''}")
         warmup = self._warmup(batch_size)
         if not self._fits(batch_size):
-            m.advance(warmup)  # it fails in its first step
-            return TrialOutcome(False)
+            m.advance(warmup)  # it fails in its first step; on the CPU over the cap, at its peak
+            cap, peak = self.settings.memory_limit_bytes, self._peak(batch_size)
+            over = self.settings.settings.device == "cpu" and cap is not None and peak > cap
+            return TrialOutcome(False, peak if over else None)
         step = m.step_s(batch_size, **self._how)
         m.advance(warmup + self.settings.steps * step)
         return TrialOutcome(

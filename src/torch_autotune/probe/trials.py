@@ -323,7 +323,7 @@ class TrialRunner:
         held = self._baseline(torch, held) if cap is not None else held
         if cap is not None and peak is not None and held is not None and peak - held > cap:
             # took more than --memory-limit: as on a capped GPU, with the time it took
-            return TrialOutcome(False, peak, warmup + self.settings.steps * step)
+            return TrialOutcome(False, peak, warmup + self.settings.steps * step, held_bytes=held)
         return TrialOutcome(
             True,
             peak,
