@@ -191,6 +191,13 @@ def fmt_rate(rate: float | None) -> str:
     return f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}"
 
 
+def batches_text(sizes: Sequence[int]) -> str:
+    """'batches 1, 2 and 8', or 'batch 2': ``sizes``, ascending, as the reasons name them."""
+    if len(sizes) == 1:
+        return f"batch {sizes[0]}"
+    return f"batches {', '.join(map(str, sizes[:-1]))} and {sizes[-1]}"
+
+
 def round_text(trial: FedTrial) -> str:
     """' (second round)' for a pass of the second round (``probe.fed_rounds``), else ''."""
     return " (second round)" if trial.round == 2 else ""

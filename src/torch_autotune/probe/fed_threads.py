@@ -28,6 +28,7 @@ from torch_autotune.probe.fed_passes import (
     FED_WITHIN,
     FedTrial,
     Passes,
+    batches_text,
     fmt_rate,
     rate_of,
     threads_text,
@@ -129,10 +130,9 @@ def feed_larger(run: Passes, larger: Sequence[int], workers: int) -> bool:
 def sizes_ran(trials: Sequence[FedTrial], pair: tuple[int, int | None]) -> str:
     """'batches 1, 2 and 8' (or 'batch 2'): the sizes that trained with ``pair``'s workers and
     threads, ascending (a failed pass is in the reason's trace, not among them)."""
-    sizes = sorted({t.batch_size for t in trials if t.ok and (t.num_workers, t.threads) == pair})
-    if len(sizes) == 1:
-        return f"batch {sizes[0]}"
-    return f"batches {', '.join(map(str, sizes[:-1]))} and {sizes[-1]}"
+    return batches_text(
+        sorted({t.batch_size for t in trials if t.ok and (t.num_workers, t.threads) == pair})
+    )
 
 
 def pick_pass(run: Passes, trials: Sequence[FedTrial], plain: int) -> FedTrial:

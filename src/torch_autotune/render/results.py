@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from torch_autotune.probe.fed_passes import batches_text
 from torch_autotune.profile import CompileRecord, Evidence, Profile, RanksRecord, Source
 from torch_autotune.records import SettingRecord
 from torch_autotune.render.machine import facts_table, gib
@@ -250,9 +251,9 @@ def _sizes_at(profile: Profile, evidence: Evidence) -> str:
             if f.samples_per_s and (f.num_workers, f.cpu_threads) == pair
         }
     )
-    sizes = f"es {', '.join(map(str, ran[:-1]))} and {ran[-1]}" if len(ran) > 1 else f" {sum(ran)}"
-    words = f"batch{sizes} ran at {pair[1]} thread{'s' * (pair[1] != 1)}"
-    return words if ran and pair[1] else "the batch was fed again"
+    if not ran or not pair[1]:
+        return "the batch was fed again"
+    return f"{batches_text(ran)} ran at {pair[1]} thread{'s' * (pair[1] != 1)}"
 
 
 def _recommended(profile: Profile, evidence: Evidence) -> str:
